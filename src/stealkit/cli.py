@@ -1,0 +1,76 @@
+"""The ``stealkit`` command line: one entry point, commands discovered from :mod:`stealkit.commands`."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import pkgutil
+import sys
+
+import click
+
+from stealkit import __version__
+from stealkit.errors import StealkitError
+
+log = logging.getLogger("stealkit")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="stealkit")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+@click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors; no progress bars.")
+@click.pass_context
+def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
+    """stealkit: model extraction, transfer attacks and certified robustness for deployed classifiers.
+
+    Every command writes a run directory (config.json, records.jsonl, summary.json, report.html).
+    """
+    level = logging.WARNING if quiet else (logging.DEBUG if verbose > 1 else logging.INFO)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    ctx.ensure_object(dict)
+    ctx.obj["quiet"] = quiet
+    if quiet:
+        import os
+
+        os.environ["STEALKIT_QUIET"] = "1"
+
+
+@cli.group()
+def extract() -> None:
+    """Steal a victim: query it through an oracle and train a copy. One subcommand per method."""
+
+
+def _discover() -> None:
+    import stealkit.commands as pkg
+
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"stealkit.commands.{info.name}")
+        register = getattr(module, "register", None)
+        if register is not None:
+            register(cli)
+
+
+_discover()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; user errors become one clear line on stderr and exit code 2."""
+    try:
+        cli.main(args=argv, prog_name="stealkit", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except StealkitError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 2
+    except KeyboardInterrupt:
+        click.echo("Interrupted.", err=True)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
