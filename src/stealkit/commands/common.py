@@ -1,0 +1,77 @@
+"""Options and helpers shared by the CLI commands (not a command module itself)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from stealkit.errors import InputError
+
+MODES = ("label", "topk", "probs", "logits")
+
+
+def parse_kv(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``("hidden=64", "width=0.5")`` -> ``{"hidden": 64, "width": 0.5}`` (ints, floats, bools, strings)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise InputError(f"expected KEY=VALUE, got {pair!r}")
+        k, v = pair.split("=", 1)
+        out[k.strip().replace("-", "_")] = _scalar(v.strip())
+    return out
+
+
+def _scalar(v: str) -> Any:
+    if v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    return v
+
+
+def parse_int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(float(t)) for t in text.replace(" ", "").split(",") if t)
+    except ValueError:
+        raise InputError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise InputError("expected at least one integer")
+    return values
+
+
+def device_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--device", default="cpu", show_default=True, help="torch device: cpu, cuda, cuda:1 (GPU runs at full scale)."
+    )(fn)
+
+
+def victim_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--victim/--key/--mode/--temperature/--top-k/--budget: how to reach the victim and what it returns."""
+    opts = [
+        click.option("--victim", required=True, help="Victim model directory, or an http(s):// API address."),
+        click.option("--key", default=None, envvar="STEALKIT_API_KEY", help="API key for an HTTP victim."),
+        click.option("--mode", type=click.Choice(MODES), default="probs", show_default=True,
+                     help="What the oracle returns."),
+        click.option("--temperature", type=float, default=1.0, show_default=True,
+                     help="Softmax temperature of a local probs/topk oracle."),
+        click.option("--top-k", type=int, default=1, show_default=True, help="Classes a topk oracle reveals."),
+        click.option("--budget", type=int, required=True, help="Victim queries (images) the attack may spend."),
+        click.option("--dataset", default=None,
+                     help="Data set of the victim's task (default: read from the victim's model.json)."),
+        click.option("--data-dir", default=None, type=click.Path(), help="Directory holding data set files."),
+    ]
+    return functools.reduce(lambda f, o: o(f), reversed(opts), fn)
+
+
+def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    opts = [
+        click.option("--seed", type=int, default=0, show_default=True, help="Seed of every random choice."),
+        click.option("--out", required=True, type=click.Path(), help="Run directory to write."),
+    ]
+    return functools.reduce(lambda f, o: o(f), reversed(opts), fn)

@@ -1,0 +1,55 @@
+"""Evaluation: accuracy on labelled data and fidelity (top-1 agreement) with the victim."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def predict_logits(model: nn.Module, x: torch.Tensor, *, batch_size: int = 1024, device: str = "cpu") -> torch.Tensor:
+    """Logits of ``model`` on ``x`` in eval mode, in chunks, without gradients."""
+    was_training = model.training
+    model.eval()
+    outs = []
+    with torch.inference_mode():
+        for i in range(0, x.shape[0], batch_size):
+            outs.append(model(x[i : i + batch_size].to(device)).float().cpu())
+    if was_training:
+        model.train()
+    return torch.cat(outs) if outs else torch.empty(0)
+
+
+def predict_labels(model: nn.Module, x: torch.Tensor, *, batch_size: int = 1024, device: str = "cpu") -> torch.Tensor:
+    return predict_logits(model, x, batch_size=batch_size, device=device).argmax(1)
+
+
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, device: str = "cpu") -> float:
+    """Fraction of ``x`` that ``model`` labels as ``y``."""
+    return agreement(predict_labels(model, x, device=device), y)
+
+
+def agreement(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Fraction of positions where two label vectors agree (fidelity when one is the victim's)."""
+    if a.numel() == 0:
+        return float("nan")
+    return float((a.long() == b.long()).float().mean())
+
+
+class Evaluator:
+    """Scores a student on the test split: accuracy against the truth, fidelity against the victim.
+
+    ``victim_labels`` are the victim's top-1 labels on the same test images, computed once by the
+    experimenter (from the local model, unmetered) so evaluation never spends the attacker's budget.
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, victim_labels: torch.Tensor | None, *, device: str = "cpu"):
+        self.x, self.y, self.victim_labels, self.device = x, y, victim_labels, device
+
+    @property
+    def victim_accuracy(self) -> float | None:
+        return None if self.victim_labels is None else agreement(self.victim_labels, self.y)
+
+    def __call__(self, model: nn.Module) -> dict[str, float | None]:
+        pred = predict_labels(model, self.x, device=self.device)
+        fid = None if self.victim_labels is None else agreement(pred, self.victim_labels)
+        return {"accuracy": agreement(pred, self.y), "fidelity": fid}

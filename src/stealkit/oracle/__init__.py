@@ -1,0 +1,29 @@
+"""Oracles: the metered interface between a victim and every attack (local or over HTTP)."""
+
+from stealkit.oracle.base import (
+    ExplanationOracle,
+    Oracle,
+    OutputMode,
+    answer_from_logits,
+    keep_top_k,
+    labels_from_answer,
+    validate_images,
+)
+from stealkit.oracle.ledger import QueryKind, QueryLedger, QueryRecord
+from stealkit.oracle.local import Defence, LocalExplanationOracle, LocalOracle
+
+__all__ = [
+    "Defence",
+    "ExplanationOracle",
+    "LocalExplanationOracle",
+    "LocalOracle",
+    "Oracle",
+    "OutputMode",
+    "QueryKind",
+    "QueryLedger",
+    "QueryRecord",
+    "answer_from_logits",
+    "keep_top_k",
+    "labels_from_answer",
+    "validate_images",
+]

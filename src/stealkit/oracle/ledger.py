@@ -1,0 +1,159 @@
+"""The query ledger: the one place where queries are counted and a budget is enforced.
+
+Policy (documented contract): a request that would take the count past the budget is **refused whole**:
+nothing is answered and nothing is charged, and :class:`~stealkit.errors.BudgetExhausted` says how many
+queries remain. Attacks size their last batch with :meth:`QueryLedger.remaining` so no budget is wasted.
+One image answered is one query; each kind (``predict``, ``explain``) is counted separately, and a budget
+may apply to the total over all kinds, to one kind, or both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from stealkit.errors import BudgetExhausted, InputError
+
+
+class QueryKind(StrEnum):
+    """What a query asked for: a prediction (membership query) or an explanation (gradient query)."""
+
+    PREDICT = "predict"
+    EXPLAIN = "explain"
+
+
+@dataclass(frozen=True)
+class QueryRecord:
+    """One answered request: its kind, how many images, when, and a digest of the inputs."""
+
+    kind: str
+    n: int
+    time: float
+    digest: str = ""
+
+
+@dataclass
+class QueryLedger:
+    """Counts answered images by kind and enforces budgets atomically (thread-safe).
+
+    ``budget`` caps the total over all kinds; ``budgets`` caps single kinds (e.g. ``{"explain": 100}``).
+    ``None`` means unlimited. With ``log=True`` every answered request is kept in :attr:`records`,
+    and with ``log_path`` also appended to a JSON-lines file.
+    """
+
+    budget: int | None = None
+    budgets: dict[str, int] = field(default_factory=dict)
+    log: bool = False
+    log_path: Path | None = None
+    counts: dict[str, int] = field(default_factory=lambda: {k.value: 0 for k in QueryKind})
+    records: list[QueryRecord] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.budget is not None and (not isinstance(self.budget, int) or self.budget < 0):
+            raise InputError(f"budget must be a non-negative integer or None, got {self.budget!r}")
+        for kind, b in self.budgets.items():
+            _check_kind(kind)
+            if not isinstance(b, int) or b < 0:
+                raise InputError(f"budget for {kind!r} must be a non-negative integer, got {b!r}")
+        self._lock = threading.Lock()
+
+    # -- reading ---------------------------------------------------------------------------------
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def remaining(self, kind: str | QueryKind | None = None) -> int | None:
+        """Queries that can still be answered (for ``kind``, or overall); ``None`` if unlimited."""
+        with self._lock:
+            return self._remaining(_kind(kind) if kind is not None else None)
+
+    def _remaining(self, kind: str | None) -> int | None:
+        left: list[int] = []
+        if self.budget is not None:
+            left.append(self.budget - self.total)
+        if kind is not None and kind in self.budgets:
+            left.append(self.budgets[kind] - self.counts.get(kind, 0))
+        return max(0, min(left)) if left else None
+
+    def as_dict(self) -> dict[str, int]:
+        """The counts by kind, e.g. ``{"predict": 1000, "explain": 0}`` (the ``queries`` of summary.json)."""
+        with self._lock:
+            return dict(self.counts)
+
+    # -- charging --------------------------------------------------------------------------------
+    def charge(self, kind: str | QueryKind, n: int, *, digest: str = "") -> None:
+        """Charge ``n`` images of ``kind`` or raise :class:`BudgetExhausted` having charged nothing."""
+        k = _kind(kind)
+        if n < 0:
+            raise InputError(f"cannot charge a negative number of queries ({n})")
+        with self._lock:
+            left = self._remaining(k)
+            if left is not None and n > left:
+                raise BudgetExhausted(
+                    f"query budget exhausted: this request needs {n} {k} queries but only {left} remain "
+                    f"(used {self.counts}). Raise --budget or send a smaller batch.",
+                    requested=n,
+                    remaining=left,
+                    kind=k,
+                )
+            self.counts[k] = self.counts.get(k, 0) + n
+            if self.log or self.log_path is not None:
+                rec = QueryRecord(kind=k, n=n, time=time.time(), digest=digest)
+                if self.log:
+                    self.records.append(rec)
+                if self.log_path is not None:
+                    with open(self.log_path, "a", encoding="utf-8") as fh:
+                        fh.write(json.dumps(rec.__dict__) + "\n")
+
+    def refund(self, kind: str | QueryKind, n: int) -> None:
+        """Undo a charge whose answer could not be produced (an internal failure, never a user's)."""
+        k = _kind(kind)
+        with self._lock:
+            self.counts[k] = max(0, self.counts.get(k, 0) - n)
+
+    @contextlib.contextmanager
+    def reserve(self, kind: str | QueryKind, n: int, *, digest: str = "") -> Iterator[None]:
+        """Charge ``n`` up front; refund if the body raises (so a failed answer costs nothing)."""
+        self.charge(kind, n, digest=digest)
+        try:
+            yield
+        except BaseException:
+            self.refund(kind, n)
+            raise
+
+    # -- checkpointing ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        with self._lock:
+            return {"budget": self.budget, "budgets": dict(self.budgets), "counts": dict(self.counts)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore counts from a checkpoint so a resumed run does not spend a query twice."""
+        with self._lock:
+            self.counts = {k.value: 0 for k in QueryKind} | {str(k): int(v) for k, v in state["counts"].items()}
+
+
+def digest_tensor(x: Any) -> str:
+    """A short SHA-256 digest of an array's bytes (for query logs)."""
+    import numpy as np
+
+    arr = x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+    return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()[:16]
+
+
+def _kind(kind: str | QueryKind) -> str:
+    return _check_kind(kind.value if isinstance(kind, QueryKind) else kind)
+
+
+def _check_kind(kind: str) -> str:
+    valid = [k.value for k in QueryKind]
+    if kind not in valid:
+        raise InputError(f"unknown query kind {kind!r}; expected one of {valid}")
+    return kind

@@ -1,0 +1,186 @@
+"""An in-process oracle over a local ``nn.Module``: the reference implementation of the protocols."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from stealkit.errors import InputError
+from stealkit.oracle.base import (
+    ExplainMethod,
+    ExplainOutput,
+    OutputMode,
+    answer_from_logits,
+    keep_top_k,
+    validate_images,
+)
+from stealkit.oracle.ledger import QueryKind, QueryLedger, digest_tensor
+
+#: an output defence: maps (probabilities [B,K], logits [B,K]) to perturbed probabilities [B,K]
+Defence = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class LocalOracle:
+    """Answers queries from a local model in one of the :class:`OutputMode` s, charging its ledger.
+
+    Args:
+        model: a classifier taking pixels in [0, 1] (normalisation inside) and returning logits.
+        input_shape: ``(C, H, W)`` of one image.
+        num_classes: inferred from one forward pass when not given.
+        mode: ``label``, ``topk``, ``probs`` or ``logits``.
+        temperature: softmax temperature for ``probs``/``topk``.
+        top_k: how many classes ``topk`` reveals.
+        budget: total images this oracle will answer (``None``: unlimited); or pass a ``ledger``.
+        defences: output perturbations applied to the probabilities before the mode is applied
+            (e.g. rounding, reverse sigmoid); ignored in ``logits`` mode unless they accept logits.
+        batch_size: the largest chunk sent through the model at once (bounds memory).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        input_shape: Sequence[int],
+        *,
+        num_classes: int | None = None,
+        mode: str | OutputMode = OutputMode.PROBS,
+        temperature: float = 1.0,
+        top_k: int = 1,
+        budget: int | None = None,
+        ledger: QueryLedger | None = None,
+        defences: Sequence[Defence] = (),
+        batch_size: int = 1024,
+        device: str | torch.device = "cpu",
+        log_queries: bool = False,
+    ) -> None:
+        if temperature <= 0 or not math.isfinite(temperature):
+            raise InputError(f"temperature must be a positive number, got {temperature}")
+        if top_k < 1:
+            raise InputError(f"top_k must be at least 1, got {top_k}")
+        self.model = model.to(device).eval()
+        self.device = torch.device(device)
+        self.input_shape: tuple[int, int, int] = tuple(int(s) for s in input_shape)  # type: ignore[assignment]
+        self.mode = OutputMode.parse(mode)
+        self.temperature = float(temperature)
+        self.top_k = int(top_k)
+        self.defences = tuple(defences)
+        self.batch_size = int(batch_size)
+        self._log_queries = log_queries
+        self._ledger = ledger if ledger is not None else QueryLedger(budget=budget, log=log_queries)
+        if num_classes is None:
+            with torch.inference_mode():
+                num_classes = int(self.model(torch.zeros(1, *self.input_shape, device=self.device)).shape[1])
+        self.num_classes = int(num_classes)
+
+    @classmethod
+    def from_dir(cls, path: str | Path, **kwargs: object) -> LocalOracle:
+        """Load a saved model (safetensors + JSON spec) and wrap it."""
+        from stealkit.models import load_model
+
+        model, spec = load_model(path, device=str(kwargs.get("device", "cpu")))
+        return cls(model, spec.input_shape, num_classes=spec.num_classes, **kwargs)  # type: ignore[arg-type]
+
+    @property
+    def ledger(self) -> QueryLedger:
+        return self._ledger
+
+    # -- predictions -------------------------------------------------------------------------------
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Unmetered forward pass in chunks (for the owner's own evaluation, never for attacks)."""
+        outs = []
+        with torch.inference_mode():
+            for i in range(0, x.shape[0], self.batch_size):
+                outs.append(self.model(x[i : i + self.batch_size].to(self.device)).float())
+        return torch.cat(outs).cpu() if len(outs) > 1 else outs[0].cpu()
+
+    def query(self, x: torch.Tensor) -> torch.Tensor:
+        """Answer a batch ``[B, C, H, W]`` of pixels in [0, 1]; charges B ``predict`` queries."""
+        x = validate_images(x, self.input_shape)
+        digest = digest_tensor(x) if self._log_queries else ""
+        with self._ledger.reserve(QueryKind.PREDICT, x.shape[0], digest=digest):
+            return self._answer(self.logits(x))
+
+    def _answer(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.defences and self.mode is not OutputMode.LOGITS:
+            probs = torch.softmax(logits / self.temperature, dim=1)
+            for defence in self.defences:
+                probs = defence(probs, logits)
+            if self.mode is OutputMode.LABEL:
+                return probs.argmax(dim=1)
+            if self.mode is OutputMode.PROBS:
+                return probs
+            return keep_top_k(probs, self.top_k)
+        return answer_from_logits(logits, self.mode, temperature=self.temperature, top_k=self.top_k)
+
+
+class LocalExplanationOracle(LocalOracle):
+    """A :class:`LocalOracle` that also returns explanations (Milli et al. 2019, Sec. 2 and App. D).
+
+    ``explain`` charges one ``explain`` query per image, whatever the method's internal sample count.
+    """
+
+    def __init__(self, *args: object, seed: int = 0, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def explain(
+        self,
+        x: torch.Tensor,
+        method: ExplainMethod = "gradient",
+        *,
+        target: int | torch.Tensor | None = None,
+        output: ExplainOutput = "logit",
+        n_samples: int = 10,
+        sigma: float = 0.1,
+    ) -> torch.Tensor:
+        """Input gradient of the ``target`` class's logit (or probability) at each image.
+
+        ``target=None`` explains each image's predicted class. ``smoothgrad`` averages the gradient over
+        ``n_samples`` points x + N(0, sigma^2 I) (Smilkov et al. 2017; Milli et al. App. D), the class fixed
+        at the clean prediction. Returns float32 ``[B, C, H, W]``.
+        """
+        if method not in ("gradient", "smoothgrad"):
+            raise InputError(f"unknown explanation method {method!r}; expected 'gradient' or 'smoothgrad'")
+        if output not in ("logit", "prob"):
+            raise InputError(f"unknown explanation output {output!r}; expected 'logit' or 'prob'")
+        if method == "smoothgrad" and (n_samples < 1 or sigma < 0 or not math.isfinite(sigma)):
+            raise InputError(f"smoothgrad needs n_samples >= 1 and sigma >= 0, got {n_samples}, {sigma}")
+        x = validate_images(x, self.input_shape)
+        targets = self._targets(x, target)
+        with self._ledger.reserve(QueryKind.EXPLAIN, x.shape[0]):
+            if method == "gradient":
+                return self._gradient(x, targets, output)
+            total = torch.zeros_like(x)
+            for _ in range(n_samples):
+                noise = torch.randn(x.shape, generator=self._gen) * sigma
+                total += self._gradient(x + noise, targets, output)
+            return total / n_samples
+
+    def _targets(self, x: torch.Tensor, target: int | torch.Tensor | None) -> torch.Tensor:
+        b = x.shape[0]
+        if target is None:
+            return self.logits(x).argmax(1)
+        t = torch.as_tensor(target).long().reshape(-1)
+        if t.numel() == 1:
+            t = t.expand(b)
+        if t.numel() != b:
+            raise InputError(f"target must be one class or one per image ({b}), got {t.numel()}")
+        if int(t.min()) < 0 or int(t.max()) >= self.num_classes:
+            raise InputError(f"target classes must lie in [0, {self.num_classes - 1}]")
+        return t
+
+    def _gradient(self, x: torch.Tensor, targets: torch.Tensor, output: ExplainOutput) -> torch.Tensor:
+        grads = []
+        for i in range(0, x.shape[0], self.batch_size):
+            xb = x[i : i + self.batch_size].to(self.device).requires_grad_(True)
+            with torch.enable_grad():
+                out = self.model(xb)
+                if output == "prob":
+                    out = torch.softmax(out, dim=1)
+                sel = out.gather(1, targets[i : i + self.batch_size].to(self.device)[:, None]).sum()
+                (g,) = torch.autograd.grad(sel, xb)
+            grads.append(g.detach().float().cpu())
+        return torch.cat(grads)

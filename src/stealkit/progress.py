@@ -1,0 +1,23 @@
+"""Progress bars that stay out of the way: off with --quiet (STEALKIT_QUIET=1) or when stderr is no terminal."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+from tqdm.auto import tqdm
+
+T = TypeVar("T")
+
+
+def quiet() -> bool:
+    return os.environ.get("STEALKIT_QUIET", "") not in ("", "0")
+
+
+def progress(iterable: Iterable[T] | None = None, **kwargs: Any) -> tqdm:
+    """A tqdm bar, disabled under --quiet; ``disable=None`` also hides it when stderr is not a terminal."""
+    kwargs.setdefault("disable", True if quiet() else None)
+    kwargs.setdefault("leave", False)
+    kwargs.setdefault("dynamic_ncols", True)
+    return tqdm(iterable, **kwargs)

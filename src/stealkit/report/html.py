@@ -1,0 +1,98 @@
+"""Self-contained HTML reports: a summary at the top, sections with tables and embedded figures."""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stealkit import __version__
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2rem auto;padding:0 1rem;
+color:#1d232b;line-height:1.45}
+h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.2rem;border-bottom:1px solid #dde3ea;padding-bottom:.2rem;
+margin-top:2rem}
+.meta{color:#5a6570;font-size:.85rem}.summary{background:#f4f7fa;border:1px solid #dde3ea;border-radius:6px;
+padding:.6rem 1rem}
+table{border-collapse:collapse;margin:.6rem 0;font-size:.9rem}th,td{border:1px solid #dde3ea;padding:.25rem .6rem;
+text-align:right}th{background:#f4f7fa}td:first-child,th:first-child{text-align:left}
+figure{margin:.8rem 0}figure img{max-width:100%;height:auto}figcaption{font-size:.85rem;color:#5a6570}
+nav a{margin-right:.8rem;font-size:.9rem}code{background:#f4f7fa;padding:0 .2rem;border-radius:3px}
+"""
+
+
+@dataclass
+class Figure:
+    uri: str
+    caption: str = ""
+
+
+@dataclass
+class Section:
+    title: str
+    paragraphs: list[str] = field(default_factory=list)
+    tables: list[tuple[str, Sequence[Mapping[str, Any]]]] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
+
+    @property
+    def anchor(self) -> str:
+        return "".join(c if c.isalnum() else "-" for c in self.title.lower()).strip("-")
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        if value != value:
+            return "–"
+        return f"{value:.4f}" if abs(value) < 10 else f"{value:,.1f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}: {fmt(v)}" for k, v in value.items())
+    return str(value)
+
+
+def render_table(rows: Sequence[Mapping[str, Any]], caption: str = "") -> str:
+    if not rows:
+        return ""
+    cols: list[str] = []
+    for row in rows:
+        cols.extend(c for c in row if c not in cols)
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(fmt(row.get(c)))}</td>" for c in cols) + "</tr>" for row in rows
+    )
+    cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
+    return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def render_report(title: str, summary: Mapping[str, Any], sections: Sequence[Section], *, config: Any = None) -> str:
+    """A standalone page: every figure is an embedded PNG, nothing is fetched."""
+    nav = " ".join(f'<a href="#{s.anchor}">{html.escape(s.title)}</a>' for s in sections)
+    parts = [
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        "<meta name='viewport' content='width=device-width,initial-scale=1'>",
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p class='meta'>stealkit {html.escape(__version__)} · {time.strftime('%Y-%m-%d %H:%M:%S')}</p>",
+        "<div class='summary'>" + render_table([{k: v for k, v in summary.items()}]) + "</div>",
+        f"<nav>{nav}</nav>" if sections else "",
+    ]
+    for s in sections:
+        parts.append(f"<h2 id='{s.anchor}'>{html.escape(s.title)}</h2>")
+        parts.extend(f"<p>{p}</p>" for p in s.paragraphs)  # paragraphs are trusted, pre-escaped HTML
+        parts.extend(render_table(rows, cap) for cap, rows in s.tables)
+        for fig in s.figures:
+            cap = f"<figcaption>{html.escape(fig.caption)}</figcaption>" if fig.caption else ""
+            parts.append(f"<figure><img src='{fig.uri}' alt='{html.escape(fig.caption or s.title)}'>{cap}</figure>")
+    if config is not None:
+        import json
+
+        parts.append("<h2 id='config'>Configuration</h2>")
+        parts.append(f"<pre>{html.escape(json.dumps(config, indent=2, default=str))}</pre>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,73 @@
+"""Figures as embedded PNG data URIs (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+Series = Mapping[str, tuple[Sequence[float], Sequence[float]]]
+
+
+def figure_to_data_uri(fig: plt.Figure) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def line_plot(
+    series: Series,
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+    logx: bool = False,
+    hlines: Mapping[str, float] | None = None,
+    ylim: tuple[float, float] | None = None,
+) -> str:
+    """One line per series (with markers); optional labelled horizontal reference lines."""
+    fig, ax = plt.subplots(figsize=(6.0, 3.6))
+    for name, (xs, ys) in series.items():
+        ax.plot(list(xs), list(ys), marker="o", ms=3.5, lw=1.6, label=name)
+    for name, y in (hlines or {}).items():
+        ax.axhline(y, ls="--", lw=1, color="0.4")
+        ax.annotate(name, xy=(0.01, y), xycoords=("axes fraction", "data"), va="bottom", fontsize=8, color="0.3")
+    if logx:
+        ax.set_xscale("log")
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    if series:
+        ax.legend(fontsize=8, frameon=False)
+    return figure_to_data_uri(fig)
+
+
+def image_grid(images: np.ndarray, *, ncols: int = 10, title: str = "") -> str:
+    """A grid of images ``[N, C, H, W]`` in [0, 1] (generator samples, adversarial examples)."""
+    images = np.asarray(images, dtype=np.float32)
+    n = images.shape[0]
+    ncols = max(1, min(ncols, n))
+    nrows = max(1, -(-n // ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(ncols * 0.8, nrows * 0.8 + (0.3 if title else 0)))
+    for i, ax in enumerate(np.atleast_1d(axes).ravel()):
+        ax.axis("off")
+        if i < n:
+            img = images[i]
+            if img.shape[0] == 1:
+                ax.imshow(img[0], cmap="gray", vmin=0, vmax=1)
+            else:
+                ax.imshow(np.clip(img.transpose(1, 2, 0), 0, 1))
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return figure_to_data_uri(fig)

@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+
+class TinyNet(nn.Module):
+    """A tiny differentiable classifier on 1x4x4 images (pixels in [0, 1])."""
+
+    def __init__(self, num_classes: int = 3, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+@pytest.fixture
+def tiny_model() -> nn.Module:
+    return TinyNet().eval()
+
+
+@pytest.fixture
+def tiny_batch() -> torch.Tensor:
+    return torch.rand(12, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(autouse=True)
+def _quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STEALKIT_QUIET", "1")
+    torch.set_num_threads(2)
