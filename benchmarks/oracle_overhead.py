@@ -1,0 +1,76 @@
+"""LocalOracle throughput against the bare model forward, batches of 256 Fashion-MNIST images.
+
+The oracle adds input validation (shape, dtype, NaN/Inf, range), ledger accounting and the output mode on top
+of the forward pass. Goal: at least 0.9x the bare forward's images/s. Prints JSON.
+
+    .venv/bin/python benchmarks/oracle_overhead.py [--batches 200] [--repeats 5] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+
+
+def images_per_second(fn, batches: list[torch.Tensor]) -> float:
+    t0 = time.perf_counter()
+    for xb in batches:
+        fn(xb)
+    return sum(b.shape[0] for b in batches) / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batches", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--victim", default="fmnist-conv2")
+    p.add_argument("--quick", action="store_true", help="smoke run: 20 batches, 2 repeats")
+    args = p.parse_args()
+    if args.quick:
+        args.batches, args.repeats = 20, 2
+
+    from stealkit.data import load_splits
+    from stealkit.experiments.victims import standard_victim
+    from stealkit.oracle import LocalOracle
+
+    victim = standard_victim(args.victim)
+    model = victim.model.eval()
+    pool = load_splits(victim.spec.extra["dataset"]).attacker_pool.x
+    batches = [pool[(i * args.batch_size) % (len(pool) - args.batch_size):][: args.batch_size]
+               for i in range(args.batches)]
+
+    def bare(xb: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            return torch.softmax(model(xb), dim=1)
+
+    results: dict[str, dict[str, float]] = {}
+    modes = ("label", "probs", "logits", "topk")
+    oracles = {m: LocalOracle(model, victim.spec.input_shape, mode=m, top_k=3) for m in modes}
+    runs: dict[str, list[float]] = {"bare_forward": []} | {f"oracle_{m}": [] for m in modes}
+    images_per_second(bare, batches[:5])  # warm-up
+    for _ in range(args.repeats):  # interleaved so drift in machine load hits every variant alike
+        runs["bare_forward"].append(images_per_second(bare, batches))
+        for m in modes:
+            runs[f"oracle_{m}"].append(images_per_second(oracles[m].query, batches))
+    base = statistics.median(runs["bare_forward"])
+    for name, vals in runs.items():
+        med = statistics.median(vals)
+        results[name] = {"images_per_s_median": round(med, 1), "ratio_to_bare": round(med / base, 3)}
+    ledger_ok = all(o.ledger.as_dict()["predict"] == args.repeats * args.batches * args.batch_size
+                    for o in oracles.values())
+    print(json.dumps({
+        "benchmark": "oracle_overhead", "victim": args.victim, "batch_size": args.batch_size,
+        "batches": args.batches, "repeats": args.repeats, "threads": torch.get_num_threads(),
+        "machine": platform.processor() or platform.machine(), "results": results,
+        "ledger_exact": ledger_ok,
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
