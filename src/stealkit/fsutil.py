@@ -29,11 +29,10 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
 
 
 def atomic_write_bytes(target: str | os.PathLike[str], data: bytes) -> None:
-    with atomic_path(target) as tmp:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+    with atomic_path(target) as tmp, open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def atomic_write_text(target: str | os.PathLike[str], text: str) -> None:

@@ -1,0 +1,47 @@
+"""``stealkit run`` and ``stealkit sweep``: experiments as TOML configs, sweeps locally or on Ray."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("run")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--out", default=None, type=click.Path(), help="Run directory (default: runs/<config name>).")
+@click.option("--force", is_flag=True, help="Re-run steps that are already finished.")
+def run_cmd(config: str, out: str | None, force: bool) -> None:
+    """Run the experiment CONFIG (a TOML file of steps); finished steps are not redone."""
+    from stealkit.experiments.config import load_config
+    from stealkit.experiments.runner import run_experiment
+
+    cfg = load_config(config)
+    out = out or f"runs/{cfg.name}"
+    for o in run_experiment(cfg, out, force=force):
+        click.echo(f"{o.id:>12}  {'skipped (finished)' if o.skipped else f'{o.seconds:.1f} s'}  {o.out}")
+
+
+@click.command("sweep")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--grid", "grid", multiple=True, required=True, metavar="KEY=V1,V2",
+              help="A swept value: seed or STEP.ARG (repeat for a product grid).")
+@click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--address", default=None, help="Address of an existing Ray cluster (default: start a local one).")
+@click.option("--workers", type=int, default=2, show_default=True, help="Concurrent trials (local processes or "
+              "CPUs of a local Ray instance).")
+@click.option("--out", required=True, type=click.Path(), help="Sweep directory; one sub-directory per trial.")
+def sweep_cmd(config: str, grid: tuple[str, ...], backend: str, address: str | None, workers: int, out: str) -> None:
+    """Run CONFIG at every point of a grid, as local processes or Ray tasks."""
+    from stealkit.experiments.config import load_config
+    from stealkit.experiments.sweep import parse_grid, run_sweep
+
+    trials = run_sweep(load_config(config), parse_grid(grid), out, backend=backend,  # type: ignore[arg-type]
+                       address=address, workers=workers)
+    for t in trials:
+        final = t["final"]
+        shown = {k: final[k] for k in ("accuracy", "fidelity", "asr", "test_accuracy") if k in final}
+        click.echo(f"{t['values']}  {shown}  {t['dir']}")
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(run_cmd)
+    cli.add_command(sweep_cmd)

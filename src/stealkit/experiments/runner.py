@@ -1,0 +1,92 @@
+"""Run an experiment config into a run directory; finished steps are not redone on restart.
+
+Each step runs its command in-process into ``OUT/STEP_ID``. A step is finished when its directory holds
+``summary.json`` and a ``.step.json`` stamp with the step's fingerprint (command, arguments, seed); a
+restarted run skips finished steps and re-runs the rest (commands that checkpoint resume from their own
+checkpoints, so no query is spent twice).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stealkit.errors import StealkitError
+from stealkit.experiments.config import ExperimentConfig, substitute, to_argv
+from stealkit.fsutil import atomic_write_json
+from stealkit.rundir import RunDir, environment
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepOutcome:
+    id: str
+    command: str
+    out: Path
+    skipped: bool
+    seconds: float
+    summary: dict[str, Any]
+
+
+def _takes_seed(command: str) -> bool:
+    from stealkit.cli import cli
+    from stealkit.experiments.config import _resolve_command
+
+    cmd = _resolve_command(cli, command, "config")
+    return any("--seed" in p.opts for p in cmd.params if hasattr(p, "opts"))
+
+
+def step_done(out: Path, fingerprint: str) -> bool:
+    stamp = out / ".step.json"
+    if not (stamp.exists() and (out / "summary.json").exists()):
+        return False
+    try:
+        return json.loads(stamp.read_text()).get("fingerprint") == fingerprint
+    except json.JSONDecodeError:
+        return False
+
+
+def run_experiment(config: ExperimentConfig, out: str | Path, *, force: bool = False) -> list[StepOutcome]:
+    """Run every step of ``config`` into ``out``; writes ``out/experiment.json`` and ``out/summary.json``."""
+    from stealkit.cli import main
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "experiment.json", {"config": config.to_dict(), **environment()})
+    env = {"seed": str(config.seed), "out": str(out)}
+    outcomes: list[StepOutcome] = []
+    for step in config.steps:
+        step_out = out / step.id
+        env[step.id] = str(step_out)
+        fp = step.fingerprint(config.seed)
+        if not force and step_done(step_out, fp):
+            log.info("step %s already finished; skipping", step.id)
+            outcomes.append(StepOutcome(step.id, step.command, step_out, True, 0.0, RunDir(step_out).load_summary()))
+            continue
+        args = substitute(dict(step.args), env)
+        if "seed" not in args and _takes_seed(step.command):
+            args["seed"] = config.seed
+        args["out"] = str(step_out)
+        argv = to_argv(step.command, args)
+        log.info("step %s: stealkit %s", step.id, " ".join(argv))
+        t0 = time.perf_counter()
+        code = main(argv)
+        seconds = time.perf_counter() - t0
+        if code != 0:
+            raise StealkitError(f"step {step.id!r} ({step.command}) failed with exit code {code}; see the message "
+                                "above. Fix it and run again: finished steps are kept")
+        atomic_write_json(step_out / ".step.json", {"fingerprint": fp, "argv": argv, "seconds": seconds})
+        outcomes.append(StepOutcome(step.id, step.command, step_out, False, seconds, RunDir(step_out).load_summary()))
+    final = outcomes[-1].summary if outcomes else {}
+    atomic_write_json(out / "summary.json", {
+        "name": config.name, "seed": config.seed,
+        "steps": [{"id": o.id, "command": o.command, "skipped": o.skipped, "seconds": round(o.seconds, 2)}
+                  for o in outcomes],
+        "final": final,
+    })
+    return outcomes

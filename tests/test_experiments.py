@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from stealkit.errors import InputError
+from stealkit.experiments.config import load_config, parse_config, to_argv
+from stealkit.experiments.runner import run_experiment
+from stealkit.experiments.sweep import expand_grid, parse_grid, run_sweep
+
+TINY = textwrap.dedent("""
+    name = "tiny"
+    seed = 3
+
+    [[step]]
+    id = "victim"
+    command = "train"
+    args = { dataset = "digits", arch = "logistic", epochs = 8, batch_size = 64 }
+
+    [[step]]
+    id = "steal"
+    command = "extract baseline"
+    args = { victim = "${victim}", mode = "probs", budget = 60, checkpoints = [30, 60], student = "logistic", epochs = 10 }
+""")
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY)
+    return path
+
+
+def test_parse_and_argv(tiny_config):
+    cfg = load_config(tiny_config)
+    assert [s.id for s in cfg.steps] == ["victim", "steal"] and cfg.seed == 3
+    argv = to_argv("extract baseline", {"budget": 10, "checkpoints": [5, 10], "student_arg": ["hidden=8"]})
+    assert argv == ["extract", "baseline", "--budget", "10", "--checkpoints", "5,10", "--student-arg", "hidden=8"]
+    assert to_argv("train", {"arch_arg": ["depth=8", "width=0.5"]}) == [
+        "train", "--arch-arg", "depth=8", "--arch-arg", "width=0.5"]
+
+
+@pytest.mark.parametrize("data, msg", [
+    ({}, "at least one"),
+    ({"step": [{"command": "fly"}]}, "unknown command"),
+    ({"step": [{"command": "extract"}]}, "is a group"),
+    ({"step": [{"command": "train", "args": {"x": "${nope}"}}]}, "not an earlier step"),
+    ({"step": [{"command": "train", "budget": 3}]}, "unknown keys"),
+    ({"stepz": []}, "unknown top-level"),
+])
+def test_config_errors(data, msg):
+    with pytest.raises(InputError, match=msg):
+        parse_config(data)
+
+
+def test_bad_toml(tmp_path):
+    (tmp_path / "x.toml").write_text("name = [")
+    with pytest.raises(InputError, match="not valid TOML"):
+        load_config(tmp_path / "x.toml")
+
+
+def test_grid():
+    grid = parse_grid(["seed=0,1", "steal.mode=probs,label"])
+    assert grid == {"seed": [0, 1], "steal.mode": ["probs", "label"]}
+    assert len(expand_grid(grid)) == 4
+    with pytest.raises(InputError):
+        parse_grid(["seed"])
+
+
+def test_run_restart_skips_finished_steps(tiny_config, tmp_path):
+    cfg = load_config(tiny_config)
+    first = run_experiment(cfg, tmp_path / "run")
+    assert [o.skipped for o in first] == [False, False]
+    summary = json.loads((tmp_path / "run" / "steal" / "summary.json").read_text())
+    assert summary["queries"]["predict"] == 60 and summary["seed"] == 3
+    again = run_experiment(cfg, tmp_path / "run")
+    assert [o.skipped for o in again] == [True, True]
+    changed = cfg.with_value("steal.budget", 30).with_value("steal.checkpoints", [30])
+    third = run_experiment(changed, tmp_path / "run")
+    assert [o.skipped for o in third] == [True, False]
+
+
+@pytest.mark.slow
+def test_sweep_local_and_ray_identical(tiny_config, tmp_path):
+    pytest.importorskip("ray")
+    cfg = load_config(tiny_config)
+    grid = {"steal.mode": ["probs", "label"]}
+    local = run_sweep(cfg, grid, tmp_path / "local", backend="local", workers=2)
+    ray = run_sweep(cfg, grid, tmp_path / "ray", backend="ray", workers=2)
+    assert len(local) == len(ray) == 2
+    for a, b in zip(local, ray, strict=True):
+        assert a["values"] == b["values"]
+        ra = (tmp_path / "local" / a["dir"].split("/")[-1] / "steal" / "records.jsonl").read_text()
+        rb = (tmp_path / "ray" / b["dir"].split("/")[-1] / "steal" / "records.jsonl").read_text()
+        assert ra == rb and ra.strip()
+    assert local[0]["final"]["queries"] == {"predict": 60, "explain": 0}
