@@ -37,7 +37,7 @@ def baseline_cmd(victim: str, key: str | None, mode: str, temperature: float, to
                     dataset=dataset, device=device, seed=seed)
     splits = victim_splits(v, data_dir)
     x_pool = load_query_source(pool, input_shape=v.input_shape, n=max(cps), seed=seed, data_dir=data_dir,
-                               victim_dataset=v.dataset)
+                               victim_dataset=v.dataset, split_seed=v.split_seed)
     config = BaselineConfig(checkpoints=cps, seed=seed,
                             train=TrainConfig(epochs=epochs, batch_size=batch_size, seed=seed))
     cfg = {"victim": victim, "mode": mode, "budget": budget, "pool": pool, "student": student,

@@ -55,8 +55,16 @@ def open_victim(
     device: str = "cpu",
     seed: int = 0,
 ) -> Victim:
-    """Open a victim given as a model directory or an ``http(s)://`` API address."""
+    """Open a victim given as a model directory, an ``http(s)://`` API address, or ``standard:NAME``.
+
+    ``standard:NAME`` is one of the cached standard victims of :mod:`stealkit.experiments.victims`
+    (trained on first use), e.g. ``standard:fmnist-conv2``.
+    """
     victim = str(victim)
+    if victim.startswith("standard:"):
+        from stealkit.experiments.victims import standard_victim
+
+        victim = str(standard_victim(victim.split(":", 1)[1]).path)
     if is_url(victim):
         try:
             from stealkit.oracle.http import HttpOracle
