@@ -30,14 +30,25 @@ def register_builder(command_prefix: str) -> Callable[[SectionBuilder], SectionB
     return deco
 
 
+def _builder(command: str) -> SectionBuilder:
+    return next((b for p, b in sorted(_BUILDERS.items(), key=lambda kv: -len(kv[0])) if command.startswith(p)),
+                generic_sections)
+
+
+def build_sections(run: RunDir) -> list[Section]:
+    """The sections of a run's report (without the page frame), e.g. to embed in a combined report."""
+    config = run.load_config()
+    summary = run.load_summary() if run.summary_path.exists() else {}
+    return _builder(str(config.get("command", "")))(run, config, summary)
+
+
 def build_report(run: RunDir) -> str:
     config = run.load_config()
     summary = run.load_summary() if run.summary_path.exists() else {}
     command = str(config.get("command", ""))
-    builder = next((b for p, b in sorted(_BUILDERS.items(), key=lambda kv: -len(kv[0])) if command.startswith(p)),
-                   generic_sections)
     headline = {k: summary[k] for k in HEADLINE_KEYS if k in summary}
-    return render_report(f"stealkit {command}", headline or summary, builder(run, config, summary), config=config)
+    return render_report(f"stealkit {command}", headline or summary, _builder(command)(run, config, summary),
+                         config=config)
 
 
 def generic_sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> list[Section]:

@@ -1,0 +1,32 @@
+"""``stealkit reproduce``: every paper study at one scale, one combined report."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("reproduce")
+@click.option("--scale", type=click.Choice(["small", "full"]), default="small", show_default=True,
+              help="small: CPU scale (within 90 min on 2 cores); full: the papers' settings (GPU, --device cuda).")
+@click.option("--out", default="runs/reproduce", show_default=True, type=click.Path())
+@click.option("--only", multiple=True, help="Run only these studies (repeat).")
+@click.option("--list", "list_only", is_flag=True, help="List the studies of this scale and exit.")
+@click.option("--force", is_flag=True, help="Re-run finished steps.")
+def reproduce_cmd(scale: str, out: str, only: tuple[str, ...], list_only: bool, force: bool) -> None:
+    """Run every study that reproduces a paper result and write OUT/report.html (papers beside ours)."""
+    from stealkit.experiments.config import load_config
+    from stealkit.experiments.reproduce import config_paths, reproduce
+
+    if list_only:
+        for p in config_paths(scale):
+            cfg = load_config(p)
+            click.echo(f"{cfg.name:<28} {cfg.description}")
+        return
+    summary = reproduce(scale, out, only=only, force=force)
+    for s in summary["studies"]:
+        click.echo(f"{s['name']:<28} {s['seconds']:>8.1f} s")
+    click.echo(f"total {summary['wall_seconds']} s; report: {out}/report.html")
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(reproduce_cmd)
