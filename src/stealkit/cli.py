@@ -15,18 +15,31 @@ from stealkit.errors import StealkitError
 log = logging.getLogger("stealkit")
 
 
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, message (for scripts reading the logs)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import json
+
+        return json.dumps({"time": round(record.created, 3), "level": record.levelname.lower(),
+                           "logger": record.name, "message": record.getMessage()})
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="stealkit")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 @click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors; no progress bars.")
+@click.option("--log-json", is_flag=True, help="Machine-readable logs: one JSON object per line on stderr.")
 @click.pass_context
-def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
+def cli(ctx: click.Context, verbose: int, quiet: bool, log_json: bool) -> None:
     """stealkit: model extraction, transfer attacks and certified robustness for deployed classifiers.
 
     Every command writes a run directory (config.json, records.jsonl, summary.json, report.html).
     """
     level = logging.WARNING if quiet else (logging.DEBUG if verbose > 1 else logging.INFO)
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_json else logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
     ctx.ensure_object(dict)
     ctx.obj["quiet"] = quiet
     if quiet:
@@ -56,7 +69,7 @@ _discover()
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; user errors become one clear line on stderr and exit code 2."""
     try:
-        cli.main(args=argv, prog_name="stealkit", standalone_mode=False)
+        rv = cli.main(args=argv, prog_name="stealkit", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         return 130
@@ -69,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
         return 130
-    return 0
+    return rv if isinstance(rv, int) else 0
 
 
 if __name__ == "__main__":

@@ -21,3 +21,11 @@ def progress(iterable: Iterable[T] | None = None, **kwargs: Any) -> tqdm:
     kwargs.setdefault("leave", False)
     kwargs.setdefault("dynamic_ncols", True)
     return tqdm(iterable, **kwargs)
+
+
+def ledger_progress(ledger: Any, desc: str = "victim queries") -> tqdm:
+    """A bar of queries used against the ledger's budget, advanced on every charge."""
+    bar = progress(total=ledger.budget, desc=desc, unit="q", leave=False)
+    bar.update(ledger.total)
+    ledger.on_charge.append(lambda kind, n: bar.update(n))
+    return bar

@@ -97,6 +97,9 @@ def open_victim(
         device=device,
         **kwargs,
     )
+    from stealkit.progress import ledger_progress
+
+    ledger_progress(oracle.ledger)
     extra = spec.extra or {}
     return Victim(
         oracle=oracle,

@@ -14,7 +14,7 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -55,6 +55,8 @@ class QueryLedger:
     log_path: Path | None = None
     counts: dict[str, int] = field(default_factory=lambda: {k.value: 0 for k in QueryKind})
     records: list[QueryRecord] = field(default_factory=list)
+    #: called as ``fn(kind, n)`` after every charge (progress bars, live metrics); not part of the state
+    on_charge: list[Callable[[str, int], None]] = field(default_factory=list, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.budget is not None and (not isinstance(self.budget, int) or self.budget < 0):
@@ -112,6 +114,8 @@ class QueryLedger:
                 if self.log_path is not None:
                     with open(self.log_path, "a", encoding="utf-8") as fh:
                         fh.write(json.dumps(rec.__dict__) + "\n")
+        for fn in self.on_charge:
+            fn(k, n)
 
     def refund(self, kind: str | QueryKind, n: int) -> None:
         """Undo a charge whose answer could not be produced (an internal failure, never a user's)."""
