@@ -1,0 +1,160 @@
+"""PGD speed and success against torchattacks and ART, in one run, on the same model, images and threads.
+
+PGD Linf (eps 0.1, step 0.01, 20 steps, one random start, untargeted) on Fashion-MNIST test images against
+the standard CNN victim (``standard_victim("fmnist-conv2")``), attacked white-box. Each library runs at the
+same batch sizes; runs are interleaved (library by library within each repeat) so machine load hits all
+alike, and the median wall time is reported. Success rate = the fraction of images the model misclassifies
+after the attack (the anchors' definition); ``asr_on_correct`` counts only images it got right before.
+
+    .venv/bin/python benchmarks/attack_speed.py                  # 1,000 images, batches 32 and 1000, 3 repeats
+    .venv/bin/python benchmarks/attack_speed.py --quick          # smoke run: 200 images, batch 100, 1 repeat
+
+The anchors are benchmark-only extras: ``pip install adversarial-robustness-toolbox==1.20.1`` and
+``pip install --no-deps torchattacks==3.5.1`` (its torchvision requirement is not needed for PGD). A library
+that is not installed is reported as such and skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+Attack = Callable[[nn.Module, torch.Tensor, torch.Tensor, int, int], torch.Tensor]
+
+
+def run_stealkit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> torch.Tensor:
+    from stealkit.evade.gradient import pgd
+
+    return pgd(model, x, y, eps=0.1, step=0.01, steps=20, random_start=True, seed=seed, batch_size=batch).x_adv
+
+
+def run_torchattacks(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> torch.Tensor:
+    import torchattacks
+
+    torch.manual_seed(seed)
+    atk = torchattacks.PGD(model, eps=0.1, alpha=0.01, steps=20, random_start=True)
+    return torch.cat([atk(x[i : i + batch], y[i : i + batch]) for i in range(0, x.shape[0], batch)])
+
+
+def run_art(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> torch.Tensor:
+    from art.attacks.evasion import ProjectedGradientDescent
+    from art.estimators.classification import PyTorchClassifier
+
+    np.random.seed(seed)
+    clf = PyTorchClassifier(model=model, loss=nn.CrossEntropyLoss(), input_shape=tuple(x.shape[1:]),
+                            nb_classes=10, clip_values=(0.0, 1.0), device_type="cpu")
+    atk = ProjectedGradientDescent(clf, norm=np.inf, eps=0.1, eps_step=0.01, max_iter=20, num_random_init=1,
+                                   targeted=False, batch_size=batch, verbose=False)
+    return torch.from_numpy(atk.generate(x.numpy(), y=y.numpy()))
+
+
+def run_plain(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> torch.Tensor:
+    """The textbook loop (what most research code does), for reference."""
+    torch.manual_seed(seed)
+    outs = []
+    for i in range(0, x.shape[0], batch):
+        xb, yb = x[i : i + batch], y[i : i + batch]
+        xa = (xb + torch.empty_like(xb).uniform_(-0.1, 0.1)).clamp(0, 1)
+        for _ in range(20):
+            xa.requires_grad_(True)
+            loss = nn.functional.cross_entropy(model(xa), yb)
+            (g,) = torch.autograd.grad(loss, xa)
+            xa = torch.min(torch.max(xa.detach() + 0.01 * g.sign(), xb - 0.1), xb + 0.1).clamp(0, 1)
+        outs.append(xa)
+    return torch.cat(outs)
+
+
+LIBRARIES: dict[str, Attack] = {"stealkit": run_stealkit, "torchattacks": run_torchattacks, "art": run_art,
+                                "plain": run_plain}
+
+
+def available(name: str) -> str | None:
+    try:
+        if name == "torchattacks":
+            import torchattacks  # noqa: F401
+        elif name == "art":
+            import art  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--batches", default="32,1000", help="comma-separated batch sizes")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--libraries", default="stealkit,torchattacks,art,plain")
+    ap.add_argument("--victim", default="fmnist-conv2",
+                    help="standard victim name, or a model directory (a Fashion-MNIST classifier)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 200 images, batch 100, 1 repeat")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.n, args.batches, args.repeats = 200, "100", 1
+    torch.set_num_threads(args.threads)
+    from stealkit.data import load_splits
+    from stealkit.experiments.victims import standard_victim
+
+    if Path(args.victim).is_dir():
+        from stealkit.models import load_model
+
+        model = load_model(args.victim)[0].eval()
+    else:
+        model = standard_victim(args.victim).model.eval()
+    test = load_splits("fashion-mnist").test
+    x, y = test.x[: args.n].contiguous(), test.y[: args.n]
+    with torch.no_grad():
+        clean_pred = model(x).argmax(1)
+    correct = clean_pred == y
+    libs = [s for s in args.libraries.split(",") if s]
+    missing = {lib: why for lib in libs if (why := available(lib))}
+    libs = [lib for lib in libs if lib not in missing]
+    batches = [int(b) for b in args.batches.split(",")]
+    times: dict[tuple[str, int], list[float]] = {(lib, b): [] for lib in libs for b in batches}
+    rates: dict[tuple[str, int], list[tuple[float, float]]] = {k: [] for k in times}
+    for r in range(args.repeats):
+        for b in batches:
+            for lib in libs:
+                t0 = time.perf_counter()
+                x_adv = LIBRARIES[lib](model, x, y, b, r)
+                times[(lib, b)].append(time.perf_counter() - t0)
+                with torch.no_grad():
+                    wrong = model(x_adv).argmax(1) != y
+                linf = float((x_adv - x).abs().max())
+                assert linf <= 0.1 + 1e-5, (lib, linf)
+                rates[(lib, b)].append((float(wrong.float().mean()), float(wrong[correct].float().mean())))
+                print(f"repeat {r} batch {b} {lib}: {times[(lib, b)][-1]:.2f}s success {rates[(lib, b)][-1][0]:.4f}",
+                      file=sys.stderr, flush=True)
+    results = []
+    for (lib, b), ts in times.items():
+        rs = rates[(lib, b)]
+        results.append({"library": lib, "batch": b, "median_s": round(statistics.median(ts), 3),
+                        "times_s": [round(t, 3) for t in ts],
+                        "success_rate": round(statistics.mean(r[0] for r in rs), 4),
+                        "asr_on_correct": round(statistics.mean(r[1] for r in rs), 4)})
+    import stealkit
+
+    versions = {"stealkit": stealkit.__version__, "torch": torch.__version__}
+    for lib, mod in (("torchattacks", "torchattacks"), ("art", "art")):
+        if lib in libs:
+            versions[lib] = __import__(mod).__version__
+    print(json.dumps({
+        "benchmark": "pgd_linf_speed", "attack": {"eps": 0.1, "step": 0.01, "steps": 20, "random_start": True},
+        "victim": args.victim, "n": int(x.shape[0]), "clean_accuracy": round(float(correct.float().mean()), 4),
+        "threads": args.threads, "repeats": args.repeats, "versions": versions, "skipped": missing,
+        "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""``stealkit attack``: transfer attacks from a stolen substitute, decision-based attacks, the CoDFe study."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from stealkit.commands.common import device_option
+
+GRADIENT_METHODS = ("fgsm", "bim", "pgd", "mifgsm", "cw")
+TARGETS = ("second", "random", "least-likely")
+
+
+@click.group("attack")
+def attack() -> None:
+    """Evasion attacks. Transfer: craft on a stolen substitute, count successes on the victim's oracle
+    (fgsm, bim, pgd, mifgsm, cw). Decision-based, on the victim's labels only: boundary, hopskipjump."""
+
+
+def _victim_opts(fn: Callable[..., Any]) -> Callable[..., Any]:
+    opts = [
+        click.option("--victim", required=True, help="Victim model directory, or an http(s):// API address."),
+        click.option("--key", default=None, envvar="STEALKIT_API_KEY", help="API key for an HTTP victim."),
+        click.option("--budget", type=int, default=None, help="Victim queries the attack may spend (default: no cap)."),
+        click.option("--dataset", default=None, help="Data set of the victim's task (default: from its model.json)."),
+        click.option("--data-dir", default=None, type=click.Path(), help="Directory holding data set files."),
+        click.option("--n", "n", type=int, default=1000, show_default=True,
+                     help="Test images to attack (a seeded sample of the test split)."),
+        click.option("--targeted", type=click.Choice(TARGETS), default=None,
+                     help="Targeted attack: class 1 (CoDFe's 'second class'), a random class, or the class the "
+                          "substitute finds least likely. Default: untargeted."),
+        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--out", required=True, type=click.Path(), help="Run directory to write."),
+    ]
+    return functools.reduce(lambda f, o: o(f), reversed(opts), fn)
+
+
+def _test_sample(v: Any, data_dir: str | None, n: int, seed: int) -> tuple[Any, Any]:
+    import torch
+
+    from stealkit.errors import InputError
+    from stealkit.extract.common import victim_splits
+
+    if n < 1:
+        raise InputError(f"--n must be a positive number of images, got {n}")
+    test = victim_splits(v, data_dir).test
+    idx = torch.randperm(len(test.y), generator=torch.Generator().manual_seed(seed))[:n]
+    return test.x[idx], test.y[idx]
+
+
+def _save_npz(path: Path, arrays: dict[str, Any]) -> None:
+    import numpy as np
+
+    from stealkit.fsutil import atomic_path
+
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        np.savez_compressed(fh, **arrays)
+
+
+def _finish(run: Any, summary: dict[str, Any]) -> None:
+    import stealkit.evade.reporting  # noqa: F401  (registers the report builder)
+    from stealkit.report.builders import build_report
+
+    run.write_summary(summary)
+    run.write_report(build_report(run))
+
+
+def _make_transfer(method: str) -> click.Command:
+    @click.command(method, help=f"Transfer {method.upper()}: craft on --substitute, measure success on --victim.")
+    @click.option("--substitute", required=True, type=click.Path(exists=True, file_okay=False),
+                  help="Substitute model directory (e.g. the student/ of a `stealkit extract` run).")
+    @_victim_opts
+    @click.option("--eps", type=float, default=0.1, show_default=True, help="Perturbation budget (ignored by cw).")
+    @click.option("--norm", type=click.Choice(["linf", "l2"]), default="linf", show_default=True)
+    @click.option("--steps", type=int, default=10, show_default=True,
+                  help="Iterations (cw: iterations per binary-search round).")
+    @click.option("--step", type=float, default=None,
+                  help="Step size (default: eps/steps for mifgsm, 2.5 eps/steps for bim and pgd).")
+    @click.option("--restarts", type=int, default=1, show_default=True, help="PGD random restarts.")
+    @click.option("--kappa", type=float, default=0.0, show_default=True, help="C&W confidence.")
+    @click.option("--batch-size", type=int, default=256, show_default=True)
+    @device_option
+    def cmd(substitute: str, victim: str, key: str | None, budget: int | None, dataset: str | None,
+            data_dir: str | None, n: int, targeted: str | None, seed: int, out: str, eps: float, norm: str,
+            steps: int, step: float | None, restarts: int, kappa: float, batch_size: int, device: str) -> None:
+        from stealkit.evade.transfer import TransferConfig, transfer_attack
+        from stealkit.extract.common import open_victim
+        from stealkit.models import load_model
+        from stealkit.rundir import RunDir
+
+        v = open_victim(victim, mode="label", budget=budget, key=key, dataset=dataset, device=device, seed=seed)
+        sub, _ = load_model(substitute, device=device)
+        x, y = _test_sample(v, data_dir, n, seed)
+        cfg = TransferConfig(method=method, eps=eps, steps=steps, step=step, norm=norm, targeted=targeted,
+                             restarts=restarts, kappa=kappa, seed=seed, batch_size=batch_size)
+        run = RunDir(out).create(command=f"attack {method}", seed=seed, config={
+            "substitute": substitute, "victim": victim, "dataset": v.dataset, "n": n, "attack": cfg})
+        res = transfer_attack(sub, v.oracle, x.to(device), y.to(device), cfg)
+        _save_npz(run.path / "adversarial.npz", res.arrays())
+        _finish(run, res.summary() | {"substitute": substitute, "victim": victim, "seed": seed})
+        asr = "n/a" if res.asr is None else f"{res.asr:.4f}"
+        click.echo(f"ASR {asr} ({res.successes}/{res.attempts}), victim queries {res.victim_queries}; "
+                   f"report: {run.report_path}")
+
+    return cmd
+
+
+def _make_decision(method: str) -> click.Command:
+    @click.command(method, help=f"{'Boundary attack' if method == 'boundary' else 'HopSkipJump'} on the victim's "
+                                "labels only (minimum L2); every query is charged to the victim's ledger.")
+    @_victim_opts
+    @click.option("--max-queries", type=int, default=5000, show_default=True, help="Queries per image at most.")
+    @click.option("--iterations", type=int, default=None,
+                  help="Steps (boundary, default 5000) or rounds (hopskipjump, default 40).")
+    @device_option
+    def cmd(victim: str, key: str | None, budget: int | None, dataset: str | None, data_dir: str | None, n: int,
+            targeted: str | None, seed: int, out: str, max_queries: int, iterations: int | None,
+            device: str) -> None:
+        from stealkit.errors import InputError
+        from stealkit.evade.boundary import BoundaryConfig, boundary_attack
+        from stealkit.evade.hopskipjump import HopSkipJumpConfig, hopskipjump
+        from stealkit.extract.common import open_victim
+        from stealkit.rundir import RunDir
+
+        if targeted is not None:
+            raise InputError("decision-based targeted attacks need start images of the target class; use the "
+                             "Python API (starting_points=) or drop --targeted")
+        v = open_victim(victim, mode="label", budget=budget, key=key, dataset=dataset, device=device, seed=seed)
+        x, y = _test_sample(v, data_dir, n, seed)
+        run = RunDir(out).create(command=f"attack {method}", seed=seed, config={
+            "victim": victim, "dataset": v.dataset, "n": n, "max_queries": max_queries, "iterations": iterations})
+        clean = v.oracle.query(x)  # which images the victim gets right (charged)
+        from stealkit.oracle import labels_from_answer
+
+        ok = (labels_from_answer(clean, v.oracle.mode).cpu() == y).nonzero().squeeze(1)
+        if method == "boundary":
+            res = boundary_attack(v.oracle, x[ok], y[ok], max_queries=max_queries,
+                                  config=BoundaryConfig(steps=iterations or 5000, seed=seed))
+        else:
+            res = hopskipjump(v.oracle, x[ok], y[ok], max_queries=max_queries,
+                              config=HopSkipJumpConfig(iterations=iterations or 40, seed=seed))
+        x_adv = x.clone()
+        x_adv[ok] = res.x_adv
+        import torch
+
+        attempted = torch.zeros(len(y), dtype=torch.bool)
+        attempted[ok] = True
+        success = torch.zeros(len(y), dtype=torch.bool)
+        success[ok] = res.success
+        _save_npz(run.path / "adversarial.npz", {"x": x.numpy(), "x_adv": x_adv.numpy(), "y": y.numpy(),
+                                                 "attempted": attempted.numpy(), "success": success.numpy()})
+        per = res.extra["queries_per_example"].float()
+        summary = {"method": method, "asr": res.success_rate if ok.numel() else None, "attempts": int(ok.numel()),
+                   "successes": int(res.success.sum()), "victim_queries": v.oracle.ledger.as_dict(),
+                   "median_norm_successful": res.summary()["median_norm_successful"],
+                   "median_queries_per_image": float(per.median()) if per.numel() else None,
+                   "victim": victim, "seed": seed}
+        _finish(run, summary)
+        click.echo(f"success {summary['asr']}, median L2 {summary['median_norm_successful']}, victim queries "
+                   f"{summary['victim_queries']}; report: {run.report_path}")
+
+    return cmd
+
+
+@click.command("study")
+@click.option("--dataset", type=click.Choice(["digits", "fashion-mnist"]), default="digits", show_default=True)
+@click.option("--victim", default=None, help="Standard victim (default: digits-conv2 / fmnist-cnn4).")
+@click.option("--n", "n", type=int, default=1000, show_default=True, help="Test images attacked.")
+@click.option("--substitute-arch", default="cnn3", show_default=True)
+@click.option("--real-budget", type=int, default=None, help="Queries for the Real-P/L substitutes (default: pool).")
+@click.option("--real-epochs", type=int, default=20, show_default=True)
+@click.option("--datafree", default="dast,codfe", show_default=True,
+              help="Data-free methods to train here (comma-separated; empty for none).")
+@click.option("--datafree-budget", type=int, default=20_000, show_default=True)
+@click.option("--substitute", "substitutes", multiple=True, metavar="LABEL=DIR",
+              help="An extra substitute model directory, e.g. CoDFe-P=runs/codfe/student (repeat).")
+@click.option("--quick", is_flag=True, help="Smoke run: 100 images, 2,000 data-free queries, 3 epochs.")
+@click.option("--data-dir", default=None, type=click.Path())
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", required=True, type=click.Path())
+@device_option
+def study_cmd(dataset: str, victim: str | None, n: int, substitute_arch: str, real_budget: int | None,
+              real_epochs: int, datafree: str, datafree_budget: int, substitutes: tuple[str, ...], quick: bool,
+              data_dir: str | None, seed: int, out: str, device: str) -> None:
+    """CoDFe Tables 1-2: FGSM/BIM/PGD transfer ASR from substitutes stolen in probability and label mode."""
+    from stealkit.errors import InputError
+    from stealkit.evade.study import StudyConfig, run_study
+    from stealkit.rundir import RunDir
+
+    if quick:
+        n, datafree_budget, real_epochs = min(n, 100), min(datafree_budget, 2000), min(real_epochs, 3)
+    if any("=" not in s for s in substitutes):
+        raise InputError("--substitute takes LABEL=DIR, e.g. CoDFe-P=runs/codfe/student")
+    subs = dict(s.split("=", 1) for s in substitutes)
+    cfg = StudyConfig(dataset=dataset, victim=victim, substitute_arch=substitute_arch, n=n, real_budget=real_budget,
+                      real_epochs=real_epochs, datafree=tuple(m for m in datafree.split(",") if m),
+                      datafree_budget=datafree_budget, substitutes=subs, seed=seed)
+    run = RunDir(out).create(command="attack study", seed=seed, config={"study": cfg})
+    summary = run_study(cfg, device=device, data_dir=data_dir, on_record=run.append_record)
+    _finish(run, summary | {"table": summary["rows"], "seed": seed})
+    click.echo(summary["markdown"])
+    for note in summary["notes"]:
+        click.echo(f"note: {note}")
+
+
+def register(cli: click.Group) -> None:
+    for m in GRADIENT_METHODS:
+        attack.add_command(_make_transfer(m))
+    for m in ("boundary", "hopskipjump"):
+        attack.add_command(_make_decision(m))
+    attack.add_command(study_cmd)
+    cli.add_command(attack)
