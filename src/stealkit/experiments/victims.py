@@ -41,6 +41,20 @@ def cache_root() -> Path:
     return Path(os.environ.get("STEALKIT_CACHE", "runs")) / "victims"
 
 
+def data_fingerprint(dataset: str, split_seed: int, data_dir: str | Path | None = None) -> str:
+    """A digest of the split's contents, so a victim is retrained if the data or its split ever change."""
+    import hashlib
+
+    from stealkit.data import load_splits
+
+    splits = load_splits(dataset, data_dir=data_dir, seed=split_seed)
+    h = hashlib.sha256()
+    for part in (splits.victim_train, splits.attacker_pool, splits.test):
+        h.update(part.y.numpy().tobytes())
+        h.update(part.x[:64].numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def standard_victim(name: str, *, cache_dir: str | Path | None = None, data_dir: str | Path | None = None,
                     device: str = "cpu") -> Any:
     """Load the named standard victim from the cache, training it first if needed. Returns a TrainedModel."""
@@ -52,7 +66,8 @@ def standard_victim(name: str, *, cache_dir: str | Path | None = None, data_dir:
     recipe = RECIPES[name]
     path = Path(cache_dir) if cache_dir is not None else cache_root() / name
     stamp = json.dumps({"dataset": recipe.dataset, "arch": recipe.arch, "train": recipe.train.to_dict(),
-                        "kwargs": dict(recipe.arch_kwargs), "split_seed": recipe.split_seed}, sort_keys=True)
+                        "kwargs": dict(recipe.arch_kwargs), "split_seed": recipe.split_seed,
+                        "data": data_fingerprint(recipe.dataset, recipe.split_seed, data_dir)}, sort_keys=True)
     if (path / "model.json").exists() and (path / "recipe.json").exists() \
             and (path / "recipe.json").read_text() == stamp:
         model, spec = load_model(path, device=device)

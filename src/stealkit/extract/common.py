@@ -78,6 +78,7 @@ def open_victim(
             input_shape=oracle.input_shape,
             num_classes=oracle.num_classes,
             dataset=dataset or getattr(oracle, "dataset", None),
+            split_seed=int(getattr(oracle, "split_seed", 0) or 0),
             location=victim,
         )
     from stealkit.models import load_model

@@ -1,0 +1,104 @@
+"""``stealkit serve``: run a saved model as a pay-per-query prediction and explanation API."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from stealkit.errors import InputError
+
+
+@click.command("serve")
+@click.option("--model", "model_dir", required=True, type=click.Path(), help="Model directory (model.json + "
+              "model.safetensors).")
+@click.option("--keys", "keys_path", required=True, type=click.Path(), help="TOML keys file ([[key]] tables: key, "
+              "mode, budget, explain, rate, image_rate, defences, prada).")
+@click.option("--db", required=True, type=click.Path(), help="SQLite file for budgets and the query log "
+              "(created if missing; counters survive restarts).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (loopback by default).")
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--workers", type=int, default=1, show_default=True, help="Worker processes.")
+@click.option("--threads", type=int, default=None, help="torch threads per worker (default: torch's choice).")
+@click.option("--device", default="cpu", show_default=True, help="torch device of the model.")
+@click.option("--max-inflight", type=int, default=64, show_default=True,
+              help="Concurrent queries per worker before answering 503.")
+def serve_cmd(model_dir: str, keys_path: str, db: str, host: str, port: int, workers: int, threads: int | None,
+              device: str, max_inflight: int) -> None:
+    """Serve MODEL over HTTP: POST /v1/predict, POST /v1/explain, GET /v1/info, /healthz, /metrics.
+
+    Clients authenticate with 'Authorization: Bearer KEY'. Attack it with any extraction command:
+    stealkit extract baseline --victim http://HOST:PORT --key KEY --budget N ...
+    """
+    import uvicorn
+
+    from stealkit.models import load_model
+    from stealkit.serve.app import ENV
+    from stealkit.serve.keys import load_keys
+    from stealkit.serve.store import Store
+
+    if workers < 1 or not 0 < port < 65536 or max_inflight < 1:
+        raise InputError("--workers and --max-inflight must be >= 1 and --port in 1..65535")
+    # fail fast, in this process, on a bad model, keys file or database (one clear line instead of N workers'
+    # tracebacks), and create the schema once before the workers race to
+    load_model(model_dir, device=device)
+    config = load_keys(keys_path)
+    store = Store(db)
+    store.sync_keys(config.keys.values())
+    store.close()
+    os.environ[ENV] = json.dumps({"model": os.path.abspath(model_dir), "keys": os.path.abspath(keys_path),
+                                  "db": os.path.abspath(db), "workers": workers, "threads": threads,
+                                  "device": device, "max_inflight": max_inflight})
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(f"warning: serving on {host}, reachable beyond this machine", err=True)
+    click.echo(f"serving {model_dir} on http://{host}:{port} ({workers} worker(s), {len(config.keys)} key(s))",
+               err=True)
+    uvicorn.run("stealkit.serve.app:app_from_env", factory=True, host=host, port=port, workers=workers,
+                log_level="warning", access_log=False, timeout_graceful_shutdown=5,
+                # a worker imports torch and loads the model before it answers the supervisor's health
+                # checks; uvicorn's 5 s default kills and restarts slow starters forever on a busy machine
+                timeout_worker_healthcheck=120)
+
+
+@click.command("defences")
+@click.option("--victim", default="digits-conv2", show_default=True,
+              help="Standard victim (digits-conv2, fmnist-conv2, ...).")
+@click.option("--budget", type=int, default=300, show_default=True, help="Queries of each baseline extraction.")
+@click.option("--defence", "defences", multiple=True, metavar="SPEC",
+              help="Defence spec (repeat), e.g. round:decimals=2, topk:k=1, label, "
+                   "reverse_sigmoid:beta=1.0,gamma=0.1, noise:sigma=0.05; 'none' is the baseline. Default: a set.")
+@click.option("--seeds", default="0,1,2", show_default=True, help="Attack seeds.")
+@click.option("--student", default="conv2", show_default=True)
+@click.option("--epochs", type=int, default=30, show_default=True)
+@click.option("--out", required=True, type=click.Path(), help="Run directory to write.")
+@click.option("--device", default="cpu", show_default=True)
+def defences_cmd(victim: str, budget: int, defences: tuple[str, ...], seeds: str, student: str, epochs: int,
+                 out: str, device: str) -> None:
+    """The defence table: served accuracy and baseline-extraction accuracy through each output defence."""
+    from stealkit.commands.common import parse_int_list
+    from stealkit.report.builders import build_report
+    from stealkit.rundir import RunDir
+    from stealkit.serve.study import DEFAULT_DEFENCES, DefenceStudyConfig, run_defence_study
+    from stealkit.train import TrainConfig
+
+    if budget < 1:
+        raise InputError("--budget must be at least 1")
+    config = DefenceStudyConfig(victim=victim, budget=budget, defences=tuple(defences) or DEFAULT_DEFENCES,
+                                seeds=parse_int_list(seeds), student=student,
+                                train=TrainConfig(epochs=epochs, batch_size=64), device=device)
+    run = RunDir(out).create(command="defences", seed=config.seeds[0], config={"study": config})
+    summary = run_defence_study(config, on_row=run.append_record)
+    run.write_summary(summary)
+    run.write_report(build_report(run))
+    for r in summary["rows"]:
+        click.echo(f"{r['defence']:<38} served {r['served_accuracy']:.4f}  extracted "
+                   f"{r['extraction_accuracy_mean']:.4f} +- {r['extraction_accuracy_std']:.4f}")
+    click.echo(f"report: {run.report_path}")
+
+
+def register(cli: click.Group) -> None:
+    import stealkit.serve.report  # noqa: F401  (registers the defence study's report sections)
+
+    cli.add_command(serve_cmd)
+    cli.add_command(defences_cmd)

@@ -1,0 +1,216 @@
+"""An oracle over a ``stealkit serve`` HTTP API (or any server speaking the same /v1 protocol).
+
+:class:`HttpOracle` implements :class:`~stealkit.oracle.Oracle` and :class:`~stealkit.oracle.ExplanationOracle`,
+so every attack runs against a URL unchanged. Batches travel as ``.npy`` both ways. Its ledger mirrors the
+server: its budget is the smaller of the ``budget`` you give and what the key had left when the oracle was
+opened, and it shrinks whenever the server reports less left (another client on the same key). Each image is
+charged to the ledger before it is sent and refunded if the server refuses it, so the ledger counts exactly
+what the server answered to this oracle.
+
+Retries: 429 and 503 (and connections that never opened) are retried with exponential backoff, honouring
+``Retry-After``; they were not charged. A timeout after the request was sent is not retried (the server may
+have answered and charged it); it raises :class:`~stealkit.errors.StealkitError`.
+
+Fidelity: an HTTP victim has no local model, so ``make_evaluator`` reports fidelity as ``None``. To measure it,
+run the same attack against the model directory (same seed, same answers) or compare the student with the
+model offline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+import torch
+
+from stealkit.errors import BudgetExhausted, InputError, StealkitError
+from stealkit.oracle.base import ExplainMethod, ExplainOutput, OutputMode, validate_images
+from stealkit.oracle.ledger import QueryKind, QueryLedger
+
+log = logging.getLogger(__name__)
+
+NPY = "application/x-npy"
+
+
+class HttpOracle:
+    """A remote victim. ``mode=None`` takes the key's own mode; a mode the key may not use is refused.
+
+    Args:
+        url: ``http(s)://host:port`` of the API (with or without a trailing ``/``).
+        key: the API key (sent as ``Authorization: Bearer <key>``).
+        budget: at most this many images (all kinds) from this oracle; the key's remaining budget also caps it.
+        batch_size: the largest batch per request (also capped by the server's ``max_batch``).
+        timeout: seconds per request; retries: attempts after the first for 429/503/connection refused.
+    """
+
+    def __init__(self, url: str, *, key: str, mode: str | OutputMode | None = None, budget: int | None = None,
+                 batch_size: int = 1024, timeout: float = 60.0, retries: int = 5, backoff: float = 0.25,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise InputError(f"an HTTP victim address starts with http:// or https://, got {url!r}")
+        if not key:
+            raise InputError("an HTTP victim needs an API key: pass --key KEY")
+        if batch_size < 1 or retries < 0 or timeout <= 0:
+            raise InputError("batch_size must be >= 1, retries >= 0 and timeout > 0")
+        self.url = url.rstrip("/")
+        self.retries = int(retries)
+        self.backoff = float(backoff)
+        self._client = httpx.Client(base_url=self.url, timeout=timeout, transport=transport,
+                                    headers={"Authorization": f"Bearer {key}", "User-Agent": "stealkit-httporacle"})
+        self.info: dict[str, Any] = self._request("GET", "/v1/info").json()
+        self.input_shape: tuple[int, int, int] = tuple(int(s) for s in self.info["input_shape"])  # type: ignore[assignment]
+        self.num_classes = int(self.info["num_classes"])
+        self.dataset: str | None = self.info.get("dataset")
+        self.split_seed = int(self.info.get("split_seed") or 0)
+        self.classes: list[str] = list(self.info.get("classes") or [])
+        allowed = [OutputMode.parse(m) for m in self.info.get("allowed_modes", [self.info["mode"]])]
+        self.mode = OutputMode.parse(mode) if mode is not None else OutputMode.parse(self.info["mode"])
+        if self.mode not in allowed:
+            raise InputError(f"this API key may ask for modes {[m.value for m in allowed]}, not {self.mode.value!r}; "
+                             f"pass --mode {allowed[0].value}")
+        self.batch_size = min(int(batch_size), int(self.info.get("max_batch") or batch_size))
+        server_left = self.info.get("queries_left")
+        caps = [b for b in (budget, server_left) if b is not None]
+        budgets = {}
+        if self.info.get("explain_left") is not None:
+            budgets["explain"] = int(self.info["explain_left"])
+        self._ledger = QueryLedger(budget=min(caps) if caps else None, budgets=budgets)
+
+    @property
+    def ledger(self) -> QueryLedger:
+        return self._ledger
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> HttpOracle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the protocols ---------------------------------------------------------------------------------
+    def query(self, x: torch.Tensor) -> torch.Tensor:
+        """Answer ``[B, C, H, W]`` pixels in [0, 1]; charges B ``predict`` queries (refused whole if over)."""
+        x = validate_images(x, self.input_shape)
+        return self._batched(x, QueryKind.PREDICT, "/v1/predict", {"mode": self.mode.value})
+
+    def explain(self, x: torch.Tensor, method: ExplainMethod = "gradient", *, target: int | torch.Tensor | None = None,
+                output: ExplainOutput = "logit", n_samples: int = 10, sigma: float = 0.1) -> torch.Tensor:
+        """Input gradients or SmoothGrad maps from the server; one ``explain`` query per image."""
+        if not self.info.get("explain", False):
+            raise InputError("this API key may not ask for explanations (the server says explain = false)")
+        if method not in ("gradient", "smoothgrad") or output not in ("logit", "prob"):
+            raise InputError(f"unknown explanation method/output {method!r}/{output!r}")
+        x = validate_images(x, self.input_shape)
+        params: dict[str, Any] = {"method": method, "output": output, "n_samples": n_samples, "sigma": sigma}
+        if target is None or isinstance(target, int) or torch.as_tensor(target).numel() == 1:
+            if target is not None:
+                params["target"] = int(torch.as_tensor(target).reshape(-1)[0])
+            return self._batched(x, QueryKind.EXPLAIN, "/v1/explain", params)
+        t = torch.as_tensor(target).long().reshape(-1)
+        if t.numel() != x.shape[0]:
+            raise InputError(f"target must be one class or one per image ({x.shape[0]}), got {t.numel()}")
+        bodies = [{"inputs": x[i : i + self.batch_size].tolist(), **params, "target": t[i : i + self.batch_size].tolist()}
+                  for i in range(0, x.shape[0], self.batch_size)]
+        return self._send(QueryKind.EXPLAIN, "/v1/explain", [(len(b["inputs"]), b) for b in bodies])
+
+    # -- plumbing --------------------------------------------------------------------------------------
+    def _batched(self, x: torch.Tensor, kind: QueryKind, path: str, params: dict[str, Any]) -> torch.Tensor:
+        chunks = [x[i : i + self.batch_size] for i in range(0, x.shape[0], self.batch_size)]
+        return self._send(kind, path, [(int(c.shape[0]), c) for c in chunks], params)
+
+    def _send(self, kind: QueryKind, path: str, chunks: list[tuple[int, Any]],
+              params: dict[str, Any] | None = None) -> torch.Tensor:
+        """Charge the whole batch, send it chunk by chunk, refund what was not answered."""
+        n = sum(size for size, _ in chunks)
+        self._ledger.charge(kind, n)  # refused whole, nothing sent, if over this oracle's budget
+        done = 0
+        try:
+            outs = []
+            for size, chunk in chunks:
+                if isinstance(chunk, torch.Tensor):
+                    buf = io.BytesIO()
+                    np.save(buf, chunk.numpy(), allow_pickle=False)
+                    resp = self._request("POST", path, content=buf.getvalue(), params=params,
+                                         headers={"Content-Type": NPY, "Accept": NPY})
+                else:
+                    resp = self._request("POST", path, content=json.dumps(chunk).encode(),
+                                         headers={"Content-Type": "application/json", "Accept": NPY})
+                outs.append(torch.from_numpy(np.array(np.load(io.BytesIO(resp.content), allow_pickle=False))))
+                done += size
+                left = resp.headers.get("X-Stealkit-Queries-Left")
+                if left is not None:
+                    self._mirror(int(left), pending=n - done)
+            return torch.cat(outs) if len(outs) > 1 else outs[0]
+        except BudgetExhausted as exc:
+            self._ledger.refund(kind, n - done)
+            done = n
+            self._mirror(exc.remaining, pending=0)
+            raise
+        finally:
+            if done < n:
+                self._ledger.refund(kind, n - done)
+
+    def _mirror(self, server_left: int, *, pending: int) -> None:
+        """Shrink the ledger's budget if the server has less left than the ledger thinks (``pending``: images
+        charged to the ledger but not yet answered by the server)."""
+        ledger = self._ledger
+        with ledger._lock:
+            cap = ledger.total - pending + server_left
+            if ledger.budget is None or cap < ledger.budget:
+                ledger.budget = cap
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        attempt = 0
+        while True:
+            try:
+                resp = self._client.request(method, path, **kwargs)
+            except httpx.ConnectError as exc:
+                if attempt >= self.retries:
+                    raise StealkitError(f"cannot reach {self.url}: {exc}; is `stealkit serve` running?") from None
+                self._sleep(attempt, None)
+                attempt += 1
+                continue
+            except httpx.HTTPError as exc:
+                raise StealkitError(f"request to {self.url}{path} failed: {exc!r} (not retried: the server may "
+                                    "have answered and charged it)") from None
+            if resp.status_code in (429, 503) and attempt < self.retries:
+                self._sleep(attempt, resp.headers.get("Retry-After"))
+                attempt += 1
+                continue
+            if resp.status_code >= 400:
+                self._raise(resp, path)
+            return resp
+
+    def _sleep(self, attempt: int, retry_after: str | None) -> None:
+        wait = self.backoff * 2**attempt
+        if retry_after is not None:
+            with contextlib.suppress(ValueError):
+                wait = max(wait, float(retry_after))
+        log.info("server busy; retrying in %.2f s", wait)
+        time.sleep(min(wait, 60.0))
+
+    def _raise(self, resp: httpx.Response, path: str) -> None:
+        try:
+            err = resp.json()
+            detail = err.get("detail", resp.text)
+        except ValueError:
+            err, detail = {}, resp.text[:300]
+        if resp.status_code == 402:
+            left = err.get("queries_left")
+            raise BudgetExhausted(f"the server refused: {detail}", remaining=int(left or 0))
+        if resp.status_code == 401:
+            raise InputError(f"the server refused the API key: {detail}; check --key")
+        if resp.status_code in (400, 413, 415):
+            raise InputError(f"the server refused the request to {path}: {detail}")
+        raise StealkitError(f"{path} answered HTTP {resp.status_code}: {detail}")
+
+
+__all__ = ["HttpOracle"]

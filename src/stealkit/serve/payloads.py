@@ -1,0 +1,186 @@
+"""Request and response bodies of the HTTP API: ``.npy`` (binary, for real batches) and JSON (small ones).
+
+Requests: ``Content-Type: application/x-npy`` with a float array ``[B, C, H, W]`` (never unpickled:
+``allow_pickle=False``), options in the query string; or ``application/json`` with
+``{"inputs": [[[[...]]]], "mode": ..., ...}``. Every malformed body becomes an :class:`InputError` that says
+what is wrong; the caller turns it into a 4xx answer before anything is charged.
+
+Responses: JSON ``{"mode", "outputs", "queries_left", ...}`` by default, or, when the client sends
+``Accept: application/x-npy``, the outputs as an ``.npy`` body with the other fields in ``X-Stealkit-*``
+headers (what :class:`~stealkit.oracle.http.HttpOracle` uses).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from stealkit.errors import InputError
+from stealkit.oracle import validate_images
+
+NPY = "application/x-npy"
+JSON = "application/json"
+
+
+def content_kind(content_type: str | None) -> str:
+    """``"npy"`` or ``"json"`` from a Content-Type header; anything else is refused (415)."""
+    ct = (content_type or "").split(";")[0].strip().lower()
+    if ct in (NPY, "application/octet-stream", "application/npy"):
+        return "npy"
+    if ct in (JSON, ""):
+        return "json"
+    raise UnsupportedMedia(f"unsupported Content-Type {content_type!r}; send {NPY} (a .npy array) or {JSON}")
+
+
+class UnsupportedMedia(InputError):
+    """The request body's media type is neither .npy nor JSON."""
+
+
+class TooLarge(InputError):
+    """The request body or batch exceeds the server's limit."""
+
+
+def decode_npy(body: bytes, input_shape: tuple[int, ...], *, max_batch: int) -> torch.Tensor:
+    """Parse a ``.npy`` body into validated float32 images (refusing pickles, wrong dtypes and shapes)."""
+    if not body:
+        raise InputError("empty request body; send a .npy array of shape [B, C, H, W]")
+    if not body.startswith(b"\x93NUMPY"):
+        raise InputError("the body is not a .npy file (it lacks the \\x93NUMPY magic); write it with numpy.save")
+    try:
+        buf = io.BytesIO(body)
+        version = np.lib.format.read_magic(buf)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(buf)
+        elif version == (2, 0):
+            shape, _, dtype = np.lib.format.read_array_header_2_0(buf)
+        else:
+            raise ValueError(f"unsupported .npy format version {version}")
+    except Exception as exc:  # noqa: BLE001 - numpy raises many types on a corrupt header
+        raise InputError(f"the .npy header is malformed: {exc}") from None
+    _check_batch(shape, input_shape, max_batch)
+    if dtype.kind != "f" or dtype.itemsize not in (2, 4, 8):
+        raise InputError(f"inputs must be float16/32/64 pixels in [0, 1], got dtype {dtype}; divide by 255 first")
+    try:
+        arr = np.load(io.BytesIO(body), allow_pickle=False)
+    except Exception as exc:  # noqa: BLE001
+        raise InputError(f"the .npy body could not be read: {exc}") from None
+    return _images(arr, input_shape)
+
+
+def decode_json(body: bytes, input_shape: tuple[int, ...], *, max_batch: int) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Parse ``{"inputs": ..., options...}``; returns the images and the other fields."""
+    obj = parse_json_object(body)
+    if "inputs" not in obj:
+        raise InputError('the JSON body needs "inputs": a nested list [B][C][H][W] of pixels in [0, 1]')
+    inputs = obj.pop("inputs")
+    if not isinstance(inputs, list):
+        raise InputError(f'"inputs" must be a nested list [B][C][H][W], got {type(inputs).__name__}')
+    _check_json_shape(inputs, input_shape, max_batch)
+    try:
+        arr = np.array(inputs)
+    except (ValueError, TypeError, RecursionError, OverflowError) as exc:
+        raise InputError(f'"inputs" is not a regular array of numbers: {exc}') from None
+    if arr.dtype.kind in "iu":
+        arr = arr.astype(np.float64)
+    if arr.dtype.kind != "f":
+        raise InputError(f'"inputs" must hold only numbers (pixels in [0, 1]); found {arr.dtype} values')
+    return _images(arr, input_shape), obj
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    if not body:
+        return {}
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"the body is not valid JSON: {str(exc)[:200]}") from None
+    if not isinstance(obj, dict):
+        raise InputError(f"the JSON body must be an object, got {type(obj).__name__}")
+    return obj
+
+
+def _check_batch(shape: tuple[int, ...], input_shape: tuple[int, ...], max_batch: int) -> None:
+    if len(shape) != len(input_shape) + 1 or tuple(shape[1:]) != tuple(input_shape):
+        raise InputError(f"inputs must have shape [B, {', '.join(map(str, input_shape))}], got {list(shape)}")
+    if shape[0] == 0:
+        raise InputError("inputs is an empty batch; send at least one image")
+    if shape[0] > max_batch:
+        raise TooLarge(f"a request may hold at most {max_batch} images, got {shape[0]}; split the batch")
+
+
+def _check_json_shape(inputs: list[Any], input_shape: tuple[int, ...], max_batch: int) -> None:
+    """Check the nesting along the first element of each level before numpy sees the list."""
+    shape: list[int] = []
+    node: Any = inputs
+    for _ in range(len(input_shape) + 1):
+        if not isinstance(node, list):
+            break
+        shape.append(len(node))
+        if not node:
+            break
+        node = node[0]
+    if isinstance(node, list) or len(shape) != len(input_shape) + 1:
+        raise InputError(f'"inputs" must be nested [B][{"][".join(map(str, input_shape))}], got depth/shape '
+                         f"{shape}{'...' if isinstance(node, list) else ''}")
+    _check_batch(tuple(shape), input_shape, max_batch)
+
+
+def _images(arr: np.ndarray, input_shape: tuple[int, ...]) -> torch.Tensor:
+    if arr.dtype.kind != "f":
+        raise InputError(f"inputs must be floating point pixels in [0, 1], got dtype {arr.dtype}")
+    arr = np.ascontiguousarray(arr, dtype=np.float32) if arr.dtype != np.float32 or not arr.dtype.isnative \
+        else np.ascontiguousarray(arr)
+    return validate_images(arr, input_shape)
+
+
+def query_options(params: dict[str, Any]) -> dict[str, Any]:
+    """Coerce query-string options (strings) for the explain endpoint: numbers where numbers are meant."""
+    out: dict[str, Any] = {}
+    for k, v in params.items():
+        if k in ("n_samples", "target"):
+            out[k] = _int(v, k)
+        elif k == "sigma":
+            out[k] = _float(v, k)
+        else:
+            out[k] = v
+    return out
+
+
+def _int(v: Any, name: str) -> int:
+    if isinstance(v, bool):
+        raise InputError(f"{name} must be an integer, got {v!r}")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str):
+        try:
+            return int(v)
+        except ValueError:
+            pass
+    raise InputError(f"{name} must be an integer, got {v!r}")
+
+
+def _float(v: Any, name: str) -> float:
+    if isinstance(v, bool):
+        raise InputError(f"{name} must be a number, got {v!r}")
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be a number, got {v!r}") from None
+    if not math.isfinite(f):
+        raise InputError(f"{name} must be finite, got {v!r}")
+    return f
+
+
+def encode_npy(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
+    return buf.getvalue()
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy()
