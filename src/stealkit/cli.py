@@ -53,6 +53,11 @@ def extract() -> None:
     """Steal a victim: query it through an oracle and train a copy. One subcommand per method."""
 
 
+@cli.group()
+def study() -> None:
+    """Reproduce a paper's table or figure: one subcommand per study."""
+
+
 def _discover() -> None:
     import stealkit.commands as pkg
 

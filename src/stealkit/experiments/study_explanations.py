@@ -6,14 +6,12 @@
 
 Victims are the cached standard victims (``digits-*``, ``fmnist-*``). Each point trains a fresh
 reconstruction with :func:`~stealkit.extract.gradient_matching.extract_gradient_matching`; query counts come
-from the ledger. ``python -m stealkit.experiments.study_explanations --out runs/study-explanations`` writes
+from the ledger. ``stealkit study explanations --out runs/study-explanations`` writes ``config.json``,
 ``records.jsonl``, ``summary.json`` and ``report.html``; ``--quick`` runs a small grid.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +20,9 @@ from typing import Any
 import torch
 
 from stealkit.extract.gradient_matching import GradMatchConfig, extract_gradient_matching
+from stealkit.report import Section
+from stealkit.report.builders import build_report, register_builder
+from stealkit.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +85,12 @@ def queries_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
     return next((int(p["n"]) for p in curve if p["accuracy"] >= target), None)
 
 
-def report(out: Path, rows: list[dict[str, Any]]) -> None:
-    from stealkit.fsutil import atomic_write_text
-    from stealkit.report import Section, line_plot, render_report
+@register_builder("study explanations")
+def explanation_sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> list[Section]:
+    from stealkit.report import Figure, line_plot
 
-    sections = []
+    rows = summary.get("rows", [])
+    sections = [Section("Queries to reach 0.95x the victim", tables=[("", summary.get("reach", []))])]
     for fig in sorted({r["figure"] for r in rows}):
         figs = []
         for ds in sorted({r["dataset"] for r in rows if r["figure"] == fig}):
@@ -100,52 +102,36 @@ def report(out: Path, rows: list[dict[str, Any]]) -> None:
                           for r in sel}
                 uri = line_plot(series=series, xlabel="queries", ylabel="test accuracy", logx=True,
                                 hlines={"victim": sel[0]["victim_accuracy"]}, ylim=(0, 1))
-                from stealkit.report import Figure
-
                 figs.append(Figure(uri, f"{ds}: victim {victim}, reconstruction {student}"))
         title = {2: "Figure 2: gradients vs membership queries", 3: "Figure 3: unknown model class",
                  4: "Figure 4: Gaussian queries"}[fig]
         sections.append(Section(title, figures=figs))
-    atomic_write_text(out / "report.html", render_report("Model reconstruction from explanations", {}, sections,
-                                                         config={}))
+    return sections
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--quick", action="store_true", help="digits only, queries 1,10,100, 200 steps")
-    ap.add_argument("--datasets", default="digits,fashion-mnist")
-    ap.add_argument("--archs", default="logistic,mlp2,conv2")
-    ap.add_argument("--figures", default="2,3,4")
-    ap.add_argument("--queries", default=",".join(map(str, QUERIES)))
-    ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--data-dir", default=None)
-    args = ap.parse_args()
-    if args.quick:
-        args.datasets, args.queries, args.steps = "digits", "1,10,100", 200
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    queries = tuple(int(q) for q in args.queries.split(","))
-    base = GradMatchConfig(steps=args.steps)
+def run_study(out: str | Path, *, datasets: tuple[str, ...] = ("digits", "fashion-mnist"),
+              archs: tuple[str, ...] = ("logistic", "mlp2", "conv2"), figures: tuple[int, ...] = (2, 3, 4),
+              queries: tuple[int, ...] = QUERIES, steps: int = 600, seed: int = 0, device: str = "cpu",
+              data_dir: str | None = None) -> dict[str, Any]:
+    """Run every curve of Figures 2-4 for the given grid into the run directory ``out``."""
+    settings = {"datasets": datasets, "archs": archs, "figures": figures, "queries": queries, "steps": steps,
+                "device": device}
+    run = RunDir(out).create(command="study explanations", config=settings, seed=seed)
+    base = GradMatchConfig(steps=steps)
     rows = []
-    conds = conditions(tuple(args.datasets.split(",")), tuple(args.archs.split(",")),
-                       tuple(int(f) for f in args.figures.split(",")))
-    with open(out / "records.jsonl", "a", encoding="utf-8") as fh:
-        for cond in conds:
-            row = run_curve(cond, queries, base, seed=args.seed, device=args.device, data_dir=args.data_dir)
-            rows.append(row)
-            fh.write(json.dumps(row) + "\n")
-            fh.flush()
-            log.info("%s", json.dumps(row))
-    from stealkit.fsutil import atomic_write_json
-
-    atomic_write_json(out / "summary.json", {"args": vars(args), "rows": rows})
-    report(out, rows)
-    print(json.dumps({"study": "explanations", "out": str(out), "curves": len(rows)}))
-
-
-if __name__ == "__main__":
-    main()
+    for cond in conditions(datasets, archs, figures):
+        row = run_curve(cond, queries, base, seed=seed, device=device, data_dir=data_dir)
+        rows.append(row)
+        run.append_record(row)
+        log.info("figure %s %s %s->%s %s: %s", cond["figure"], cond["dataset"], cond["victim"], cond["student"],
+                 cond["kind"], [round(p["accuracy"], 3) for p in row["curve"]])
+    reach = []
+    for r in rows:
+        target = 0.95 * r["victim_accuracy"]
+        reach.append({"figure": r["figure"], "dataset": r["dataset"], "victim": r["victim"], "student": r["student"],
+                      "pool": r["pool"], "kind": r["kind"], "target": target,
+                      "queries_to_reach": queries_to_reach(r["curve"], target)})
+    summary = {"rows": rows, "reach": reach, "seed": seed}
+    run.write_summary(summary)
+    run.write_report(build_report(run))
+    return summary
