@@ -96,3 +96,23 @@ def test_sweep_local_and_ray_identical(tiny_config, tmp_path):
         rb = (tmp_path / "ray" / b["dir"].split("/")[-1] / "steal" / "records.jsonl").read_text()
         assert ra == rb and ra.strip()
     assert local[0]["final"]["queries"] == {"predict": 60, "explain": 0}
+
+
+@pytest.mark.parametrize("scale", ["small", "full"])
+def test_packaged_reproduce_configs_parse(scale):
+    from stealkit.experiments.reproduce import config_paths
+
+    paths = config_paths(scale)
+    names = [load_config(p).name for p in paths]
+    assert len(names) == len(set(names))
+    if scale == "small":
+        assert len(paths) >= 5
+
+
+def test_reproduce_lookup():
+    from stealkit.experiments.reproduce import lookup
+
+    summary = {"accuracy": 0.5, "curve": [{"queries": 10}, {"queries": 20}]}
+    assert lookup(summary, "final.accuracy") == 0.5
+    assert lookup(summary, "curve.-1.queries") == 20
+    assert lookup(summary, "missing.key") is None
