@@ -1,0 +1,174 @@
+"""Surrogate-data extraction against ART's KnockoffNets and CopycatCNN, side by side in one run.
+
+Victim: ``standard_victim("fmnist-conv2")`` (the anchors' 2-conv + 2-dense Fashion-MNIST CNN, about 0.90).
+Every attack queries the same attacker pool (Fashion-MNIST train[50k:]) and trains the same student
+architecture; each budget gets a fresh oracle. Our query counts come from the ledger; ART keeps none, so its
+victim is wrapped in a module that counts the images it is asked about.
+
+ART configurations (from docs/anchors): KnockoffNets random and adaptive with labels, CopycatCNN with labels,
+KnockoffNets ``use_probability=True`` against a victim returning logits and against one returning softmax.
+ART is a benchmark-only extra: ``pip install adversarial-robustness-toolbox==1.20.1``.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/surrogate_extraction.py            # full (1k and 10k)
+    .venv/bin/python benchmarks/surrogate_extraction.py --quick                      # smoke run on digits
+
+Prints one JSON object: the settings, and one row per (attack, budget).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import sys
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from stealkit.data import load_query_source
+from stealkit.experiments.victims import standard_victim
+from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
+from stealkit.extract.surrogate import KnockoffConfig, SurrogateConfig, extract_surrogate
+from stealkit.metrics import Evaluator
+
+log = logging.getLogger("bench.surrogate")
+
+
+class CountingModel(nn.Module):
+    """Wraps a victim for ART and counts every image it answers (ART keeps no query count)."""
+
+    def __init__(self, model: nn.Module, softmax: bool) -> None:
+        super().__init__()
+        self.model, self.softmax, self.count = model, softmax, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count += int(x.shape[0])
+        out = self.model(x)
+        return torch.softmax(out, dim=1) if self.softmax else out
+
+
+def ours(name: str, victim_dir: str, mode: str, pool: torch.Tensor, labels: torch.Tensor, budget: int,
+         evaluator: Evaluator, args: argparse.Namespace, strategy: str) -> dict[str, Any]:
+    v = open_victim(victim_dir, mode=mode, budget=budget)
+    config = SurrogateConfig(max_distinct=budget, tau=args.tau, epochs=args.epochs, batch_size=args.batch_size,
+                             schedule=args.schedule, augment=args.augment, strategy=strategy,  # type: ignore[arg-type]
+                             knockoff=KnockoffConfig(step_batch=args.knockoff_step), seed=args.seed)
+    t0 = time.perf_counter()
+    r = extract_surrogate(v.oracle, pool, make_student=student_factory(args.student, v, args.seed), config=config,
+                          evaluator=evaluator, pool_labels=labels)
+    return {"attack": name, "budget": budget, "accuracy": r.accuracy, "fidelity": r.fidelity,
+            "queries": r.queries["predict"], "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def art(name: str, victim_model: nn.Module, pool: torch.Tensor, labels: torch.Tensor, budget: int,
+        evaluator: Evaluator, args: argparse.Namespace, input_shape: tuple[int, ...], k: int) -> dict[str, Any]:
+    import numpy as np
+    from art.attacks.extraction import CopycatCNN, KnockoffNets
+    from art.estimators.classification import PyTorchClassifier
+
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    softmax = name.endswith("softmax")
+    counter = CountingModel(victim_model, softmax)
+    victim = PyTorchClassifier(counter, loss=nn.CrossEntropyLoss(), input_shape=input_shape, nb_classes=k,
+                               clip_values=(0.0, 1.0))
+    student = student_factory(args.student, _Shape(input_shape, k), args.seed)()
+    thief = PyTorchClassifier(student, loss=nn.CrossEntropyLoss(),
+                              optimizer=torch.optim.Adam(student.parameters(), lr=1e-3),
+                              input_shape=input_shape, nb_classes=k, clip_values=(0.0, 1.0))
+    common = {"batch_size_fit": args.art_batch, "batch_size_query": 256, "nb_epochs": args.art_epochs,
+              "nb_stolen": budget}
+    if name.startswith("art-copycat"):
+        attack = CopycatCNN(victim, **common)
+    else:
+        strategy = "adaptive" if "adaptive" in name else "random"
+        attack = KnockoffNets(victim, sampling_strategy=strategy, verbose=False,
+                              use_probability="prob" in name, **common)
+    x = pool.numpy()
+    t0 = time.perf_counter()
+    stolen = attack.extract(x, y=np.eye(k, dtype=np.float32)[labels.numpy()], thieved_classifier=thief)
+    seconds = time.perf_counter() - t0
+    model = stolen.model.eval()
+    scores = evaluator(model)
+    return {"attack": name, "budget": budget, **scores, "queries": counter.count, "seconds": round(seconds, 1)}
+
+
+class _Shape:
+    """What :func:`student_factory` reads from a victim: its input shape and class count."""
+
+    def __init__(self, input_shape: tuple[int, ...], k: int) -> None:
+        self.input_shape, self.num_classes = input_shape, k
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--victim", default="fmnist-conv2", help="standard victim name")
+    p.add_argument("--budgets", default="1000,10000")
+    p.add_argument("--student", default="conv2")
+    p.add_argument("--tau", type=float, default=1.0)
+    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--schedule", default="cyclic", choices=["cyclic", "step"])
+    p.add_argument("--augment", default="none", choices=["none", "shift", "shift-flip"],
+                   help="augmentation of the ours-probs, ours-probs-knockoff and ours-label rows")
+    p.add_argument("--aug-kind", default="shift-flip", choices=["shift", "shift-flip"],
+                   help="augmentation of the ours-probs-aug row")
+    p.add_argument("--knockoff-step", type=int, default=16)
+    p.add_argument("--art-epochs", type=int, default=10, help="thief epochs of the ART attacks (anchors: 10)")
+    p.add_argument("--art-batch", type=int, default=64)
+    p.add_argument("--attacks", default="all",
+                   help="comma list of: ours-probs, ours-probs-knockoff, ours-label, ours-probs-aug, art-knockoff-random, "
+                        "art-knockoff-adaptive, art-copycat, art-knockoff-prob-logits, art-knockoff-prob-softmax")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jsonl", default=None, help="also append each row to this file as soon as it is measured")
+    p.add_argument("--quick", action="store_true", help="smoke run: digits victim, budgets 100,300, 5 epochs")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.victim, args.budgets, args.epochs, args.art_epochs = "digits-conv2", "100,300", 5, 2
+        args.aug_kind = "shift"  # digits are not flip-invariant
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    budgets = [int(b) for b in args.budgets.split(",")]
+    trained = standard_victim(args.victim)
+    v = open_victim(trained.path, mode="probs")
+    splits = victim_splits(v)
+    evaluator = make_evaluator(v, splits.test.x, splits.test.y)
+    pool = load_query_source("pool", input_shape=v.input_shape, n=None, seed=args.seed, victim_dataset=v.dataset)
+    pool_ds = splits.attacker_pool  # labels of the same images, for the adaptive policies' actions
+    order = torch.randperm(len(pool_ds), generator=torch.Generator().manual_seed(args.seed))
+    labels = pool_ds.y[order]
+    assert torch.equal(pool_ds.x[order], pool), "pool and labels out of step"
+    all_attacks = ["ours-probs", "ours-probs-knockoff", "ours-label", "ours-probs-aug", "art-knockoff-random",
+                   "art-knockoff-adaptive", "art-copycat", "art-knockoff-prob-logits", "art-knockoff-prob-softmax"]
+    attacks = all_attacks if args.attacks == "all" else args.attacks.split(",")
+    rows = []
+    for budget in budgets:
+        for name in attacks:
+            log.info("%s at %d queries", name, budget)
+            if name.startswith("ours"):
+                mode = "label" if name == "ours-label" else "probs"
+                strategy = "knockoff" if "knockoff" in name else "random"
+                a = argparse.Namespace(**vars(args))
+                if name == "ours-probs-aug":  # shifted/flipped copies trained on cached answers
+                    a.augment = a.aug_kind
+                row = ours(name, str(trained.path), mode, pool, labels, budget, evaluator, a, strategy)
+            else:
+                row = art(name, trained.model, pool, labels, budget, evaluator, args, tuple(v.input_shape),
+                          v.num_classes)
+            log.info("%s", row)
+            rows.append(row)
+            if args.jsonl:
+                with open(args.jsonl, "a", encoding="utf-8") as fh:
+                    fh.write(json.dumps(row) + "\n")
+    out = {"benchmark": "surrogate_extraction", "victim": args.victim,
+           "victim_accuracy": evaluator.victim_accuracy, "settings": vars(args),
+           "machine": {"platform": platform.platform(), "threads": torch.get_num_threads()}, "rows": rows}
+    json.dump(out, sys.stdout, indent=1)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

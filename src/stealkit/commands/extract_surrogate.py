@@ -1,0 +1,146 @@
+"""``stealkit extract surrogate``: surrogate-data extraction (DFME appendix A; Knockoff Nets' adaptive policy)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import click
+import torch
+
+from stealkit.commands.common import device_option, parse_kv, run_options, victim_options
+from stealkit.errors import InputError
+from stealkit.report.builders import curve_sections, register_builder
+from stealkit.report.html import Figure, Section
+from stealkit.report.plots import line_plot
+from stealkit.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+
+def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | None, seed: int,
+                        data_dir: str | None, victim_dataset: str | None, split_seed: int,
+                        with_labels: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Images of query source ``spec`` (see :mod:`stealkit.data.query_sources`); with ``with_labels``, also
+    the source data set's own labels of the same images (Knockoff Nets' actions), or ``None`` where the
+    source has none (synthetic) or they cannot be matched (then the policy clusters the pool instead)."""
+    from stealkit.data import adapt_images, keep_classes, load_query_source, load_splits, parse_source
+
+    parsed = parse_source(spec)
+    if parsed.is_synthetic and n is None:
+        raise InputError(f"query source {spec!r} is synthetic: give a number of images")
+    x = load_query_source(spec, input_shape=input_shape, n=n, seed=seed, data_dir=data_dir,
+                          victim_dataset=victim_dataset, split_seed=split_seed)
+    if not with_labels or parsed.is_synthetic or parsed.imbalance is not None:
+        return x, None
+    name = victim_dataset if parsed.name == "pool" else parsed.name
+    ds = load_splits(str(name), data_dir=data_dir, seed=split_seed).attacker_pool
+    if parsed.classes is not None:
+        ds = keep_classes(ds, parsed.classes)
+    order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed))
+    if n is not None:
+        order = order[:n]
+    if order.numel() != x.shape[0] or not torch.equal(adapt_images(ds.x[order], input_shape), x):
+        log.warning("could not match labels to the query source %r; knockoff will cluster the pool", spec)
+        return x, None
+    return x, ds.y[order]
+
+
+@click.command("surrogate")
+@victim_options
+@click.option("--pool", default="pool", show_default=True,
+              help="Surrogate source: pool (the attacker split), pool:classes=0-4 (skewed), another data set "
+                   "(adapted by resizing and channel repetition), patches, gaussian.")
+@click.option("--max-distinct", type=int, default=None,
+              help="Cap on distinct images queried (DFME A.2 uses 50000); default: the budget.")
+@click.option("--loss", type=click.Choice(["auto", "kl", "ce", "l1"]), default="auto", show_default=True,
+              help="auto: tau^2 KL for probs/topk/logits, cross entropy for labels; l1 on (recovered) logits.")
+@click.option("--tau", type=float, default=1.0, show_default=True, help="Temperature of the KL loss (A.1).")
+@click.option("--schedule", type=click.Choice(["cyclic", "step"]), default="cyclic", show_default=True,
+              help="Learning-rate schedule of A.2: one-cycle, or x0.2 at 30/60/80%.")
+@click.option("--lr", type=float, default=0.1, show_default=True, help="Maximum SGD learning rate.")
+@click.option("--strategy", type=click.Choice(["random", "knockoff"]), default="random", show_default=True,
+              help="Which images to query: a random shuffle, or Knockoff Nets' adaptive policy.")
+@click.option("--augment", type=click.Choice(["none", "shift", "shift-flip"]), default="none", show_default=True,
+              help="Train on shifted/flipped copies of queried images with their cached answers (no queries).")
+@click.option("--student", default="conv2", show_default=True, help="Student architecture.")
+@click.option("--student-arg", "student_args", multiple=True, metavar="KEY=VALUE")
+@click.option("--epochs", type=int, default=30, show_default=True)
+@click.option("--batch-size", type=int, default=128, show_default=True)
+@click.option("--eval-every", type=int, default=5, show_default=True, help="Score the student every N epochs.")
+@run_options
+@device_option
+def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, top_k: int, budget: int,
+                  dataset: str | None, data_dir: str | None, pool: str, max_distinct: int | None, loss: str,
+                  tau: float, schedule: str, lr: float, strategy: str, augment: str, student: str,
+                  student_args: tuple[str, ...], epochs: int, batch_size: int, eval_every: int, seed: int,
+                  out: str, device: str) -> None:
+    """Surrogate-data extraction: query a surrogate pool, distil the answers with the tau-scaled KL (DFME A)."""
+    from stealkit.extract.common import (
+        make_evaluator,
+        open_victim,
+        save_extraction,
+        student_factory,
+        victim_splits,
+    )
+    from stealkit.extract.surrogate import SurrogateConfig, extract_surrogate, resolve_loss
+
+    resolve_loss(loss, mode)  # type: ignore[arg-type]  # refuse e.g. KL on labels before any work
+    kwargs = parse_kv(student_args)
+    config = SurrogateConfig(max_distinct=max_distinct, loss=loss, tau=tau, epochs=epochs,  # type: ignore[arg-type]
+                             batch_size=batch_size, lr=lr, schedule=schedule, strategy=strategy,  # type: ignore[arg-type]
+                             augment=augment, eval_every=eval_every, seed=seed)  # type: ignore[arg-type]
+    v = open_victim(victim, mode=mode, budget=budget, temperature=temperature, top_k=top_k, key=key,
+                    dataset=dataset, device=device, seed=seed)
+    splits = victim_splits(v, data_dir)
+    from stealkit.data import parse_source
+
+    cap = min(budget, max_distinct) if max_distinct is not None else budget
+    knockoff = strategy == "knockoff"
+    # random queries the first ``cap`` of a shuffle; the adaptive policy chooses among the whole pool
+    # (a synthetic source draws four candidates per query it may make)
+    n_pool = (4 * cap if parse_source(pool).is_synthetic else None) if knockoff else cap
+    x_pool, labels = load_surrogate_pool(pool, input_shape=v.input_shape, n=n_pool, seed=seed, data_dir=data_dir,
+                                         victim_dataset=v.dataset, split_seed=v.split_seed, with_labels=knockoff)
+    cfg = {"victim": victim, "mode": mode, "budget": budget, "pool": pool, "student": student,
+           "student_kwargs": kwargs, "dataset": v.dataset, "surrogate": config}
+    run = RunDir(out).create(command="extract surrogate", seed=seed, config=cfg)
+    result = extract_surrogate(v.oracle, x_pool, make_student=student_factory(student, v, seed, **kwargs),
+                               config=config, evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
+                               pool_labels=labels, on_point=run.append_record, device=device)
+    save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
+    click.echo(f"accuracy {result.accuracy:.4f}, fidelity {result.fidelity}, queries {result.queries}; "
+               f"report: {run.report_path}")
+
+
+@register_builder("extract surrogate")
+def surrogate_sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> list[Section]:
+    curve = summary.get("curve", [])
+    settings = {k: summary.get(k) for k in ("strategy", "mode", "loss", "tau", "schedule", "n_distinct",
+                                            "cache_hits")}
+    sections = [Section("Setting", paragraphs=[
+        "Surrogate-data extraction (Truong et al. 2021, appendix A): every distinct image is queried once and "
+        "its answer cached; later epochs re-use the cache, so the ledger's count is the number of distinct "
+        "images answered."], tables=[("", [settings])])]
+    if curve:
+        xs = [p["epoch"] for p in curve]
+        series = {"accuracy": (xs, [p["accuracy"] for p in curve])}
+        if all(p.get("fidelity") is not None for p in curve):
+            series["fidelity"] = (xs, [p["fidelity"] for p in curve])
+        va = summary.get("victim_accuracy")
+        uri = line_plot(series, xlabel="epoch", ylabel="test split", ylim=(0, 1.02),
+                        hlines={"victim accuracy": va} if va is not None else None)
+        sections.append(Section("Training", tables=[("", curve)],
+                                figures=[Figure(uri, "Student accuracy and fidelity by epoch (queries fixed)")]))
+    if summary.get("knockoff"):
+        tr = summary["knockoff"]
+        rows = [{"action": a, "queries": q, "final policy": p}
+                for a, q, p in zip(tr["actions"], tr["queries_per_action"], tr["final_policy"], strict=False)]
+        sections.append(Section("Knockoff Nets policy", tables=[("queries per action (pool class)", rows)]))
+    elif len({p.get("queries") for p in curve}) > 1:
+        sections += curve_sections(curve, summary.get("victim_accuracy"))
+    return sections
+
+
+def register(cli: click.Group) -> None:
+    cli.commands["extract"].add_command(surrogate_cmd)  # type: ignore[attr-defined]

@@ -1,0 +1,382 @@
+"""Surrogate-data model extraction (Truong et al., *Data-Free Model Extraction*, CVPR 2021, appendix A).
+
+The attacker queries the victim with a surrogate data set and distils the answers into a student:
+
+* **Loss (A.1).** With probability or logit access the student minimises ``tau**2 * KL(V_tau || S_tau)``,
+  where ``V_tau = softmax(v / tau)`` and ``S_tau = softmax(s / tau)`` (Hinton et al.'s temperature scaling).
+  From probabilities ``p = softmax(v)`` the attacker gets ``V_tau = softmax(log p / tau)`` exactly, so no
+  logits are needed; zeros (top-k answers, underflow) stay zeros. With label-only access the loss is cross
+  entropy; ``l1`` matches the student's logits to the victim's (recovered, appendix B, for probabilities).
+* **Optimiser and schedules (A.2).** SGD, maximum learning rate 0.1, and either the cyclic schedule (Smith's
+  one-cycle) or step decay (x0.2 at 30%, 60% and 80% of training).
+* **Distinct-sample cap (A.2).** At most ``max_distinct`` different images are ever queried (the paper caps at
+  50,000); each is queried once, when first needed, and its answer is cached (:class:`AnswerCache`), so every
+  later epoch re-uses it without spending a query. The ledger count therefore equals the number of distinct
+  images answered.
+* **Query strategy.** ``random`` queries a seeded shuffle of the pool; ``knockoff`` picks images with the
+  adaptive policy of Knockoff Nets (Orekondy et al., CVPR 2019; :mod:`stealkit.extract.knockoff`).
+
+Surrogate sources (the victim's attacker pool, a skewed subset, another data set adapted by resizing and
+channel repetition, natural patches, Gaussian noise) come from :func:`stealkit.data.load_query_source`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stealkit.errors import InputError
+from stealkit.extract.common import ExtractionResult, curve_point
+from stealkit.extract.logit_recovery import recover_logits
+from stealkit.metrics import Evaluator
+from stealkit.oracle import Oracle, OutputMode
+from stealkit.progress import progress
+from stealkit.train import TrainConfig, make_optimizer, make_scheduler
+
+log = logging.getLogger(__name__)
+
+StudentLoss = Literal["auto", "kl", "ce", "l1"]
+CycleSchedule = Literal["cyclic", "step"]
+Strategy = Literal["random", "knockoff"]
+Augment = Literal["none", "shift", "shift-flip"]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+_SCHEDULES: dict[str, str] = {"cyclic": "onecycle", "step": "step"}
+
+
+# --------------------------------------------------------------------------------------------------------
+# Losses (A.1)
+# --------------------------------------------------------------------------------------------------------
+def victim_log_probs(answer: torch.Tensor, mode: OutputMode | str, tau: float = 1.0) -> torch.Tensor:
+    """``log V_tau`` ``[B, K]`` from an answer in ``mode`` (probs, topk or logits); ``-inf`` where V_tau = 0.
+
+    For probabilities ``softmax(log p / tau) = softmax(v / tau)`` exactly; zero probabilities (hidden top-k
+    classes, float underflow) get probability 0 at every temperature.
+    """
+    mode = OutputMode.parse(mode)
+    if mode is OutputMode.LABEL:
+        raise InputError("the temperature-scaled KL loss needs probabilities or logits, not labels; use loss 'ce'")
+    if mode is OutputMode.LOGITS:
+        return F.log_softmax(answer.float() / tau, dim=1)
+    p = answer.float()
+    log_p = torch.where(p > 0, p.clamp_min(torch.finfo(p.dtype).tiny).log(), torch.full_like(p, -math.inf))
+    return F.log_softmax(log_p / tau, dim=1)
+
+
+def tau_kl(student_logits: torch.Tensor, victim_logp_tau: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
+    """``tau**2 * KL(V_tau || S_tau)`` averaged over the batch (A.1); ``victim_logp_tau`` is ``log V_tau``.
+
+    Its gradient with respect to the student's logits is ``tau * (S_tau - V_tau) / B``: the ``tau**2`` keeps
+    the gradient's scale independent of the temperature (Hinton et al. 2015).
+    """
+    log_s = F.log_softmax(student_logits / tau, dim=1)
+    v = victim_logp_tau.exp()
+    terms = torch.where(v > 0, v * (victim_logp_tau - log_s), torch.zeros_like(v))
+    return tau * tau * terms.sum(dim=1).mean()
+
+
+def resolve_loss(loss: StudentLoss, mode: OutputMode | str) -> str:
+    """``auto`` means cross entropy for labels and the tau-scaled KL otherwise; other choices are checked."""
+    mode = OutputMode.parse(mode)
+    if loss == "auto":
+        return "ce" if mode is OutputMode.LABEL else "kl"
+    if loss not in ("kl", "ce", "l1"):
+        raise InputError(f"unknown student loss {loss!r}; expected auto, kl, ce or l1")
+    if loss == "kl" and mode is OutputMode.LABEL:
+        raise InputError("loss 'kl' needs a probs, topk or logits oracle; with labels use --loss ce")
+    if loss == "l1" and mode in (OutputMode.LABEL, OutputMode.TOPK):
+        raise InputError(f"loss 'l1' needs logits or full probabilities, not {mode.value}; use --loss kl or ce")
+    return loss
+
+
+def make_student_loss(loss: StudentLoss, mode: OutputMode | str, tau: float = 1.0) -> LossFn:
+    """The student's loss ``fn(student_logits, victim_answers)`` for an oracle in ``mode``."""
+    mode = OutputMode.parse(mode)
+    kind = resolve_loss(loss, mode)
+    if kind == "ce":
+        if mode is OutputMode.LABEL:
+            return lambda s, y: F.cross_entropy(s, y.long())
+        return lambda s, a: F.cross_entropy(s, a.argmax(dim=1))
+    if kind == "l1":
+        if mode is OutputMode.LOGITS:
+            return lambda s, z: F.l1_loss(s, z.float())
+        return lambda s, p: F.l1_loss(s, recover_logits(p.float()))
+    return lambda s, a: tau_kl(s, victim_log_probs(a, mode, tau), tau)
+
+
+# --------------------------------------------------------------------------------------------------------
+# The answer cache and the distinct-sample cap (A.2)
+# --------------------------------------------------------------------------------------------------------
+class AnswerCache:
+    """Answers of the oracle for the images ``x``, each queried at most once, when first asked for.
+
+    ``get(idx)`` returns the answers of ``x[idx]``, sending only the not-yet-answered ones to the oracle (in
+    one batch, charged to its ledger). ``n_answered`` is the number of distinct images answered.
+    """
+
+    def __init__(self, oracle: Oracle, x: torch.Tensor, *, query_batch: int = 256) -> None:
+        self.oracle, self.x, self.query_batch = oracle, x, int(query_batch)
+        self.answered = torch.zeros(x.shape[0], dtype=torch.bool)
+        self.answers: torch.Tensor | None = None
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def n_answered(self) -> int:
+        return int(self.answered.sum())
+
+    def answered_indices(self) -> torch.Tensor:
+        return self.answered.nonzero().flatten()
+
+    def get(self, idx: torch.Tensor) -> torch.Tensor:
+        idx = idx.long().cpu()
+        todo = idx[~self.answered[idx]].unique()
+        self.misses += int(todo.numel())
+        self.hits += int(idx.numel() - todo.numel())
+        for i in range(0, todo.numel(), self.query_batch):
+            chunk = todo[i : i + self.query_batch]
+            ans = self.oracle.query(self.x[chunk]).detach().cpu()
+            if self.answers is None:
+                self.answers = torch.zeros((self.x.shape[0], *ans.shape[1:]), dtype=ans.dtype)
+            self.answers[chunk] = ans
+            self.answered[chunk] = True
+        assert self.answers is not None
+        return self.answers[idx]
+
+
+def distinct_cap(oracle: Oracle, pool_size: int, max_distinct: int | None) -> int:
+    """How many distinct images may be queried: the pool, the cap and the remaining budget, whichever is least."""
+    n = pool_size if max_distinct is None else min(pool_size, max_distinct)
+    left = oracle.ledger.remaining()
+    return n if left is None else min(n, left)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Configuration and the attack
+# --------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KnockoffConfig:
+    """Knockoff Nets' adaptive policy (see :mod:`stealkit.extract.knockoff`).
+
+    ``step_batch`` images are queried per policy step; ``rewards`` any of ``cert``, ``div``, ``loss``;
+    ``div_window`` steps of answers form the diversity reward's running mean; ``alpha`` is the gradient-bandit
+    step; the online student takes one SGD step of learning rate ``online_lr`` per policy step.
+    """
+
+    step_batch: int = 16
+    rewards: tuple[str, ...] = ("cert", "div", "loss")
+    div_window: int = 25
+    alpha: float = 0.1
+    online_lr: float = 0.02
+
+    def __post_init__(self) -> None:
+        bad = [r for r in self.rewards if r not in ("cert", "div", "loss")]
+        if bad or not self.rewards:
+            raise InputError(f"knockoff rewards must be a non-empty subset of cert, div, loss; got {self.rewards}")
+        if self.step_batch < 1 or self.div_window < 1 or self.alpha <= 0 or self.online_lr <= 0:
+            raise InputError("knockoff step_batch and div_window must be >= 1, alpha and online_lr > 0")
+
+
+@dataclass(frozen=True)
+class SurrogateConfig:
+    """Settings of :func:`extract_surrogate`.
+
+    ``max_distinct``: cap on distinct images queried (``None``: the pool or the budget). ``loss``: ``auto``
+    (KL for probs/topk/logits, CE for labels), ``kl``, ``ce`` or ``l1``. ``tau``: the temperature of A.1.
+    ``schedule``: ``cyclic`` or ``step`` (A.2), with maximum learning rate ``lr``. ``augment``: random shifts
+    of up to 2 pixels (and horizontal flips) of queried images, each trained on the cached answer of its
+    original (costs no query; off in the paper). ``eval_every``: score the student every so many epochs.
+    """
+
+    max_distinct: int | None = None
+    loss: StudentLoss = "auto"
+    tau: float = 1.0
+    epochs: int = 30
+    batch_size: int = 128
+    lr: float = 0.1
+    schedule: CycleSchedule = "cyclic"
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    strategy: Strategy = "random"
+    knockoff: KnockoffConfig = field(default_factory=KnockoffConfig)
+    augment: Augment = "none"
+    query_batch: int = 256
+    eval_every: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_distinct is not None and self.max_distinct < 1:
+            raise InputError(f"max_distinct must be a positive number of images, got {self.max_distinct}")
+        if not (self.tau > 0 and math.isfinite(self.tau)):
+            raise InputError(f"tau must be a positive number, got {self.tau}")
+        if self.schedule not in _SCHEDULES:
+            raise InputError(f"unknown schedule {self.schedule!r}; expected cyclic or step")
+        if self.strategy not in ("random", "knockoff"):
+            raise InputError(f"unknown query strategy {self.strategy!r}; expected random or knockoff")
+        if self.augment not in ("none", "shift", "shift-flip"):
+            raise InputError(f"unknown augmentation {self.augment!r}; expected none, shift or shift-flip")
+        if self.loss not in ("auto", "kl", "ce", "l1"):
+            raise InputError(f"unknown student loss {self.loss!r}; expected auto, kl, ce or l1")
+        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0 or self.query_batch < 1 or self.eval_every < 0:
+            raise InputError("epochs, batch_size and query_batch must be >= 1, lr > 0, eval_every >= 0")
+
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(epochs=self.epochs, batch_size=self.batch_size, optimizer="sgd", lr=self.lr,
+                           momentum=self.momentum, weight_decay=self.weight_decay,
+                           schedule=_SCHEDULES[self.schedule], seed=self.seed)  # type: ignore[arg-type]
+
+
+def augment_batch(x: torch.Tensor, kind: Augment, gen: torch.Generator, pad: int = 2) -> torch.Tensor:
+    """Random translations by up to ``pad`` pixels (zero fill), plus horizontal flips for ``shift-flip``."""
+    if kind == "none":
+        return x
+    b, _, h, w = x.shape
+    padded = F.pad(x, (pad, pad, pad, pad))
+    dy = torch.randint(0, 2 * pad + 1, (b,), generator=gen)
+    dx = torch.randint(0, 2 * pad + 1, (b,), generator=gen)
+    rows = (dy[:, None] + torch.arange(h)[None]).clamp_max(h + 2 * pad - 1)  # [B, H]
+    cols = (dx[:, None] + torch.arange(w)[None]).clamp_max(w + 2 * pad - 1)  # [B, W]
+    out = padded[torch.arange(b)[:, None, None, None], torch.arange(x.shape[1])[None, :, None, None],
+                 rows[:, None, :, None], cols[:, None, None, :]]
+    if kind == "shift-flip":
+        flip = torch.rand(b, generator=gen) < 0.5
+        out = torch.where(flip[:, None, None, None], out.flip(3), out)
+    return out
+
+
+def train_student(
+    student: nn.Module,
+    cache: AnswerCache,
+    indices: torch.Tensor,
+    loss_fn: LossFn,
+    config: SurrogateConfig,
+    *,
+    on_epoch: Callable[[int, nn.Module, dict[str, float]], None] | None = None,
+    device: str | torch.device = "cpu",
+) -> list[dict[str, float]]:
+    """Train ``student`` on the images ``cache.x[indices]`` against their cached answers (queried when first
+    needed). SGD with the A.2 schedule; returns one ``{"epoch", "loss", "lr"}`` per epoch."""
+    tc = config.train_config()
+    gen = torch.Generator().manual_seed(config.seed)
+    student.to(device).train()
+    opt = make_optimizer(student.parameters(), tc)
+    n = indices.numel()
+    total = math.ceil(n / tc.batch_size) * tc.epochs
+    sched = make_scheduler(opt, tc.schedule, total)
+    history: list[dict[str, float]] = []
+    bar = progress(total=total, desc=f"student ({n} images)", unit="step")
+    for epoch in range(1, tc.epochs + 1):
+        perm = indices[torch.randperm(n, generator=gen)]
+        running = 0.0
+        for i in range(0, n, tc.batch_size):
+            idx = perm[i : i + tc.batch_size]
+            answers = cache.get(idx).to(device)
+            xb = augment_batch(cache.x[idx], config.augment, gen).to(device)
+            loss = loss_fn(student(xb), answers)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if sched is not None:
+                sched.step()
+            running += float(loss.detach()) * idx.numel()
+            bar.update(1)
+        rec = {"epoch": epoch, "loss": running / n, "lr": opt.param_groups[0]["lr"]}
+        history.append(rec)
+        bar.set_postfix(loss=f"{rec['loss']:.4f}", queries=cache.n_answered)
+        if on_epoch is not None:
+            on_epoch(epoch, student, rec)
+            student.train()
+    bar.close()
+    student.eval()
+    return history
+
+
+def extract_surrogate(
+    oracle: Oracle,
+    pool: torch.Tensor,
+    *,
+    make_student: Callable[[], nn.Module],
+    config: SurrogateConfig,
+    evaluator: Evaluator | None = None,
+    pool_labels: torch.Tensor | None = None,
+    on_point: Callable[[dict[str, Any]], None] | None = None,
+    on_epoch: Callable[[int, nn.Module, dict[str, float]], None] | None = None,
+    device: str | torch.device = "cpu",
+) -> ExtractionResult:
+    """Steal ``oracle`` by querying images of the surrogate ``pool`` ``[N, C, H, W]`` and distilling them.
+
+    The pool is shuffled with ``config.seed`` and cut to the distinct-sample cap (the pool size, the cap and
+    the budget left, whichever is least); ``random`` then queries all of it while the student trains (epoch 1
+    answers, later epochs re-use), ``knockoff`` chooses which images to query with the adaptive policy
+    (``pool_labels`` name its actions; without them the pool is clustered). The ledger's count is the
+    number of distinct images answered. ``on_epoch(epoch, student, record)`` sees training as it goes.
+    """
+    if pool.dim() != 4 or tuple(pool.shape[1:]) != tuple(oracle.input_shape):
+        raise InputError(f"the surrogate pool must have shape [N, {', '.join(map(str, oracle.input_shape))}], "
+                         f"got {list(pool.shape)}; adapt it with stealkit.data.adapt_images")
+    if pool.shape[0] == 0:
+        raise InputError("the surrogate pool is empty")
+    loss_fn = make_student_loss(config.loss, oracle.mode, config.tau)
+    gen = torch.Generator().manual_seed(config.seed)
+    order = torch.randperm(pool.shape[0], generator=gen)
+    queries_before = oracle.ledger.total
+    if config.strategy == "random":
+        n = distinct_cap(oracle, pool.shape[0], config.max_distinct)
+        if n == 0:
+            raise InputError("the oracle's budget allows no query at all; raise --budget")
+        cache = AnswerCache(oracle, pool[order[:n]], query_batch=config.query_batch)
+        indices = torch.arange(n)
+        extra: dict[str, Any] = {}
+    else:
+        from stealkit.extract.knockoff import knockoff_select
+
+        labels = pool_labels[order] if pool_labels is not None else None
+        cache = AnswerCache(oracle, pool[order], query_batch=config.query_batch)
+        n = distinct_cap(oracle, pool.shape[0], config.max_distinct)
+        if n == 0:
+            raise InputError("the oracle's budget allows no query at all; raise --budget")
+        indices, trace = knockoff_select(cache, n, make_student=make_student, loss_fn=loss_fn,
+                                         config=config.knockoff, actions=labels, seed=config.seed, device=device)
+        extra = {"knockoff": trace}
+
+    curve: list[dict[str, Any]] = []
+
+    def epoch_hook(epoch: int, student: nn.Module, rec: dict[str, float]) -> None:
+        last = epoch == config.epochs
+        if evaluator is not None and (last or (config.eval_every and epoch % config.eval_every == 0)):
+            point = curve_point(oracle, evaluator, student, epoch=epoch, n_distinct=cache.n_answered,
+                                loss=rec["loss"])
+            curve.append(point)
+            if on_point is not None:
+                on_point(point)
+            log.info("epoch %d: accuracy %.4f fidelity %s (queries %d)", epoch, point["accuracy"],
+                     point["fidelity"], point["queries"])
+        if on_epoch is not None:
+            on_epoch(epoch, student, rec)
+
+    student = make_student()
+    history = train_student(student, cache, indices, loss_fn, config, on_epoch=epoch_hook, device=device)
+    final = curve[-1] if curve else {"accuracy": None, "fidelity": None}
+    return ExtractionResult(
+        method="surrogate" if config.strategy == "random" else "surrogate-knockoff",
+        student=student,
+        queries=oracle.ledger.as_dict(),
+        accuracy=final["accuracy"],
+        fidelity=final["fidelity"],
+        victim_accuracy=evaluator.victim_accuracy if evaluator is not None else None,
+        curve=curve,
+        extra={"mode": oracle.mode.value, "loss": resolve_loss(config.loss, oracle.mode), "tau": config.tau,
+               "schedule": config.schedule, "strategy": config.strategy, "n_distinct": cache.n_answered,
+               "queries_spent": oracle.ledger.total - queries_before, "cache_hits": cache.hits,
+               "final_train_loss": history[-1]["loss"], **extra},
+    )

@@ -1,0 +1,52 @@
+"""The ``stealkit extract surrogate`` and ``stealkit study`` commands, end to end on a tiny digits victim."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from stealkit.cli import main
+
+
+@pytest.fixture(scope="module")
+def victim_dir(tmp_path_factory):
+    from stealkit.train import TrainConfig
+    from stealkit.victims import train_victim
+
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("victim")
+    train_victim("digits", "mlp2", TrainConfig(epochs=10, batch_size=64, lr=0.01, seed=0), out=out,
+                 arch_kwargs={"hidden": 32})
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [[], ["--strategy", "knockoff", "--pool", "fashion-mnist"],
+                                   ["--mode", "label", "--pool", "gaussian"]])
+def test_extract_surrogate_cli(victim_dir, tmp_path, extra):
+    out = tmp_path / "run"
+    rc = main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", "120", "--epochs", "3",
+               "--student", "mlp2", "--student-arg", "hidden=16", "--out", str(out), *extra])
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["queries"]["predict"] == 120 == summary["n_distinct"]
+    assert (out / "student" / "model.json").exists() and "Setting" in (out / "report.html").read_text()
+
+
+def test_bad_loss_for_labels_is_one_clear_line(victim_dir, tmp_path, capsys):
+    rc = main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", "10", "--mode", "label",
+               "--loss", "kl", "--out", str(tmp_path / "r")])
+    assert rc == 2 and "--loss ce" in capsys.readouterr().err
+
+
+def test_study_group_lists_the_dfme_studies():
+    from click.testing import CliRunner
+
+    from stealkit.cli import cli
+
+    res = CliRunner().invoke(cli, ["study", "--help"])
+    assert res.exit_code == 0
+    for name in ("dfme-table4", "dfme-logits", "dfme-hypothesis1"):
+        assert name in res.output
