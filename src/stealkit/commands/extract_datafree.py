@@ -1,0 +1,204 @@
+"""``stealkit extract dfme|maze|dast|codfe``: data-free extraction, no data at all (a generator makes the queries).
+
+Every command takes the core's victim and run options, writes the student, ``summary.json`` (the extraction
+contract plus ``losses`` and the run's timing) and ``report.html`` (accuracy and fidelity against queries,
+losses against rounds, a grid of generator samples). ``--resume`` continues a stopped run from its checkpoint
+in ``OUT/checkpoint`` without spending any query twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from stealkit.commands.common import device_option, parse_kv, run_options, victim_options
+from stealkit.errors import InputError
+from stealkit.report.builders import curve_sections, register_builder
+from stealkit.report.html import Figure, Section
+from stealkit.rundir import RunDir
+
+METHODS = ("dfme", "maze", "dast", "codfe")
+
+
+def _method(name: str) -> tuple[Callable[..., Any], type]:
+    if name == "dfme":
+        from stealkit.extract.dfme import DFMEConfig, extract_dfme
+
+        return extract_dfme, DFMEConfig
+    if name == "maze":
+        from stealkit.extract.maze import MAZEConfig, extract_maze
+
+        return extract_maze, MAZEConfig
+    if name == "dast":
+        from stealkit.extract.dast import DaSTConfig, extract_dast
+
+        return extract_dast, DaSTConfig
+    from stealkit.extract.codfe import CoDFeConfig, extract_codfe
+
+    return extract_codfe, CoDFeConfig
+
+
+def build_config(method: str, settings: dict[str, Any], loop: dict[str, Any]) -> Any:
+    """The method's frozen config from ``--set`` style settings; unknown names are a clear error."""
+    from stealkit.extract.datafree_common import LoopConfig
+
+    _, cls = _method(method)
+    fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+    unknown = sorted(set(settings) - set(fields) - {"loop"})
+    if unknown:
+        valid = ", ".join(sorted(k for k in fields if k != "loop"))
+        raise InputError(f"{method} has no setting {', '.join(unknown)}; valid settings: {valid}")
+    kwargs = {}
+    for k, v in settings.items():
+        default = fields[k].default
+        if isinstance(default, tuple) and not isinstance(v, tuple):
+            v = tuple(float(t) for t in str(v).split("/"))
+        kwargs[k] = v
+    return cls(loop=LoopConfig(**loop), **kwargs)
+
+
+def datafree_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Options every data-free command shares (module-local: common.py stays untouched)."""
+    opts = [
+        click.option("--student", default="conv2", show_default=True, help="Student (substitute) architecture."),
+        click.option("--student-arg", "student_args", multiple=True, metavar="KEY=VALUE",
+                     help="Student architecture option, e.g. c1=16."),
+        click.option("--batch-size", type=int, default=None, help="Generator batch (default: the method's)."),
+        click.option("--ngf", type=int, default=None, help="Generator width (reference: 64)."),
+        click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+                     help="Any other setting of the method's config, e.g. directions=1, lr_student=0.05."),
+        click.option("--eval-every", type=int, default=50_000, show_default=True,
+                     help="Score the student on the test split every N victim queries."),
+        click.option("--eval-at", default="", help="Extra query counts to score at, comma-separated."),
+        click.option("--checkpoint-every", type=int, default=100, show_default=True,
+                     help="Iterations between checkpoints (0: only at the end)."),
+        click.option("--max-iterations", type=int, default=None, help="Stop after N iterations (rounds)."),
+        click.option("--resume", is_flag=True, help="Continue the stopped run in --out from its checkpoint."),
+    ]
+    return functools.reduce(lambda f, o: o(f), reversed(opts), fn)
+
+
+def run_method(method: str, *, victim: str, key: str | None, mode: str, temperature: float, top_k: int,
+               budget: int, dataset: str | None, data_dir: str | None, student: str,
+               student_args: tuple[str, ...], batch_size: int | None, ngf: int | None, settings: dict[str, Any],
+               eval_every: int, eval_at: str, checkpoint_every: int, max_iterations: int | None, resume: bool,
+               seed: int, out: str, device: str) -> Any:
+    """What each command does: open the victim, run the method, save student, summary and report."""
+    from stealkit.commands.common import parse_int_list
+    from stealkit.extract.common import (
+        make_evaluator,
+        open_victim,
+        save_extraction,
+        student_factory,
+        victim_splits,
+    )
+
+    settings = dict(settings)
+    if batch_size is not None:
+        settings["batch_size"] = batch_size
+    if ngf is not None:
+        settings["ngf"] = ngf
+    settings["seed"] = seed
+    loop = {"eval_every": eval_every, "eval_at": parse_int_list(eval_at) if eval_at else (),
+            "checkpoint_every": checkpoint_every, "max_iterations": max_iterations}
+    config = build_config(method, settings, loop)
+    kwargs = parse_kv(student_args)
+    v = open_victim(victim, mode=mode, budget=budget, temperature=temperature, top_k=top_k, key=key,
+                    dataset=dataset, device=device, seed=seed)
+    evaluator = None
+    try:
+        splits = victim_splits(v, data_dir)
+        evaluator = make_evaluator(v, splits.test.x, splits.test.y, device)
+    except InputError:
+        if v.dataset:
+            raise
+        click.echo("the victim's data set is unknown: no accuracy curve (pass --dataset to get one)", err=True)
+    cfg = {"victim": victim, "mode": mode, "budget": budget, "student": student, "student_kwargs": kwargs,
+           "dataset": v.dataset, method: config}
+    run = RunDir(out)
+    if not resume and (run.path / "checkpoint" / "checkpoint.json").exists():
+        raise InputError(f"{out} holds a checkpoint of an earlier run: pass --resume to continue it, or choose "
+                         "another --out")
+    run.create(command=f"extract {method}", seed=seed, config=cfg)
+    fn, _ = _method(method)
+    result = fn(v.oracle, make_student=student_factory(student, v, seed, **kwargs), evaluator=evaluator,
+                config=config, device=device, checkpoint_dir=run.path / "checkpoint", resume=resume,
+                on_point=run.append_record, on_losses=lambda r: run.append_record({"kind": "losses", **r}))
+    if result.samples is not None:
+        from safetensors.torch import save_file
+
+        from stealkit.fsutil import atomic_path
+
+        with atomic_path(run.path / "samples.safetensors") as tmp:
+            save_file({"samples": result.samples.contiguous()}, str(tmp))
+    save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
+    acc = "n/a" if result.accuracy is None else f"{result.accuracy:.4f}"
+    click.echo(f"{method} ({result.extra.get('variant', mode)}): accuracy {acc}, fidelity {result.fidelity}, "
+               f"queries {result.queries}, {result.extra['seconds']:.0f} s; report: {run.report_path}")
+    return result
+
+
+def _command(method: str, help_text: str) -> click.Command:
+    @click.command(method, help=help_text)
+    @victim_options
+    @datafree_options
+    @run_options
+    @device_option
+    def cmd(settings: tuple[str, ...], **kw: Any) -> None:
+        run_method(method, settings=parse_kv(settings), **kw)
+
+    return cmd
+
+
+HELP = {
+    "dfme": "DFME (Truong et al. 2021): generator + zeroth-order gradients + l1 on recovered logits. "
+            "Label mode uses a documented smoothed-label adaptation.",
+    "maze": "MAZE (Kariyappa et al. 2021): KL, zeroth-order gradients with 10 directions, experience replay. "
+            "Label mode uses a documented smoothed-label adaptation.",
+    "dast": "DaST (Zhou et al. 2020): label-controllable generator; DaST-L with --mode label, DaST-P otherwise.",
+    "codfe": "CoDFe (confident data-free stealing): fixed noise set, cross-entropy substitute, confidence-"
+             "maximising generator; CoDFe-L with --mode label, CoDFe-P otherwise.",
+}
+
+
+# -- report -------------------------------------------------------------------------------------------------------
+def datafree_sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> list[Section]:
+    from stealkit.report.plots import image_grid, line_plot
+
+    sections = curve_sections(summary.get("curve", []), summary.get("victim_accuracy"))
+    losses = summary.get("losses") or []
+    if losses:
+        keys = [k for k in losses[0] if k.startswith("loss")]
+        xs = [r["iteration"] for r in losses]
+        uri = line_plot({k: (xs, [r.get(k) for r in losses]) for k in keys}, xlabel="round (iteration)",
+                        ylabel="loss")
+        sections.append(Section("Losses against rounds", paragraphs=[
+            "Mean losses per logged block of iterations (CoDFe Figure 3 plots the substitute's loss)."],
+            figures=[Figure(uri, "Training losses against rounds")]))
+    samples_path = run.path / "samples.safetensors"
+    if samples_path.exists():
+        from safetensors.torch import load_file
+
+        samples = load_file(str(samples_path))["samples"].numpy()
+        sections.append(Section("Generator samples", paragraphs=[
+            "Images from the generator at the end of the attack (DFME appendix C, Figure 7)."],
+            figures=[Figure(image_grid(samples, ncols=8), f"{len(samples)} synthetic queries")]))
+    timing = {k: summary.get(k) for k in ("iterations", "planned_iterations", "cost_per_iteration", "seconds",
+                                          "replayed_queries", "variant") if k in summary}
+    if timing:
+        sections.append(Section("Run", tables=[("", [timing])]))
+    return sections
+
+
+for _m in METHODS:
+    register_builder(f"extract {_m}")(datafree_sections)
+
+
+def register(cli: click.Group) -> None:
+    group = cli.commands["extract"]
+    for m in METHODS:
+        group.add_command(_command(m, HELP[m]))  # type: ignore[attr-defined]

@@ -1,0 +1,207 @@
+"""MAZE: data-free model stealing with zeroth-order gradient estimation (Kariyappa, Prakash & Qureshi, CVPR 2021).
+
+Sec. 3 (and the reference code ``attacks/maze.py``): each iteration takes ``n_G`` generator steps that
+maximise KL(victim || clone) on generator samples, the gradient through the black-box victim estimated with
+``m`` random directions (Sec. 3.2, Eq. 6; shared estimator :mod:`stealkit.extract.zoo_grad`); then ``n_C``
+clone steps minimising that KL on generator samples, the first reusing the generator batch and the victim's
+answers for it (already paid for in the estimate); then experience replay (Sec. 3.3): the last clone batch and
+its answers join a buffer, and ``n_R`` more clone steps on batches drawn from it cost no queries.
+
+Cost of one iteration: ``B * ((n_C - 1) + (m + 1) * n_G)`` victim queries. Optimisers: SGD (momentum 0.9,
+wd 5e-4) for both, lr 0.1 (clone) and 1e-4 (generator), cosine annealing over the run.
+
+Deviation, documented: the reference keeps every replayed batch forever; here the buffer holds at most
+``replay_capacity`` samples (oldest dropped first) in float16, so memory and checkpoints stay bounded.
+
+Label-only adaptation (not in the paper): as for DFME, the victim's label becomes the smoothed one-hot
+``(1 - s) onehot + s / K`` and is used as its probability vector in every KL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stealkit.extract.datafree_common import (
+    DataFreeAttack,
+    DataFreeResult,
+    LoopConfig,
+    QueryFn,
+    answer_probs,
+    check_positive,
+    cosine_factor,
+    needs_probabilities,
+    run_datafree,
+    set_lr,
+)
+from stealkit.extract.zoo_grad import estimate_gradient
+from stealkit.metrics import Evaluator
+from stealkit.models.generators import UpsampleGenerator
+from stealkit.oracle import Oracle, OutputMode
+
+
+@dataclass(frozen=True)
+class MAZEConfig:
+    """MAZE settings; defaults are the reference code's (``replay_capacity`` is stealkit's bound)."""
+
+    batch_size: int = 128
+    directions: int = 10
+    epsilon: float = 1e-3
+    nz: int = 100
+    ngf: int = 64
+    clone_steps: int = 5
+    generator_steps: int = 1
+    replay_steps: int = 10
+    replay_capacity: int = 100_000
+    lr_clone: float = 0.1
+    lr_generator: float = 1e-4
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    label_smoothing: float = 0.1
+    seed: int = 0
+    loop: LoopConfig = field(default_factory=LoopConfig)
+
+    def __post_init__(self) -> None:
+        check_positive("MAZE", batch_size=self.batch_size, directions=self.directions, epsilon=self.epsilon,
+                       nz=self.nz, ngf=self.ngf, clone_steps=self.clone_steps,
+                       generator_steps=self.generator_steps, replay_capacity=self.replay_capacity,
+                       lr_clone=self.lr_clone, lr_generator=self.lr_generator)
+        if self.replay_steps < 0:
+            from stealkit.errors import InputError
+
+            raise InputError(f"MAZE: replay_steps must be >= 0, got {self.replay_steps}")
+
+
+def maze_cost(config: MAZEConfig) -> int:
+    """Victim queries per MAZE iteration: ``B * ((n_C - 1) + (m + 1) * n_G)``."""
+    return config.batch_size * ((config.clone_steps - 1) + (config.directions + 1) * config.generator_steps)
+
+
+def kl_victim_clone(clone_logits: torch.Tensor, victim_probs: torch.Tensor) -> torch.Tensor:
+    """Per-sample KL(victim || clone) ``[B]``."""
+    return F.kl_div(F.log_softmax(clone_logits, 1), victim_probs, reduction="none").sum(dim=1)
+
+
+class MAZEAttack(DataFreeAttack):
+    name = "maze"
+
+    def __init__(self, *, input_shape: tuple[int, int, int], num_classes: int, mode: OutputMode,
+                 make_student: Callable[[], nn.Module], config: MAZEConfig, device: str = "cpu") -> None:
+        super().__init__(input_shape=input_shape, num_classes=num_classes, mode=mode, seed=config.seed,
+                         device=device)
+        needs_probabilities("MAZE", self.mode, config.label_smoothing)
+        self.config = config
+        self.student = make_student().to(device).train()
+        torch.manual_seed(config.seed + 1)
+        self.generator = UpsampleGenerator(config.nz, input_shape, ngf=config.ngf).to(device).train()
+        sgd = {"momentum": config.momentum, "weight_decay": config.weight_decay}
+        self.optimizers = {
+            "student": torch.optim.SGD(self.student.parameters(), lr=config.lr_clone, **sgd),
+            "generator": torch.optim.SGD(self.generator.parameters(), lr=config.lr_generator, **sgd),
+        }
+        # replay ring buffer: ``filled`` rows are valid, ``pos`` is where the next row goes
+        self.buffer_x = torch.empty(0, *input_shape, dtype=torch.float16)
+        self.buffer_p = torch.empty(0, num_classes, dtype=torch.float32)
+        self.filled = 0
+        self.pos = 0
+
+    def iteration_cost(self) -> int:
+        return maze_cost(self.config)
+
+    def probs(self, answer: torch.Tensor) -> torch.Tensor:
+        return answer_probs(answer.to(self.device), self.mode, self.num_classes,
+                            smoothing=self.config.label_smoothing)
+
+    def _clone_step(self, x: torch.Tensor, p: torch.Tensor) -> float:
+        loss = kl_victim_clone(self.student(x), p).mean()
+        self.optimizers["student"].zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizers["student"].step()
+        return float(loss.detach())
+
+    def step(self, query: QueryFn, progress: float) -> dict[str, float]:
+        cfg = self.config
+        factor = cosine_factor(progress)
+        set_lr(self.optimizers["student"], cfg.lr_clone * factor)
+        set_lr(self.optimizers["generator"], cfg.lr_generator * factor)
+        g_losses = []
+        est = None
+        for _ in range(cfg.generator_steps):
+            x_pre = self.generator(self.noise(cfg.batch_size, cfg.nz), pre_x=True)
+
+            def neg_kl(px: torch.Tensor, ans: torch.Tensor) -> torch.Tensor:
+                return -kl_victim_clone(self.student(px), self.probs(ans))
+
+            est = estimate_gradient(x_pre, neg_kl, query, directions=cfg.directions, epsilon=cfg.epsilon,
+                                    generator=self.rng)
+            self.optimizers["generator"].zero_grad(set_to_none=True)
+            x_pre.backward(est.grad)
+            self.optimizers["generator"].step()
+            g_losses.append(est.loss)
+        assert est is not None
+        c_losses = []
+        x, p = est.base_pixels.detach(), self.probs(est.base_answers)  # first clone step: already paid for
+        for c in range(cfg.clone_steps):
+            if c > 0:
+                with torch.no_grad():
+                    x = self.generator(self.noise(cfg.batch_size, cfg.nz))
+                p = self.probs(query(x))
+            c_losses.append(self._clone_step(x, p))
+        self._remember(x, p)
+        r_losses = []
+        n = self.filled
+        for _ in range(cfg.replay_steps if n >= cfg.batch_size else 0):
+            idx = torch.randint(n, (cfg.batch_size,), generator=self.rng)
+            r_losses.append(self._clone_step(self.buffer_x[idx].to(self.device).float(),
+                                             self.buffer_p[idx].to(self.device)))
+        out = {"loss_generator": sum(g_losses) / len(g_losses), "loss_clone": sum(c_losses) / len(c_losses)}
+        if r_losses:
+            out["loss_replay"] = sum(r_losses) / len(r_losses)
+        return out
+
+    def _remember(self, x: torch.Tensor, p: torch.Tensor) -> None:
+        cap = self.config.replay_capacity
+        if self.buffer_x.shape[0] < cap:  # grow geometrically up to the capacity
+            size = min(cap, max(2 * self.buffer_x.shape[0], 4 * x.shape[0]))
+            grow_x = torch.empty(size, *x.shape[1:], dtype=torch.float16)
+            grow_p = torch.empty(size, p.shape[1], dtype=torch.float32)
+            grow_x[: self.filled], grow_p[: self.filled] = self.buffer_x[: self.filled], self.buffer_p[: self.filled]
+            self.buffer_x, self.buffer_p = grow_x, grow_p
+        idx = (self.pos + torch.arange(x.shape[0])) % cap
+        self.buffer_x[idx], self.buffer_p[idx] = x.detach().cpu().half(), p.detach().cpu().float()
+        self.pos = int((self.pos + x.shape[0]) % cap)
+        self.filled = min(self.filled + x.shape[0], cap)
+
+    def extra_tensors(self) -> dict[str, torch.Tensor]:
+        return {"buffer_x": self.buffer_x[: self.filled], "buffer_p": self.buffer_p[: self.filled]}
+
+    def extra_scalars(self) -> dict[str, Any]:
+        return {"filled": self.filled, "pos": self.pos}
+
+    def load_extra(self, tensors: dict[str, torch.Tensor], scalars: dict[str, Any]) -> None:
+        self.buffer_x, self.buffer_p = tensors["buffer_x"].clone(), tensors["buffer_p"].clone()
+        self.filled, self.pos = int(scalars["filled"]), int(scalars["pos"])
+
+
+def extract_maze(
+    oracle: Oracle,
+    *,
+    make_student: Callable[[], nn.Module],
+    evaluator: Evaluator | None,
+    config: MAZEConfig,
+    device: str = "cpu",
+    checkpoint_dir: Any = None,
+    resume: bool = False,
+    on_point: Callable[[dict[str, Any]], None] | None = None,
+    on_losses: Callable[[dict[str, Any]], None] | None = None,
+) -> DataFreeResult:
+    """Steal ``oracle`` with MAZE until its budget cannot pay for another iteration (see the module doc)."""
+    attack = MAZEAttack(input_shape=oracle.input_shape, num_classes=oracle.num_classes, mode=oracle.mode,
+                        make_student=make_student, config=config, device=device)
+    return run_datafree(attack, oracle, evaluator=evaluator, loop=config.loop, checkpoint_dir=checkpoint_dir,
+                        resume=resume, on_point=on_point, on_losses=on_losses, config=config)
