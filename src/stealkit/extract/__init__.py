@@ -1,6 +1,37 @@
-"""Extraction attacks: one module per method, sharing the victim handle, losses and result type."""
+"""Extraction attacks: one module per method, sharing the victim handle, losses and result type.
 
-from stealkit.extract.baseline import BaselineConfig, extract_baseline
-from stealkit.extract.common import ExtractionResult, Victim, open_victim
+| method | module | paper |
+| --- | --- | --- |
+| plain baseline | ``baseline`` | - |
+| surrogate data, Knockoff Nets | ``surrogate``, ``knockoff`` | DFME appendix A; Orekondy et al. 2019 |
+| DFME, MAZE, DaST, CoDFe | ``dfme``, ``maze``, ``dast``, ``codfe`` | Truong et al. 2021; Kariyappa et al. 2021; Zhou et al. 2020; CoDFe |
+| exact recovery, membership variant, logistic | ``exact``, ``exact_mq``, ``logistic_exact`` | Milli et al. 2019, Alg. 1, App. C, fn. 2 |
+| gradient matching | ``gradient_matching`` | Milli et al. 2019, Sec. 4 |
 
-__all__ = ["BaselineConfig", "ExtractionResult", "Victim", "extract_baseline", "open_victim"]
+Names are imported lazily, so ``import stealkit.extract`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "BaselineConfig": "baseline", "extract_baseline": "baseline",
+    "ExtractionResult": "common", "Victim": "common", "open_victim": "common",
+    "SurrogateConfig": "surrogate", "KnockoffConfig": "surrogate", "extract_surrogate": "surrogate",
+    "DFMEConfig": "dfme", "extract_dfme": "dfme", "MAZEConfig": "maze", "extract_maze": "maze",
+    "DaSTConfig": "dast", "extract_dast": "dast", "CoDFeConfig": "codfe", "extract_codfe": "codfe",
+    "ExactConfig": "exact", "RecoveryFailure": "exact", "recover_two_layer": "exact",
+    "recover_two_layer_mq": "exact_mq", "identify_logistic": "logistic_exact",
+    "GradMatchConfig": "gradient_matching", "extract_gradient_matching": "gradient_matching",
+    "recover_logits": "logit_recovery",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'stealkit.extract' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"stealkit.extract.{_EXPORTS[name]}"), name)
