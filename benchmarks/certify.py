@@ -1,0 +1,192 @@
+"""Certification benchmark: stealkit's smoothed classifier against ART's randomized smoothing, same model,
+same images (issue 8, "Must show").
+
+Model: the anchors' 2-conv + 2-dense CNN trained with sigma = 0.5 Gaussian augmentation on Fashion-MNIST
+train[:50k] (cached by ``stealkit.certify.victims.robust_victim``). Images: the first ``--num`` test images.
+Each certifier runs in its own subprocess (so that peak RSS is its own) with ``--threads`` torch threads:
+
+- ``stealkit``: ``certify`` (n0 selection + n estimation samples, noise batch by batch, several images per
+  forward batch, channels-last inference copy); Cohen, Renyi and PixelDP radii from the same counts;
+- ``stealkit-plain`` (``--with-plain``): the same code with ``fast=False`` (plain NCHW model), to show where
+  the speed comes from;
+- ``art``: ``PyTorchRandomizedSmoothing(sample_size=n0, scale=sigma, alpha).certify(x, n, batch_size)`` at
+  ART's default batch size 32 (``--art-batch`` to change it).
+
+Memory scaling: ``--mem-ns`` runs each certifier on ``--mem-num`` images for growing n and reports peak RSS.
+Prints one JSON object. ``--quick`` is a smoke run (20 images, small n).
+
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/certify.py            # full: 200 images, n0=100, n=1000
+    .venv/bin/python benchmarks/certify.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+RADII = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def _proc_status_mib(key: str) -> float:
+    """``VmHWM`` (peak RSS of this process image) or ``VmRSS`` from /proc, in MiB (ru_maxrss would include
+    the parent's memory, which Linux carries across fork + exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _reset_peak() -> None:
+    """Reset VmHWM to the current RSS (Linux >= 4.0), so the peak measured is the certifier's."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """The model and the images handed over by the parent (the worker never loads the whole data set, so
+    its peak RSS is the certifier's own plus the interpreter and torch)."""
+    import numpy as np
+    import torch
+
+    from stealkit.certify.victims import BENCHMARK_RECIPE, robust_victim
+
+    torch.set_num_threads(args.threads)
+    trained = robust_victim(BENCHMARK_RECIPE)
+    x = torch.from_numpy(np.load(Path(args.images) / "x.npy"))[: args.num]
+    y = torch.from_numpy(np.load(Path(args.images) / "y.npy"))[: args.num]
+    return trained.model.eval(), x, y
+
+
+def worker(args: argparse.Namespace) -> dict[str, Any]:
+    """Certify in this process; returns labels, radii, seconds and peak RSS."""
+    import numpy as np
+
+    model, x, y = _load(args)
+    _reset_peak()
+    base_rss = _proc_status_mib("VmRSS")
+    if args.worker.startswith("stealkit"):
+        from stealkit.certify.smoothing import SmoothingConfig, certify
+
+        cfg = SmoothingConfig(sigma=args.sigma, n0=args.n0, n=args.n, alpha=args.alpha, batch_size=args.batch,
+                              seed=args.seed, fast=args.worker == "stealkit")
+        t0, c0 = time.perf_counter(), time.process_time()
+        certs = certify(model, x, cfg)
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        labels = {b: [c.prediction(b) for c in certs] for b in cfg.bounds}
+        radii = {b: [c.radius[b] or 0.0 for c in certs] for b in cfg.bounds}
+    else:
+        from art.estimators.certification.randomized_smoothing import PyTorchRandomizedSmoothing
+        from torch import nn
+
+        np.random.seed(args.seed)
+        clf = PyTorchRandomizedSmoothing(model=model, loss=nn.CrossEntropyLoss(), input_shape=tuple(x.shape[1:]),
+                                         nb_classes=10, clip_values=(0.0, 1.0), device_type="cpu",
+                                         sample_size=args.n0, scale=args.sigma, alpha=args.alpha)
+        t0, c0 = time.perf_counter(), time.process_time()
+        pred, rad = clf.certify(x.numpy(), n=args.n, batch_size=args.art_batch)
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        labels = {"cohen": [int(v) for v in pred]}
+        radii = {"cohen": [float(v) for v in rad]}
+    return {"worker": args.worker, "n": args.n, "num": len(x), "seconds": seconds, "cpu_seconds": cpu,
+            "images_per_second": len(x) / seconds,
+            "peak_rss_mib": _proc_status_mib("VmHWM"), "rss_before_mib": base_rss, "y": [int(v) for v in y],
+            "labels": labels, "radii": radii}
+
+
+def certified_accuracy(res: dict[str, Any], bound: str) -> dict[str, float]:
+    y, lab, rad = res["y"], res["labels"][bound], res["radii"][bound]
+    return {f"{r:g}": round(sum(lb == t and lb != -1 and rd >= r for t, lb, rd in zip(y, lab, rad, strict=True)) / len(y), 4)
+            for r in RADII}
+
+
+def spawn(args: argparse.Namespace, name: str, n: int, num: int) -> dict[str, Any]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", name, "--n", str(n), "--num", str(num),
+           "--n0", str(args.n0), "--sigma", str(args.sigma), "--alpha", str(args.alpha), "--threads",
+           str(args.threads), "--seed", str(args.seed), "--batch", str(args.batch), "--art-batch", str(args.art_batch),
+           "--images", args.images]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        return {"worker": name, "error": out.stderr.strip().splitlines()[-1:] or ["failed"]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smoke run: 20 images, n = 200")
+    p.add_argument("--num", type=int, default=200)
+    p.add_argument("--n0", type=int, default=100)
+    p.add_argument("--n", type=int, default=1000)
+    p.add_argument("--alpha", type=float, default=0.001)
+    p.add_argument("--sigma", type=float, default=0.5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch", type=int, default=400, help="stealkit: noisy copies per forward pass")
+    p.add_argument("--art-batch", type=int, default=32, help="ART's certify batch_size (its default is 32)")
+    p.add_argument("--skip-art", action="store_true")
+    p.add_argument("--mem-ns", default="1000,10000,30000", help="n values of the memory-scaling runs ('' to skip)")
+    p.add_argument("--mem-num", type=int, default=1)
+    p.add_argument("--with-plain", action="store_true", help="also time stealkit with fast=False")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--images", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return
+    if args.quick:
+        args.num, args.n, args.mem_ns, args.mem_num = 20, 200, "200,2000", 1
+    import tempfile
+
+    import numpy as np
+
+    from stealkit.certify.victims import BENCHMARK_RECIPE, robust_victim
+    from stealkit.data import load_splits
+
+    trained = robust_victim(BENCHMARK_RECIPE)  # train once, before any timed worker
+    test = load_splits("fashion-mnist").test
+    tmp = tempfile.TemporaryDirectory()
+    args.images = tmp.name
+    np.save(Path(tmp.name) / "x.npy", test.x[: args.num].numpy())
+    np.save(Path(tmp.name) / "y.npy", test.y[: args.num].numpy())
+    names = ["stealkit"] + (["stealkit-plain"] if args.with_plain else []) + ([] if args.skip_art else ["art"])
+    runs = {name: spawn(args, name, args.n, args.num) for name in names}
+    table: dict[str, Any] = {}
+    for name, res in runs.items():
+        if "error" in res:
+            table[name] = res
+            continue
+        row = {"images_per_second": round(res["images_per_second"], 3), "seconds": round(res["seconds"], 1),
+               "cpu_seconds": round(res.get("cpu_seconds", float("nan")), 1),
+               "peak_rss_mib": round(res["peak_rss_mib"], 1)}
+        for b in res["labels"]:
+            row[f"certified_accuracy_{b}"] = certified_accuracy(res, b)
+            row[f"abstain_{b}"] = round(sum(v == -1 for v in res["labels"][b]) / res["num"], 4)
+        table[name] = row
+    out: dict[str, Any] = {"benchmark": "certify", "model": BENCHMARK_RECIPE.name,
+                           "model_clean_accuracy": trained.metrics.get("test_accuracy"),
+                           "settings": {k: getattr(args, k) for k in ("num", "n0", "n", "alpha", "sigma", "threads",
+                                                                      "seed", "batch", "art_batch")},
+                           "results": table}
+    ok = [n for n in ("stealkit", "art") if n in table and "error" not in table[n]]
+    if len(ok) == 2:
+        a, b = table["stealkit"]["certified_accuracy_cohen"], table["art"]["certified_accuracy_cohen"]
+        out["cohen_minus_art_points"] = {r: round(100 * (a[r] - b[r]), 2) for r in a}
+        out["speedup_vs_art"] = round(table["stealkit"]["images_per_second"] / table["art"]["images_per_second"], 2)
+    mem: dict[str, Any] = {}
+    for n in [int(v) for v in args.mem_ns.split(",") if v.strip()]:
+        for name in ["stealkit"] + ([] if args.skip_art else ["art"]):
+            res = spawn(args, name, n, args.mem_num)
+            mem[f"{name} n={n}"] = res.get("error") or {"peak_rss_mib": round(res["peak_rss_mib"], 1),
+                                                         "rss_before_mib": round(res["rss_before_mib"], 1),
+                                                         "seconds": round(res["seconds"], 1)}
+    out["memory_scaling"] = {"images": args.mem_num, "runs": mem}
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
