@@ -7,6 +7,7 @@ import io
 from collections.abc import Mapping, Sequence
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -41,6 +42,11 @@ def line_plot(
         ax.annotate(name, xy=(0.01, y), xycoords=("axes fraction", "data"), va="bottom", fontsize=8, color="0.3")
     if logx:
         ax.set_xscale("log")
+        ticks = sorted({float(x) for xs, _ in series.values() for x in xs if float(x) > 0})
+        if 0 < len(ticks) <= 12:  # label the measured points, in plain numbers, instead of 2x10^1 ...
+            ax.set_xticks(ticks)
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
     if ylim is not None:
         ax.set_ylim(*ylim)
     ax.set_xlabel(xlabel)
