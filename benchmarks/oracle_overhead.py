@@ -17,13 +17,6 @@ import time
 import torch
 
 
-def images_per_second(fn, batches: list[torch.Tensor]) -> float:
-    t0 = time.perf_counter()
-    for xb in batches:
-        fn(xb)
-    return sum(b.shape[0] for b in batches) / (time.perf_counter() - t0)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batches", type=int, default=200)
@@ -52,17 +45,29 @@ def main() -> None:
     results: dict[str, dict[str, float]] = {}
     modes = ("label", "probs", "logits", "topk")
     oracles = {m: LocalOracle(model, victim.spec.input_shape, mode=m, top_k=3) for m in modes}
-    runs: dict[str, list[float]] = {"bare_forward": []} | {f"oracle_{m}": [] for m in modes}
-    images_per_second(bare, batches[:5])  # warm-up
-    for _ in range(args.repeats):  # interleaved so drift in machine load hits every variant alike
-        runs["bare_forward"].append(images_per_second(bare, batches))
-        for m in modes:
-            runs[f"oracle_{m}"].append(images_per_second(oracles[m].query, batches))
+    variants = {"bare_forward": bare} | {f"oracle_{m}": oracles[m].query for m in modes}
+    for fn in variants.values():  # warm-up (charged to the oracles' ledgers like every other call)
+        fn(batches[0])
+    runs: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for r in range(args.repeats):
+        seconds = dict.fromkeys(names, 0.0)
+        for i, xb in enumerate(batches):
+            # every batch goes through every variant, in a rotating order, so a change in machine load
+            # during the run hits all variants alike
+            k = (i + r) % len(names)
+            for name in names[k:] + names[:k]:
+                t0 = time.perf_counter()
+                variants[name](xb)
+                seconds[name] += time.perf_counter() - t0
+        n_images = sum(b.shape[0] for b in batches)
+        for name in names:
+            runs[name].append(n_images / seconds[name])
     base = statistics.median(runs["bare_forward"])
     for name, vals in runs.items():
         med = statistics.median(vals)
         results[name] = {"images_per_s_median": round(med, 1), "ratio_to_bare": round(med / base, 3)}
-    ledger_ok = all(o.ledger.as_dict()["predict"] == args.repeats * args.batches * args.batch_size
+    ledger_ok = all(o.ledger.as_dict()["predict"] == (args.repeats * args.batches + 1) * args.batch_size
                     for o in oracles.values())
     print(json.dumps({
         "benchmark": "oracle_overhead", "victim": args.victim, "batch_size": args.batch_size,
