@@ -117,9 +117,12 @@ def project(x_adv: torch.Tensor, x: torch.Tensor, eps: torch.Tensor | float, nor
     The single place where evasion attacks clip. ``eps`` is a scalar or one radius per example.
     """
     delta = x_adv - x
-    e = _per_example(eps, x)
     if Norm.parse(norm) is Norm.LINF:
-        delta = torch.maximum(torch.minimum(delta, e), -e)
+        if isinstance(eps, float | int):  # the common case: one radius, a single fused clamp
+            delta = delta.clamp_(-float(eps), float(eps))
+        else:
+            e = _per_example(eps, x)
+            delta = torch.maximum(torch.minimum(delta, e), -e)
     else:
         n = delta.flatten(1).norm(dim=1).clamp_min(TINY)
         radius = torch.as_tensor(eps, dtype=n.dtype, device=n.device).expand_as(n)
