@@ -24,6 +24,8 @@ from stealkit.progress import progress
 log = logging.getLogger(__name__)
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+#: a whole batch's loss from the model itself: ``fn(model, x_batch, target_batch, generator)``
+BatchLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Generator], torch.Tensor]
 Schedule = Literal["step", "onecycle", "cosine", "none"]
 OptimizerName = Literal["sgd", "adam"]
 
@@ -108,8 +110,14 @@ def fit(
     desc: str = "train",
     on_epoch: Callable[[int, dict[str, float]], None] | None = None,
     device: str | torch.device = "cpu",
+    batch_loss: BatchLoss | None = None,
 ) -> list[dict[str, float]]:
-    """Train ``model`` on ``(x, target)`` in place; returns one ``{"epoch", "loss", "lr"}`` per epoch."""
+    """Train ``model`` on ``(x, target)`` in place; returns one ``{"epoch", "loss", "lr"}`` per epoch.
+
+    ``batch_loss`` replaces ``loss_fn(model(x), target)`` (and the Gaussian augmentation) for objectives that
+    need the model itself, such as stability training or adversarial training; it draws its randomness from
+    the loop's generator, so a seeded run is reproducible.
+    """
     if x.shape[0] != target.shape[0]:
         raise InputError(f"{x.shape[0]} inputs but {target.shape[0]} targets")
     if x.shape[0] == 0:
@@ -134,9 +142,12 @@ def fit(
                 break
             idx = perm[i : i + config.batch_size]
             xb, tb = x[idx].to(device), target[idx].to(device)
-            if config.noise_sigma > 0:
-                xb = xb + torch.randn(xb.shape, generator=gen).to(device) * config.noise_sigma
-            loss = loss_fn(model(xb), tb)
+            if batch_loss is not None:
+                loss = batch_loss(model, xb, tb, gen)
+            else:
+                if config.noise_sigma > 0:
+                    xb = xb + torch.randn(xb.shape, generator=gen).to(device) * config.noise_sigma
+                loss = loss_fn(model(xb), tb)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -20,7 +20,6 @@ examples are clipped to [0, 1] and to the Linf ball.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
@@ -30,8 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stealkit.errors import InputError
-from stealkit.progress import progress
-from stealkit.train import TrainConfig, make_optimizer, make_scheduler
+from stealkit.train import TrainConfig, fit
 
 log = logging.getLogger(__name__)
 
@@ -148,46 +146,5 @@ def train_robust(
     """
     if x.shape[0] != y.shape[0]:
         raise InputError(f"{x.shape[0]} inputs but {y.shape[0]} labels")
-    if x.shape[0] == 0:
-        raise InputError("no training data")
-    tc = config.train
-    gen = torch.Generator().manual_seed(tc.seed)
-    model.to(device).train()
-    opt = make_optimizer(model.parameters(), tc)
-    n = x.shape[0]
-    total = math.ceil(n / tc.batch_size) * tc.epochs
-    if tc.max_steps is not None:
-        total = min(total, tc.max_steps)
-    sched = make_scheduler(opt, tc.schedule, total)
-    history: list[dict[str, float]] = []
-    step = 0
-    bar = progress(total=total, desc=desc or f"{config.method} training", unit="step")
-    for epoch in range(tc.epochs):
-        perm = torch.randperm(n, generator=gen)
-        running, seen = 0.0, 0
-        for i in range(0, n, tc.batch_size):
-            if step >= total:
-                break
-            idx = perm[i : i + tc.batch_size]
-            xb, yb = x[idx].to(device), y[idx].to(device)
-            loss = robust_loss(model, xb, yb, config, gen)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if sched is not None:
-                sched.step()
-            running += float(loss.detach()) * idx.numel()
-            seen += idx.numel()
-            step += 1
-            bar.update(1)
-        rec = {"epoch": epoch + 1, "loss": running / max(seen, 1), "lr": opt.param_groups[0]["lr"]}
-        history.append(rec)
-        bar.set_postfix(loss=f"{rec['loss']:.4f}")
-        log.debug("%s epoch %d: loss %.4f", config.method, epoch + 1, rec["loss"])
-        if on_epoch is not None:
-            on_epoch(epoch + 1, rec)
-        if step >= total:
-            break
-    bar.close()
-    model.eval()
-    return history
+    return fit(model, x, y, config.train, desc=desc or f"{config.method} training", on_epoch=on_epoch,
+               device=device, batch_loss=lambda m, xb, yb, gen: robust_loss(m, xb, yb, config, gen))
