@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import torch
@@ -37,8 +37,7 @@ from stealkit.extract.common import ExtractionResult, curve_point
 from stealkit.extract.logit_recovery import recover_logits
 from stealkit.metrics import Evaluator
 from stealkit.oracle import Oracle, OutputMode
-from stealkit.progress import progress
-from stealkit.train import TrainConfig, make_optimizer, make_scheduler
+from stealkit.train import TrainConfig, fit
 
 log = logging.getLogger(__name__)
 
@@ -266,39 +265,21 @@ def train_student(
 ) -> list[dict[str, float]]:
     """Train ``student`` on the images ``cache.x[indices]`` against their cached answers (queried when first
     needed). SGD with the A.2 schedule; returns one ``{"epoch", "loss", "lr"}`` per epoch."""
-    tc = config.train_config()
-    gen = torch.Generator().manual_seed(config.seed)
-    student.to(device).train()
-    opt = make_optimizer(student.parameters(), tc)
-    n = indices.numel()
-    total = math.ceil(n / tc.batch_size) * tc.epochs
-    sched = make_scheduler(opt, tc.schedule, total)
-    history: list[dict[str, float]] = []
-    bar = progress(total=total, desc=f"student ({n} images)", unit="step")
-    for epoch in range(1, tc.epochs + 1):
-        perm = indices[torch.randperm(n, generator=gen)]
-        running = 0.0
-        for i in range(0, n, tc.batch_size):
-            idx = perm[i : i + tc.batch_size]
-            answers = cache.get(idx).to(device)
-            xb = augment_batch(cache.x[idx], config.augment, gen).to(device)
-            loss = loss_fn(student(xb), answers)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if sched is not None:
-                sched.step()
-            running += float(loss.detach()) * idx.numel()
-            bar.update(1)
-        rec = {"epoch": epoch, "loss": running / n, "lr": opt.param_groups[0]["lr"]}
-        history.append(rec)
-        bar.set_postfix(loss=f"{rec['loss']:.4f}", queries=cache.n_answered)
+    tc = replace(config.train_config(), seed=config.seed)
+
+    def batch_loss(model: nn.Module, idx: torch.Tensor, _: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        idx = idx.cpu()
+        answers = cache.get(idx).to(device)  # queried the first time an image is needed, then reused
+        return loss_fn(model(augment_batch(cache.x[idx], config.augment, gen).to(device)), answers)
+
+    def epoch_done(epoch: int, rec: dict[str, float]) -> None:
         if on_epoch is not None:
             on_epoch(epoch, student, rec)
             student.train()
-    bar.close()
-    student.eval()
-    return history
+
+    # the loop's "inputs" are the pool indices: images and answers are looked up per batch
+    return fit(student, indices, indices, tc, batch_loss=batch_loss, on_epoch=epoch_done, device=device,
+               desc=f"student ({indices.numel()} images)")
 
 
 def extract_surrogate(
