@@ -26,11 +26,14 @@ def baseline_cmd(victim: str, key: str | None, mode: str, temperature: float, to
                  device: str) -> None:
     """Plain extraction: query a pool through the victim's oracle and train a student on the answers."""
     from stealkit.data import load_query_source
+    from stealkit.errors import InputError
     from stealkit.extract import BaselineConfig, extract_baseline, open_victim
     from stealkit.extract.common import make_evaluator, save_extraction, student_factory, victim_splits
     from stealkit.rundir import RunDir
     from stealkit.train import TrainConfig
 
+    if budget < 1:
+        raise InputError(f"--budget must be at least 1 query, got {budget}")
     cps = parse_int_list(checkpoints) if checkpoints else (budget,)
     kwargs = parse_kv(student_args)
     v = open_victim(victim, mode=mode, budget=budget, temperature=temperature, top_k=top_k, key=key,
