@@ -160,5 +160,6 @@ def certify_study_cmd(dataset: str, parts: str, quick: bool, seed: int, data_dir
 
 def register(cli: click.Group) -> None:
     cli.add_command(certify_study_cmd)
+    cli.commands["study"].add_command(certify_study_cmd, name="certify")  # type: ignore[attr-defined]
     cli.add_command(certify_cmd)
     cli.add_command(train_robust_cmd)

@@ -25,7 +25,13 @@ def reproduce_cmd(scale: str, out: str, only: tuple[str, ...], list_only: bool, 
     summary = reproduce(scale, out, only=only, force=force)
     for s in summary["studies"]:
         click.echo(f"{s['name']:<28} {s['seconds']:>8.1f} s")
-    click.echo(f"total {summary['wall_seconds']} s; report: {out}/report.html")
+    click.echo(f"total {summary['compute_seconds']} s of study time ({summary['wall_seconds']} s in this run); "
+               f"report: {out}/report.html")
+    if summary["failed"]:
+        from stealkit.errors import StealkitError
+
+        raise StealkitError(f"{len(summary['failed'])} studies failed: {', '.join(summary['failed'])}; the report "
+                            "says why. Fix them and run the same command again: finished steps are kept")
 
 
 def register(cli: click.Group) -> None:

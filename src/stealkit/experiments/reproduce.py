@@ -15,6 +15,7 @@ A restarted reproduction skips every finished step (see :mod:`stealkit.experimen
 
 from __future__ import annotations
 
+import html
 import logging
 import time
 from importlib import resources
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from stealkit import __version__
-from stealkit.errors import InputError
+from stealkit.errors import InputError, StealkitError
 from stealkit.experiments.config import ExperimentConfig, load_config
 from stealkit.experiments.runner import run_experiment
 from stealkit.fsutil import atomic_write_json, atomic_write_text
@@ -40,16 +41,33 @@ def config_paths(scale: str) -> list[Path]:
 
 
 def lookup(summary: dict[str, Any], path: str) -> Any:
-    """``lookup({"a": [{"b": 1}]}, "a.0.b") == 1``; ``None`` when the path is absent."""
-    node: Any = summary
-    for part in path.removeprefix("final.").split("."):
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.lstrip("-").isdigit() and -len(node) <= int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
+    """Follow a dotted path into a summary; ``None`` when the path is absent.
+
+    ``lookup({"a": [{"b": 1}]}, "a.0.b") == 1``. A dict key may itself hold dots (``"0.5"``, ``"sigma=0.5"``):
+    the longest key that matches wins. In a list, ``key=value`` selects the first dict whose ``key`` is
+    ``value`` (``rows.substitute=CoDFe-P.pgd_untargeted``).
+    """
+    return _follow(summary, path.removeprefix("final.").split("."))
+
+
+def _follow(node: Any, parts: list[str]) -> Any:
+    if not parts:
+        return node
+    for k in range(len(parts), 0, -1):
+        head = ".".join(parts[:k])
+        if isinstance(node, dict) and head in node:
+            found = _follow(node[head], parts[k:])
+            if found is not None:
+                return found
+        elif isinstance(node, list):
+            if head.lstrip("-").isdigit() and -len(node) <= int(head) < len(node):
+                return _follow(node[int(head)], parts[k:])
+            key, eq, value = head.partition("=")
+            if eq:
+                match = next((d for d in node if isinstance(d, dict) and str(d.get(key)) == value), None)
+                if match is not None:
+                    return _follow(match, parts[k:])
+    return None
 
 
 def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force: bool = False) -> dict[str, Any]:
@@ -64,20 +82,30 @@ def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force:
     studies = []
     for cfg in configs:
         s0 = time.perf_counter()
-        outcomes = run_experiment(cfg, out / cfg.name, force=force)
+        try:
+            outcomes = run_experiment(cfg, out / cfg.name, force=force)
+        except StealkitError as exc:  # one failed study must not lose the others; it is reported and re-run next time
+            log.error("study %s failed: %s", cfg.name, exc)
+            studies.append({"name": cfg.name, "description": cfg.description, "dir": str(out / cfg.name),
+                            "seconds": round(time.perf_counter() - s0, 1), "step_seconds": {}, "queries": None,
+                            "rows": [], "final_step": None, "error": str(exc)})
+            continue
         final = outcomes[-1].summary
         studies.append({
             "name": cfg.name,
             "description": cfg.description,
             "dir": str(out / cfg.name),
-            "seconds": round(time.perf_counter() - s0, 1),
+            "seconds": round(sum(o.seconds for o in outcomes), 1),
             "step_seconds": {o.id: round(o.seconds, 1) for o in outcomes},
+            "skipped_steps": [o.id for o in outcomes if o.skipped],
             "queries": final.get("queries"),
             "rows": [{**row, "ours": _fmt_ours(lookup(final, str(row.get("ours", ""))), row)}
                      for row in cfg.paper.get("rows", [])],
             "final_step": str(outcomes[-1].out),
         })
-    summary = {"scale": scale, "wall_seconds": round(time.perf_counter() - t0, 1), "studies": studies,
+    summary = {"scale": scale, "wall_seconds": round(time.perf_counter() - t0, 1),
+               "compute_seconds": round(sum(s["seconds"] for s in studies), 1),
+               "failed": [s["name"] for s in studies if s.get("error")], "studies": studies,
                "stealkit_version": __version__, **environment()}
     atomic_write_json(out / "summary.json", summary)
     atomic_write_text(out / "report.html", render(summary, configs))
@@ -103,12 +131,15 @@ def render(summary: dict[str, Any], configs: list[ExperimentConfig]) -> str:
         head = Section(
             study["name"],
             paragraphs=[study["description"] or "",
+                        f"<b>Failed:</b> {html.escape(study['error'])}" if study.get("error") else
                         f"Wall time {study['seconds']} s (steps: {study['step_seconds']}); "
                         f"queries {study['queries']}; run directory <code>{study['dir']}</code>."],
             tables=[("The paper beside ours", [{k: r.get(k) for k in ("result", "paper", "ours", "settings")}
                                                 for r in study["rows"]])] if study["rows"] else [],
         )
         sections.append(head)
+        if not study.get("final_step"):
+            continue
         try:
             for sec in build_sections(RunDir(study["final_step"])):
                 sec.title = f"{study['name']}: {sec.title}"
@@ -116,9 +147,12 @@ def render(summary: dict[str, Any], configs: list[ExperimentConfig]) -> str:
         except Exception as exc:  # a study's own report must not break the combined one
             log.warning("could not build the sections of %s: %s", study["name"], exc)
     overview = Section("Overview", paragraphs=[
-        f"Scale <b>{summary['scale']}</b>, total wall time {summary['wall_seconds']} s, "
+        f"Scale <b>{summary['scale']}</b>, total time of the studies {summary.get('compute_seconds')} s "
+        f"(this invocation {summary['wall_seconds']} s; steps finished by an earlier invocation count their own "
+        f"time), failed studies: {summary.get('failed') or 'none'}, "
         f"commit <code>{summary.get('git_commit')}</code>, torch {summary.get('torch')}, "
         f"{summary.get('threads')} threads."], tables=[("Every paper result beside ours", top_rows)])
-    headline = {"studies": len(summary["studies"]), "wall_seconds": summary["wall_seconds"],
+    headline = {"studies": len(summary["studies"]), "compute_seconds": summary.get("compute_seconds"),
+                "failed": len(summary.get("failed", [])),
                 "scale": summary["scale"]}
     return render_report("stealkit reproduce", headline, [overview, *sections])

@@ -51,6 +51,14 @@ def step_done(out: Path, fingerprint: str) -> bool:
         return False
 
 
+def _stamped_seconds(out: Path) -> float:
+    """The wall time a finished step took when it ran (0 for stamps written before it was recorded)."""
+    try:
+        return float(json.loads((out / ".step.json").read_text()).get("seconds", 0.0))
+    except (OSError, ValueError, TypeError):
+        return 0.0
+
+
 def run_experiment(config: ExperimentConfig, out: str | Path, *, force: bool = False) -> list[StepOutcome]:
     """Run every step of ``config`` into ``out``; writes ``out/experiment.json`` and ``out/summary.json``."""
     from stealkit.cli import main
@@ -66,7 +74,8 @@ def run_experiment(config: ExperimentConfig, out: str | Path, *, force: bool = F
         fp = step.fingerprint(config.seed)
         if not force and step_done(step_out, fp):
             log.info("step %s already finished; skipping", step.id)
-            outcomes.append(StepOutcome(step.id, step.command, step_out, True, 0.0, RunDir(step_out).load_summary()))
+            outcomes.append(StepOutcome(step.id, step.command, step_out, True, _stamped_seconds(step_out),
+                                        RunDir(step_out).load_summary()))
             continue
         args = substitute(dict(step.args), env)
         if "seed" not in args and _takes_seed(step.command):

@@ -6,17 +6,14 @@ the targets are the standard victims ``fmnist-cnn4`` (the paper's 4-conv CNN) an
 8x8 digits stand in for MNIST, which this machine lacks); the substitute is ``cnn3``. Every accuracy is on the
 victim task's test split; every query count comes from the oracle's ledger. Run it with
 
-    .venv/bin/python -m stealkit.experiments.study_codfe --out runs/study-codfe [--quick] [--budget N]
+    stealkit study codfe --out runs/study-codfe [--quick] [--budget N] [--datasets digits,fashion-mnist]
 
 It writes a run directory whose ``report.html`` shows our Figure 2 panels and Table 3 beside the paper's.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -122,28 +119,10 @@ _register()
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--datasets", default="digits,fashion-mnist")
-    ap.add_argument("--budget", type=int, default=None, help="one budget for every data set")
-    ap.add_argument("--quick", action="store_true", help="digits only, 20k queries")
-    ap.add_argument("--diversity", type=float, default=0.0, help="CoDFe class-balance weight (not in the paper)")
-    ap.add_argument("--noise-set", type=int, default=None)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", default="cpu")
-    args = ap.parse_args(argv)
-    os.environ.setdefault("STEALKIT_QUIET", "1")
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
-    datasets = ("digits",) if args.quick else tuple(args.datasets.split(","))
-    budgets = {d: 20_000 if args.quick else (args.budget or (200_000 if d == "digits" else 500_000))
-               for d in datasets}
-    overrides: dict[str, Any] = {"diversity": args.diversity}
-    if args.noise_set:
-        overrides["noise_set"] = args.noise_set
-    summary = run_study(args.out, datasets=datasets, budgets=budgets, codfe_overrides=overrides, seed=args.seed,
-                        device=args.device)
-    print(json.dumps({"rows": summary["rows"]}, indent=1))
-    return 0
+    """``python -m stealkit.experiments.study_codfe ARGS`` is ``stealkit study codfe ARGS``."""
+    from stealkit.cli import main as cli_main
+
+    return cli_main(["study", "codfe", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
