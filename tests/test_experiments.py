@@ -116,3 +116,37 @@ def test_reproduce_lookup():
     assert lookup(summary, "final.accuracy") == 0.5
     assert lookup(summary, "curve.-1.queries") == 20
     assert lookup(summary, "missing.key") is None
+    dotted = {"acc": {"sigma=0.5": {"0.5": 0.21}}, "rows": [{"name": "a", "v": 1}, {"name": "b", "v": 2}]}
+    assert lookup(dotted, "final.acc.sigma=0.5.0.5") == 0.21
+    assert lookup(dotted, "rows.name=b.v") == 2
+    assert lookup(dotted, "rows.name=c.v") is None
+
+
+BROKEN = textwrap.dedent("""
+    name = "broken"
+    seed = 0
+
+    [[step]]
+    id = "steal"
+    command = "extract baseline"
+    args = { victim = "standard:no-such-victim", mode = "probs", budget = 10 }
+""")
+
+
+def test_reproduce_reports_a_failed_study_and_runs_the_rest(tiny_config, tmp_path, monkeypatch):
+    from stealkit.experiments import reproduce as rp
+
+    broken = tmp_path / "broken.toml"
+    broken.write_text(BROKEN)
+    (tmp_path / "tiny.toml").write_text(TINY + '\n[[paper.rows]]\nresult = "r"\npaper = "-"\nours = "final.queries.predict"\n')
+    monkeypatch.setattr(rp, "config_paths", lambda scale: [broken, tiny_config])
+    summary = rp.reproduce("small", tmp_path / "out")
+    assert summary["failed"] == ["broken"]
+    by_name = {s["name"]: s for s in summary["studies"]}
+    assert "no-such-victim" in by_name["broken"]["error"]
+    tiny = by_name["tiny"]
+    assert tiny["rows"][0]["ours"] == 60 and tiny["seconds"] > 0
+    assert "Failed" in (tmp_path / "out" / "report.html").read_text()
+    again = rp.reproduce("small", tmp_path / "out", only=("tiny",))  # finished steps keep their own times
+    assert again["studies"][0]["skipped_steps"] == ["victim", "steal"]
+    assert again["studies"][0]["seconds"] == tiny["seconds"]

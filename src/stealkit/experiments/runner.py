@@ -51,6 +51,28 @@ def step_done(out: Path, fingerprint: str) -> bool:
         return False
 
 
+def _invoke(argv: list[str], step_id: str, command: str) -> None:
+    """Run one CLI command in-process; a failure becomes a :class:`StealkitError` that carries its message."""
+    import click
+
+    from stealkit.cli import cli
+
+    def failed(why: str) -> StealkitError:
+        return StealkitError(f"step {step_id!r} ({command}) failed: {why}. Fix it and run again: finished steps "
+                             "are kept")
+
+    try:
+        rv = cli.main(args=argv, prog_name="stealkit", standalone_mode=False)
+    except StealkitError as exc:
+        raise failed(str(exc)) from exc
+    except click.ClickException as exc:
+        raise failed(exc.format_message()) from exc
+    except click.exceptions.Abort as exc:
+        raise failed("aborted") from exc
+    if isinstance(rv, int) and rv != 0:
+        raise failed(f"exit code {rv}")
+
+
 def _stamped_seconds(out: Path) -> float:
     """The wall time a finished step took when it ran (0 for stamps written before it was recorded)."""
     try:
@@ -61,7 +83,6 @@ def _stamped_seconds(out: Path) -> float:
 
 def run_experiment(config: ExperimentConfig, out: str | Path, *, force: bool = False) -> list[StepOutcome]:
     """Run every step of ``config`` into ``out``; writes ``out/experiment.json`` and ``out/summary.json``."""
-    from stealkit.cli import main
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -84,11 +105,8 @@ def run_experiment(config: ExperimentConfig, out: str | Path, *, force: bool = F
         argv = to_argv(step.command, args)
         log.info("step %s: stealkit %s", step.id, " ".join(argv))
         t0 = time.perf_counter()
-        code = main(argv)
+        _invoke(argv, step.id, step.command)
         seconds = time.perf_counter() - t0
-        if code != 0:
-            raise StealkitError(f"step {step.id!r} ({step.command}) failed with exit code {code}; see the message "
-                                "above. Fix it and run again: finished steps are kept")
         atomic_write_json(step_out / ".step.json", {"fingerprint": fp, "argv": argv, "seconds": seconds})
         outcomes.append(StepOutcome(step.id, step.command, step_out, False, seconds, RunDir(step_out).load_summary()))
     final = outcomes[-1].summary if outcomes else {}
