@@ -65,7 +65,7 @@ class StudyConfig:
     linf_eps: tuple[float, ...] = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3)
     radii: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
     table_radius: float = 0.5
-    cw_steps: int = 30
+    cw_steps: int = 100
     boundary_steps: int = 200
     soundness_num: int = 60
     lattice_step: float = 0.01
