@@ -150,3 +150,14 @@ def test_reproduce_reports_a_failed_study_and_runs_the_rest(tiny_config, tmp_pat
     again = rp.reproduce("small", tmp_path / "out", only=("tiny",))  # finished steps keep their own times
     assert again["studies"][0]["skipped_steps"] == ["victim", "steal"]
     assert again["studies"][0]["seconds"] == tiny["seconds"]
+
+
+def test_reproduce_lookup_several_keys_and_steps():
+    from stealkit.experiments.reproduce import _row_value, lookup
+    from stealkit.experiments.runner import StepOutcome
+
+    reach = {"reach": [{"figure": 2, "kind": "membership", "q": 300}, {"figure": 2, "kind": "gradient", "q": 30}]}
+    assert lookup(reach, "reach.figure=2&kind=gradient.q") == 30
+    outcomes = [StepOutcome("a", "x", None, False, 1.0, {"v": 1}), StepOutcome("b", "y", None, False, 1.0, reach)]
+    assert _row_value(outcomes, "a:v") == 1 and _row_value(outcomes, "final.reach.1.q") == 30
+    assert _row_value(outcomes, "zz:v") is None

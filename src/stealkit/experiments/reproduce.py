@@ -7,7 +7,7 @@ table lists the results it reproduces::
     [[paper.rows]]
     result = "CoDFe substitute accuracy, MNIST, probabilities"
     paper = "91%"
-    ours = "final.accuracy"        # a dotted path into the last step's summary.json
+    ours = "final.accuracy"        # a dotted path into the last step's summary.json (or "STEP:path")
     settings = "digits, 200k queries"
 
 A restarted reproduction skips every finished step (see :mod:`stealkit.experiments.runner`).
@@ -45,7 +45,7 @@ def lookup(summary: dict[str, Any], path: str) -> Any:
 
     ``lookup({"a": [{"b": 1}]}, "a.0.b") == 1``. A dict key may itself hold dots (``"0.5"``, ``"sigma=0.5"``):
     the longest key that matches wins. In a list, ``key=value`` selects the first dict whose ``key`` is
-    ``value`` (``rows.substitute=CoDFe-P.pgd_untargeted``).
+    ``value`` (``rows.substitute=CoDFe-P.pgd_untargeted``; ``a=1&b=2`` for several keys).
     """
     return _follow(summary, path.removeprefix("final.").split("."))
 
@@ -62,9 +62,10 @@ def _follow(node: Any, parts: list[str]) -> Any:
         elif isinstance(node, list):
             if head.lstrip("-").isdigit() and -len(node) <= int(head) < len(node):
                 return _follow(node[int(head)], parts[k:])
-            key, eq, value = head.partition("=")
-            if eq:
-                match = next((d for d in node if isinstance(d, dict) and str(d.get(key)) == value), None)
+            conds = [c.partition("=") for c in head.split("&")]
+            if all(eq for _, eq, _ in conds):
+                match = next((d for d in node if isinstance(d, dict)
+                              and all(str(d.get(k)) == v for k, _, v in conds)), None)
                 if match is not None:
                     return _follow(match, parts[k:])
     return None
@@ -99,7 +100,7 @@ def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force:
             "step_seconds": {o.id: round(o.seconds, 1) for o in outcomes},
             "skipped_steps": [o.id for o in outcomes if o.skipped],
             "queries": final.get("queries"),
-            "rows": [{**row, "ours": _fmt_ours(lookup(final, str(row.get("ours", ""))), row)}
+            "rows": [{**row, "ours": _fmt_ours(_row_value(outcomes, str(row.get("ours", ""))), row)}
                      for row in cfg.paper.get("rows", [])],
             "final_step": str(outcomes[-1].out),
         })
@@ -110,6 +111,15 @@ def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force:
     atomic_write_json(out / "summary.json", summary)
     atomic_write_text(out / "report.html", render(summary, configs))
     return summary
+
+
+def _row_value(outcomes: list[Any], path: str) -> Any:
+    """``final.PATH`` reads the last step's summary; ``STEP:PATH`` the summary of step ``STEP``."""
+    step, colon, rest = path.partition(":")
+    if colon and "." not in step:
+        by_id = {o.id: o.summary for o in outcomes}
+        return lookup(by_id[step], rest) if step in by_id else None
+    return lookup(outcomes[-1].summary, path)
 
 
 def _fmt_ours(value: Any, row: dict[str, Any]) -> Any:
