@@ -147,6 +147,8 @@ def test_reproduce_reports_a_failed_study_and_runs_the_rest(tiny_config, tmp_pat
     tiny = by_name["tiny"]
     assert tiny["rows"][0]["ours"] == 60 and tiny["seconds"] > 0
     assert "Failed" in (tmp_path / "out" / "report.html").read_text()
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "| broken | failed:" in md and "| tiny | r | - | 60 |" in md
     again = rp.reproduce("small", tmp_path / "out", only=("tiny",))  # finished steps keep their own times
     assert again["studies"][0]["skipped_steps"] == ["victim", "steal"]
     assert again["studies"][0]["seconds"] == tiny["seconds"]

@@ -110,7 +110,29 @@ def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force:
                "stealkit_version": __version__, **environment()}
     atomic_write_json(out / "summary.json", summary)
     atomic_write_text(out / "report.html", render(summary, configs))
+    atomic_write_text(out / "results.md", markdown(summary))
     return summary
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """The papers' results beside ours as one Markdown table (what ``docs/`` and the README quote)."""
+    lines = [f"Scale `{summary['scale']}`: {summary.get('compute_seconds')} s of study time "
+             f"({summary.get('threads')} torch threads, commit `{str(summary.get('git_commit'))[:10]}`, "
+             f"stealkit {summary.get('stealkit_version')}); failed studies: {summary.get('failed') or 'none'}.",
+             "", "| study | result | paper | ours | settings | study time (s) |", "| --- | --- | --- | --- | --- | --- |"]
+
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            v = f"{v:.3g}"
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    for st in summary["studies"]:
+        if st.get("error"):
+            lines.append(f"| {st['name']} | failed: {cell(st['error'])} | | | | {st['seconds']} |")
+        for row in st["rows"]:
+            lines.append(f"| {st['name']} | {cell(row.get('result'))} | {cell(row.get('paper'))} | "
+                         f"{cell(row.get('ours'))} | {cell(row.get('settings', ''))} | {st['seconds']} |")
+    return "\n".join(lines) + "\n"
 
 
 def _row_value(outcomes: list[Any], path: str) -> Any:
