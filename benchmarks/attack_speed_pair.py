@@ -26,6 +26,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
+    try:
+        import torchattacks  # noqa: F401
+    except ImportError:
+        sys.exit("torchattacks is not installed: pip install --no-deps torchattacks==3.5.1 (a benchmark-only extra)")
     sys.path.insert(0, str(Path(__file__).parent))
     from attack_speed import run_stealkit, run_torchattacks
     from stealkit.data import load_splits

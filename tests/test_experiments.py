@@ -163,3 +163,20 @@ def test_reproduce_lookup_several_keys_and_steps():
     outcomes = [StepOutcome("a", "x", None, False, 1.0, {"v": 1}), StepOutcome("b", "y", None, False, 1.0, reach)]
     assert _row_value(outcomes, "a:v") == 1 and _row_value(outcomes, "final.reach.1.q") == 30
     assert _row_value(outcomes, "zz:v") is None
+
+
+def test_reproduce_survives_an_internal_error(tiny_config, tmp_path, monkeypatch):
+    from stealkit.experiments import reproduce as rp
+
+    real = rp.run_experiment
+
+    def flaky(cfg, out, force=False):
+        if cfg.name == "tiny" and "boom" in str(out):
+            raise RuntimeError("deep inside torch")
+        return real(cfg, out, force=force)
+
+    monkeypatch.setattr(rp, "run_experiment", flaky)
+    monkeypatch.setattr(rp, "config_paths", lambda scale: [tiny_config])
+    summary = rp.reproduce("small", tmp_path / "boom")
+    assert summary["failed"] == ["tiny"]
+    assert "internal error RuntimeError: deep inside torch" in summary["studies"][0]["error"]

@@ -85,7 +85,10 @@ def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force:
         s0 = time.perf_counter()
         try:
             outcomes = run_experiment(cfg, out / cfg.name, force=force)
-        except StealkitError as exc:  # one failed study must not lose the others; it is reported and re-run next time
+        except Exception as exc:  # one failed study must not lose the others; it is reported and re-run next time
+            if not isinstance(exc, StealkitError):  # a bug, not a user error: keep the traceback in the log
+                log.exception("study %s failed with an internal error", cfg.name)
+                exc = StealkitError(f"internal error {type(exc).__name__}: {exc}")
             log.error("study %s failed: %s", cfg.name, exc)
             studies.append({"name": cfg.name, "description": cfg.description, "dir": str(out / cfg.name),
                             "seconds": round(time.perf_counter() - s0, 1), "step_seconds": {}, "queries": None,
@@ -117,8 +120,9 @@ def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force:
 def markdown(summary: dict[str, Any]) -> str:
     """The papers' results beside ours as one Markdown table (what ``docs/`` and the README quote)."""
     lines = [f"Scale `{summary['scale']}`: {summary.get('compute_seconds')} s of study time "
-             f"({summary.get('threads')} torch threads, commit `{str(summary.get('git_commit'))[:10]}`, "
-             f"stealkit {summary.get('stealkit_version')}); failed studies: {summary.get('failed') or 'none'}.",
+             f"(table written with {summary.get('threads')} torch threads at commit "
+             f"`{str(summary.get('git_commit'))[:10]}`, stealkit {summary.get('stealkit_version')}; each step's own "
+             f"commit is in its `config.json`); failed studies: {summary.get('failed') or 'none'}.",
              "", "| study | result | paper | ours | settings | study time (s) |", "| --- | --- | --- | --- | --- | --- |"]
 
     def cell(v: Any) -> str:
