@@ -59,8 +59,11 @@ TINY = {
     "dast": (extract_dast, DaSTConfig(batch_size=16, nz=8, ngf=4, loop=LOOP)),
     "codfe": (extract_codfe, CoDFeConfig(noise_set=24, batch_size=8, substitute_iterations=3,
                                          generator_iterations=2, nz=8, ngf=4, loop=LOOP)),
+    "codfe-replay": (extract_codfe, CoDFeConfig(noise_set=24, batch_size=8, substitute_iterations=3,
+                                                generator_iterations=2, nz=8, ngf=4, diversity=1.0,
+                                                replay_capacity=40, loop=LOOP)),
 }
-COST = {"dfme": dfme_cost, "maze": maze_cost, "dast": dast_cost, "codfe": codfe_cost}
+COST = {"dfme": dfme_cost, "maze": maze_cost, "dast": dast_cost, "codfe": codfe_cost, "codfe-replay": codfe_cost}
 
 
 def with_loop(config, **kw):  # noqa: ANN001, ANN201

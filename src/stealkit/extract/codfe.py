@@ -13,6 +13,10 @@ The paper leaves the optimiser, ``M`` and the iteration counts open (no public c
 lr 1e-3 for both, ``M = 1000``, 50 substitute and 10 generator iterations of batch 128) were chosen by
 measurement, see ``docs/benchmarks.md``. ``diversity > 0`` adds a stealkit option that is *not* in the paper:
 the negative entropy of the substitute's mean prediction over the batch (a class-balance term), off by default.
+``replay_capacity > 0`` is a second stealkit option, also off by default: the answered rounds are kept in a
+bounded replay buffer (:mod:`stealkit.extract.replay`, MAZE's experience replay) and half of every substitute
+batch is drawn from earlier rounds, so the substitute stops forgetting what the victim said about the samples
+the generator has since moved away from. Replayed rows cost no queries.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from stealkit.extract.datafree_common import (
     run_datafree,
 )
 from stealkit.extract.losses import soft_cross_entropy
+from stealkit.extract.replay import ReplayBuffer
 from stealkit.metrics import Evaluator
 from stealkit.models.generators import UpsampleGenerator
 from stealkit.oracle import Oracle, OutputMode
@@ -53,6 +58,7 @@ class CoDFeConfig:
     lr_substitute: float = 1e-3
     lr_generator: float = 1e-3
     diversity: float = 0.0
+    replay_capacity: int = 0
     seed: int = 0
     loop: LoopConfig = field(default_factory=LoopConfig)
 
@@ -60,10 +66,10 @@ class CoDFeConfig:
         check_positive("CoDFe", noise_set=self.noise_set, batch_size=self.batch_size,
                        substitute_iterations=self.substitute_iterations, nz=self.nz, ngf=self.ngf,
                        lr_substitute=self.lr_substitute, lr_generator=self.lr_generator)
-        if self.generator_iterations < 0 or self.diversity < 0:
+        if self.generator_iterations < 0 or self.diversity < 0 or self.replay_capacity < 0:
             from stealkit.errors import InputError
 
-            raise InputError("CoDFe: generator_iterations and diversity must be >= 0")
+            raise InputError("CoDFe: generator_iterations, diversity and replay_capacity must be >= 0")
 
 
 def codfe_cost(config: CoDFeConfig) -> int:
@@ -92,6 +98,7 @@ class CoDFeAttack(DataFreeAttack):
             "generator": torch.optim.Adam(self.generator.parameters(), lr=config.lr_generator),
         }
         self.z = self.noise(config.noise_set, config.nz)  # the fixed noise set Z, drawn once
+        self.replay = ReplayBuffer(config.replay_capacity, input_shape, num_classes)
 
     @property
     def variant(self) -> str:
@@ -114,15 +121,22 @@ class CoDFeAttack(DataFreeAttack):
                                                                                    self.num_classes)
         s_losses = []
         m = x.shape[0]
+        replay = len(self.replay) >= cfg.batch_size  # option: half of each batch from earlier rounds
+        soft = target if self.mode is not OutputMode.LABEL else F.one_hot(target, self.num_classes).float()
         for _ in range(cfg.substitute_iterations):
             idx = torch.randint(m, (min(cfg.batch_size, m),), generator=self.rng)
-            logits = self.student(x[idx])
-            loss = F.cross_entropy(logits, target[idx]) if self.mode is OutputMode.LABEL \
-                else soft_cross_entropy(logits, target[idx])
+            if replay:
+                rx, rp = self.replay.sample(idx.shape[0], self.rng, self.device)
+                loss = soft_cross_entropy(self.student(torch.cat([x[idx], rx])), torch.cat([soft[idx], rp]))
+            else:
+                logits = self.student(x[idx])
+                loss = F.cross_entropy(logits, target[idx]) if self.mode is OutputMode.LABEL \
+                    else soft_cross_entropy(logits, target[idx])
             self.optimizers["student"].zero_grad(set_to_none=True)
             loss.backward()
             self.optimizers["student"].step()
             s_losses.append(float(loss.detach()))
+        self.replay.add(x, soft)
         g_losses = []
         for p in self.student.parameters():
             p.requires_grad_(False)
@@ -148,10 +162,15 @@ class CoDFeAttack(DataFreeAttack):
         return out
 
     def extra_tensors(self) -> dict[str, torch.Tensor]:
-        return {"z": self.z}
+        return {"z": self.z, **self.replay.tensors()}
+
+    def extra_scalars(self) -> dict[str, Any]:
+        return self.replay.scalars()
 
     def load_extra(self, tensors: dict[str, torch.Tensor], scalars: dict[str, Any]) -> None:
         self.z = tensors["z"].to(self.device)
+        if "buffer_x" in tensors:
+            self.replay.load(tensors, scalars)
 
     def sample_images(self, n: int) -> torch.Tensor:
         """The first ``n`` images of ``G(Z)``: what the victim is queried with."""

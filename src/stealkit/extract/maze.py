@@ -39,6 +39,7 @@ from stealkit.extract.datafree_common import (
     run_datafree,
     set_lr,
 )
+from stealkit.extract.replay import ReplayBuffer
 from stealkit.extract.zoo_grad import estimate_gradient
 from stealkit.metrics import Evaluator
 from stealkit.models.generators import UpsampleGenerator
@@ -104,11 +105,7 @@ class MAZEAttack(DataFreeAttack):
             "student": torch.optim.SGD(self.student.parameters(), lr=config.lr_clone, **sgd),
             "generator": torch.optim.SGD(self.generator.parameters(), lr=config.lr_generator, **sgd),
         }
-        # replay ring buffer: ``filled`` rows are valid, ``pos`` is where the next row goes
-        self.buffer_x = torch.empty(0, *input_shape, dtype=torch.float16)
-        self.buffer_p = torch.empty(0, num_classes, dtype=torch.float32)
-        self.filled = 0
-        self.pos = 0
+        self.replay = ReplayBuffer(config.replay_capacity, input_shape, num_classes)
 
     def iteration_cost(self) -> int:
         return maze_cost(self.config)
@@ -152,40 +149,23 @@ class MAZEAttack(DataFreeAttack):
                     x = self.generator(self.noise(cfg.batch_size, cfg.nz))
                 p = self.probs(query(x))
             c_losses.append(self._clone_step(x, p))
-        self._remember(x, p)
+        self.replay.add(x, p)
         r_losses = []
-        n = self.filled
-        for _ in range(cfg.replay_steps if n >= cfg.batch_size else 0):
-            idx = torch.randint(n, (cfg.batch_size,), generator=self.rng)
-            r_losses.append(self._clone_step(self.buffer_x[idx].to(self.device).float(),
-                                             self.buffer_p[idx].to(self.device)))
+        for _ in range(cfg.replay_steps if len(self.replay) >= cfg.batch_size else 0):
+            r_losses.append(self._clone_step(*self.replay.sample(cfg.batch_size, self.rng, self.device)))
         out = {"loss_generator": sum(g_losses) / len(g_losses), "loss_clone": sum(c_losses) / len(c_losses)}
         if r_losses:
             out["loss_replay"] = sum(r_losses) / len(r_losses)
         return out
 
-    def _remember(self, x: torch.Tensor, p: torch.Tensor) -> None:
-        cap = self.config.replay_capacity
-        if self.buffer_x.shape[0] < cap:  # grow geometrically up to the capacity
-            size = min(cap, max(2 * self.buffer_x.shape[0], 4 * x.shape[0]))
-            grow_x = torch.empty(size, *x.shape[1:], dtype=torch.float16)
-            grow_p = torch.empty(size, p.shape[1], dtype=torch.float32)
-            grow_x[: self.filled], grow_p[: self.filled] = self.buffer_x[: self.filled], self.buffer_p[: self.filled]
-            self.buffer_x, self.buffer_p = grow_x, grow_p
-        idx = (self.pos + torch.arange(x.shape[0])) % cap
-        self.buffer_x[idx], self.buffer_p[idx] = x.detach().cpu().half(), p.detach().cpu().float()
-        self.pos = int((self.pos + x.shape[0]) % cap)
-        self.filled = min(self.filled + x.shape[0], cap)
-
     def extra_tensors(self) -> dict[str, torch.Tensor]:
-        return {"buffer_x": self.buffer_x[: self.filled], "buffer_p": self.buffer_p[: self.filled]}
+        return self.replay.tensors()
 
     def extra_scalars(self) -> dict[str, Any]:
-        return {"filled": self.filled, "pos": self.pos}
+        return self.replay.scalars()
 
     def load_extra(self, tensors: dict[str, torch.Tensor], scalars: dict[str, Any]) -> None:
-        self.buffer_x, self.buffer_p = tensors["buffer_x"].clone(), tensors["buffer_p"].clone()
-        self.filled, self.pos = int(scalars["filled"]), int(scalars["pos"])
+        self.replay.load(tensors, scalars)
 
 
 def extract_maze(
