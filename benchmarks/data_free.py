@@ -46,7 +46,7 @@ def _method(name: str) -> tuple[Any, Any]:
 
 
 def run_one(victim_name: str, method: str, mode: str, budget: int, marks: list[int], preset: str,
-            device: str, seed: int, overrides: dict[str, Any]) -> dict[str, Any]:
+            device: str, seed: int, overrides: dict[str, Any], save_dir: Path | None = None) -> dict[str, Any]:
     from stealkit.experiments.victims import standard_victim
     from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
     from stealkit.extract.datafree_common import LoopConfig
@@ -64,6 +64,16 @@ def run_one(victim_name: str, method: str, mode: str, budget: int, marks: list[i
     result = fn(v.oracle, make_student=student_factory(arch, v, seed, **skw), evaluator=ev, config=config,
                 device=device)
     wall = time.perf_counter() - start
+    cfg_json = json.loads(json.dumps(config, default=lambda o: getattr(o, "__dict__", str(o))))
+    student_dir = None
+    if save_dir is not None:  # a run directory with the student, e.g. for `stealkit attack study --substitute`
+        from stealkit.extract.common import save_extraction
+        from stealkit.rundir import RunDir
+
+        run = RunDir(save_dir / f"{method}-{mode}").create(command=f"benchmarks/data_free.py {method}",
+                                                             config=cfg_json, seed=seed)
+        student_dir = str(save_extraction(run, result, v, student_arch=arch, student_kwargs=skw, seed=seed,
+                                          config=cfg_json))
     at = {}
     for m in marks:
         # the first point at or past the mark; the last point stands for a mark the budget's last iteration missed
@@ -78,7 +88,7 @@ def run_one(victim_name: str, method: str, mode: str, budget: int, marks: list[i
         "best": None if best is None else {"accuracy": best["accuracy"], "queries": best["queries"]},
         "wall_seconds": round(wall, 1), "queries_per_second": round(result.queries["predict"] / wall, 1),
         "iterations": result.extra["iterations"], "cost_per_iteration": result.extra["cost_per_iteration"],
-        "config": json.loads(json.dumps(config, default=lambda o: getattr(o, "__dict__", str(o)))),
+        "config": cfg_json, "student_dir": student_dir,
         "curve": result.curve,
     }
 
@@ -120,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jsonl", type=Path, default=None, help="also append each finished run here")
+    ap.add_argument("--save-students", type=Path, default=None, metavar="DIR",
+                    help="also save each student as a run directory DIR/METHOD-MODE (for attack study --substitute)")
     ap.add_argument("--quick", action="store_true", help="smoke run: digits-conv2 victim, 20k queries")
     args = ap.parse_args(argv)
     if args.threads:
@@ -140,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     for method in args.methods.split(","):
         for mode in args.modes.split(","):
             print(f"running {method} {mode} to {args.budget} queries", file=sys.stderr, flush=True)
-            r = run_one(args.victim, method, mode, args.budget, marks, args.preset, args.device, args.seed, overrides)
+            r = run_one(args.victim, method, mode, args.budget, marks, args.preset, args.device, args.seed, overrides,
+                        args.save_students)
             r["config"] = {k: v for k, v in r["config"].items() if k != "loop"}
             print(json.dumps({k: v for k, v in r.items() if k != "curve"}), file=sys.stderr, flush=True)
             if args.jsonl:
