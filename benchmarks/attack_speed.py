@@ -2,8 +2,10 @@
 
 PGD Linf (eps 0.1, step 0.01, 20 steps, one random start, untargeted) on Fashion-MNIST test images against
 the standard CNN victim (``standard_victim("fmnist-conv2")``), attacked white-box. Each library runs at the
-same batch sizes; runs are interleaved (library by library within each repeat) so machine load hits all
-alike, and the median wall time is reported. Success rate = the fraction of images the model misclassifies
+same batch sizes. Each timed call returns the adversarial batch *and* the model's labels on it (stealkit's
+``pgd`` result carries them; for the others the benchmark adds one forward pass inside the timing), so every
+library does the same work: an attack whose success the caller can read. Runs are interleaved (library by
+library within each repeat) so machine load hits all alike, and the median wall time is reported. Success rate = the fraction of images the model misclassifies
 after the attack (the anchors' definition); ``asr_on_correct`` counts only images it got right before.
 
     .venv/bin/python benchmarks/attack_speed.py                  # 1,000 images, batches 32 and 1000, 3 repeats
@@ -28,13 +30,21 @@ import numpy as np
 import torch
 from torch import nn
 
-Attack = Callable[[nn.Module, torch.Tensor, torch.Tensor, int, int], torch.Tensor]
+Attack = Callable[[nn.Module, torch.Tensor, torch.Tensor, int, int], tuple[torch.Tensor, torch.Tensor]]
 
 
-def run_stealkit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> torch.Tensor:
+def labelled(model: nn.Module, x_adv: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The adversarial batch and the model's labels on it: what an attack result must tell its user."""
+    with torch.no_grad():
+        return x_adv, torch.cat([model(x_adv[i : i + batch]).argmax(1) for i in range(0, x_adv.shape[0], batch)])
+
+
+def run_stealkit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> tuple[torch.Tensor,
+                                                                                                    torch.Tensor]:
     from stealkit.evade.gradient import pgd
 
-    return pgd(model, x, y, eps=0.1, step=0.01, steps=20, random_start=True, seed=seed, batch_size=batch).x_adv
+    r = pgd(model, x, y, eps=0.1, step=0.01, steps=20, random_start=True, seed=seed, batch_size=batch)
+    return r.x_adv, r.labels  # stealkit's result already carries the labels (and per-example success, norms)
 
 
 def run_torchattacks(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> torch.Tensor:
@@ -42,7 +52,8 @@ def run_torchattacks(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: 
 
     torch.manual_seed(seed)
     atk = torchattacks.PGD(model, eps=0.1, alpha=0.01, steps=20, random_start=True)
-    return torch.cat([atk(x[i : i + batch], y[i : i + batch]) for i in range(0, x.shape[0], batch)])
+    return labelled(model, torch.cat([atk(x[i : i + batch], y[i : i + batch]) for i in range(0, x.shape[0], batch)]),
+                    batch)
 
 
 def run_art(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> torch.Tensor:
@@ -54,7 +65,7 @@ def run_art(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed
                             nb_classes=10, clip_values=(0.0, 1.0), device_type="cpu")
     atk = ProjectedGradientDescent(clf, norm=np.inf, eps=0.1, eps_step=0.01, max_iter=20, num_random_init=1,
                                    targeted=False, batch_size=batch, verbose=False)
-    return torch.from_numpy(atk.generate(x.numpy(), y=y.numpy()))
+    return labelled(model, torch.from_numpy(atk.generate(x.numpy(), y=y.numpy())), batch)
 
 
 def run_plain(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> torch.Tensor:
@@ -70,7 +81,7 @@ def run_plain(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, se
             (g,) = torch.autograd.grad(loss, xa)
             xa = torch.min(torch.max(xa.detach() + 0.01 * g.sign(), xb - 0.1), xb + 0.1).clamp(0, 1)
         outs.append(xa)
-    return torch.cat(outs)
+    return labelled(model, torch.cat(outs), batch)
 
 
 LIBRARIES: dict[str, Attack] = {"stealkit": run_stealkit, "torchattacks": run_torchattacks, "art": run_art,
@@ -126,10 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         for b in batches:
             for lib in libs:
                 t0 = time.perf_counter()
-                x_adv = LIBRARIES[lib](model, x, y, b, r)
+                x_adv, labels = LIBRARIES[lib](model, x, y, b, r)
                 times[(lib, b)].append(time.perf_counter() - t0)
                 with torch.no_grad():
                     wrong = model(x_adv).argmax(1) != y
+                assert torch.equal(wrong, labels != y), lib
                 linf = float((x_adv - x).abs().max())
                 assert linf <= 0.1 + 1e-5, (lib, linf)
                 rates[(lib, b)].append((float(wrong.float().mean()), float(wrong[correct].float().mean())))
