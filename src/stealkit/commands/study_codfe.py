@@ -18,11 +18,13 @@ from stealkit.commands.common import device_option
 @click.option("--quick", is_flag=True, help="Digits only, 20k queries.")
 @click.option("--diversity", type=float, default=0.0, show_default=True,
               help="CoDFe class-balance weight (a stealkit option, not in the paper; 0 is the paper's loss).")
+@click.option("--replay", "replay_capacity", type=int, default=0, show_default=True,
+              help="CoDFe experience-replay capacity in images (a stealkit option, not in the paper; 0 = off).")
 @click.option("--noise-set", type=int, default=None, help="CoDFe's fixed noise set size M (default 1000).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @device_option
-def codfe_cmd(out: str, datasets: str, budget: int | None, quick: bool, diversity: float, noise_set: int | None,
-              seed: int, device: str) -> None:
+def codfe_cmd(out: str, datasets: str, budget: int | None, quick: bool, diversity: float, replay_capacity: int,
+              noise_set: int | None, seed: int, device: str) -> None:
     """CoDFe Figure 2 and Table 3: substitute accuracy against queries, and queries to maximum accuracy."""
     from stealkit.errors import InputError
     from stealkit.experiments.study_codfe import VICTIMS, run_study
@@ -34,7 +36,9 @@ def codfe_cmd(out: str, datasets: str, budget: int | None, quick: bool, diversit
     if budget is not None and budget <= 0:
         raise InputError(f"--budget must be positive, got {budget}")
     budgets = {d: 20_000 if quick else (budget or (200_000 if d == "digits" else 500_000)) for d in chosen}
-    overrides: dict[str, Any] = {"diversity": diversity}
+    if replay_capacity < 0:
+        raise InputError(f"--replay must be >= 0 images, got {replay_capacity}")
+    overrides: dict[str, Any] = {"diversity": diversity, "replay_capacity": replay_capacity}
     if noise_set:
         overrides["noise_set"] = noise_set
     summary = run_study(out, datasets=chosen, budgets=budgets, codfe_overrides=overrides, seed=seed, device=device)
