@@ -310,3 +310,27 @@ def test_cli_run_writes_the_contract_and_resumes(tmp_path: Path) -> None:
     assert main([*args, "--resume"]) == 0  # already complete: resumes at the end, spends nothing more
     assert json.loads((out / "summary.json").read_text())["queries"] == {"predict": 80, "explain": 0}
     assert main([*args[:-2], "--set", "bogus=1", "--out", str(tmp_path / "other")]) == 2
+
+
+@pytest.mark.parametrize(("method", "setting", "expect"), [
+    ("codfe", "replay_capacity=abc", "takes a whole number"),
+    ("codfe", "replay_capacity=1.5", "takes a whole number"),
+    ("codfe", "diversity=high", "takes a number"),
+    ("dfme", "milestones=a/b", "numbers separated by '/'"),
+])
+def test_set_with_a_wrong_type_says_what_the_setting_takes(method: str, setting: str, expect: str) -> None:
+    from stealkit.commands.common import parse_kv
+    from stealkit.commands.extract_datafree import build_config
+    from stealkit.errors import InputError
+
+    with pytest.raises(InputError, match=expect):
+        build_config(method, parse_kv((setting,)), {})
+
+
+def test_set_converts_to_the_settings_type() -> None:
+    from stealkit.commands.common import parse_kv
+    from stealkit.commands.extract_datafree import build_config
+
+    cfg = build_config("codfe", parse_kv(("replay_capacity=3000", "diversity=1", "lr_substitute=0.01")), {})
+    assert cfg.replay_capacity == 3000 and isinstance(cfg.diversity, float) and cfg.lr_substitute == 0.01
+    assert build_config("dfme", parse_kv(("milestones=0.2/0.4",)), {}).milestones == (0.2, 0.4)

@@ -52,13 +52,34 @@ def build_config(method: str, settings: dict[str, Any], loop: dict[str, Any]) ->
     if unknown:
         valid = ", ".join(sorted(k for k in fields if k != "loop"))
         raise InputError(f"{method} has no setting {', '.join(unknown)}; valid settings: {valid}")
-    kwargs = {}
-    for k, v in settings.items():
-        default = fields[k].default
-        if isinstance(default, tuple) and not isinstance(v, tuple):
-            v = tuple(float(t) for t in str(v).split("/"))
-        kwargs[k] = v
+    kwargs = {k: _typed(method, k, v, fields[k].default) for k, v in settings.items()}
     return cls(loop=LoopConfig(**loop), **kwargs)
+
+
+def _typed(method: str, key: str, value: Any, default: Any) -> Any:
+    """``value`` as the type of the setting's default, or an InputError naming the setting and what it takes."""
+    def bad(kind: str) -> InputError:
+        example = "/".join(str(t) for t in default) if isinstance(default, tuple) else str(default).lower()
+        return InputError(f"{method} setting {key} takes {kind}, got {value!r} (e.g. --set {key}={example})")
+
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
+    if isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+            raise bad("a whole number")
+        return int(value)
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise bad("a number")
+        return float(value)
+    if isinstance(default, tuple) and not isinstance(value, tuple):
+        try:
+            return tuple(float(t) for t in str(value).split("/"))
+        except ValueError:
+            raise bad("numbers separated by '/'") from None
+    return value
 
 
 def datafree_options(fn: Callable[..., Any]) -> Callable[..., Any]:
