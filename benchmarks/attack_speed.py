@@ -5,8 +5,9 @@ the standard CNN victim (``standard_victim("fmnist-conv2")``), attacked white-bo
 same batch sizes. Each timed call returns the adversarial batch *and* the model's labels on it (stealkit's
 ``pgd`` result carries them; for the others the benchmark adds one forward pass inside the timing), so every
 library does the same work: an attack whose success the caller can read. Runs are interleaved (library by
-library within each repeat) so machine load hits all alike, and the median wall time is reported. Success rate = the fraction of images the model misclassifies
-after the attack (the anchors' definition); ``asr_on_correct`` counts only images it got right before.
+library within each repeat) so machine load hits all alike, and the median wall time is reported. Success
+rate = the fraction of images the model misclassifies after the attack (the anchors' definition);
+``asr_on_correct`` counts only images it got right before.
 
     .venv/bin/python benchmarks/attack_speed.py                  # 1,000 images, batches 32 and 1000, 3 repeats
     .venv/bin/python benchmarks/attack_speed.py --quick          # smoke run: 200 images, batch 100, 1 repeat
@@ -30,24 +31,24 @@ import numpy as np
 import torch
 from torch import nn
 
-Attack = Callable[[nn.Module, torch.Tensor, torch.Tensor, int, int], tuple[torch.Tensor, torch.Tensor]]
+Result = tuple[torch.Tensor, torch.Tensor]  # the adversarial batch and the model's labels on it
 
 
-def labelled(model: nn.Module, x_adv: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The adversarial batch and the model's labels on it: what an attack result must tell its user."""
-    with torch.no_grad():
-        return x_adv, torch.cat([model(x_adv[i : i + batch]).argmax(1) for i in range(0, x_adv.shape[0], batch)])
+def labelled(model: nn.Module, x_adv: torch.Tensor, batch: int) -> Result:
+    """What an attack result must tell its user; the anchors return only images, so this adds the labels."""
+    from stealkit.evade.base import model_labels
+
+    return x_adv, model_labels(model, x_adv, batch_size=batch)
 
 
-def run_stealkit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> tuple[torch.Tensor,
-                                                                                                    torch.Tensor]:
+def run_stealkit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> Result:
     from stealkit.evade.gradient import pgd
 
     r = pgd(model, x, y, eps=0.1, step=0.01, steps=20, random_start=True, seed=seed, batch_size=batch)
     return r.x_adv, r.labels  # stealkit's result already carries the labels (and per-example success, norms)
 
 
-def run_torchattacks(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> torch.Tensor:
+def run_torchattacks(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> Result:
     import torchattacks
 
     torch.manual_seed(seed)
@@ -56,7 +57,7 @@ def run_torchattacks(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: 
                     batch)
 
 
-def run_art(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> torch.Tensor:
+def run_art(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> Result:
     from art.attacks.evasion import ProjectedGradientDescent
     from art.estimators.classification import PyTorchClassifier
 
@@ -68,7 +69,7 @@ def run_art(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed
     return labelled(model, torch.from_numpy(atk.generate(x.numpy(), y=y.numpy())), batch)
 
 
-def run_plain(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> torch.Tensor:
+def run_plain(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> Result:
     """The textbook loop (what most research code does), for reference."""
     torch.manual_seed(seed)
     outs = []
@@ -84,6 +85,7 @@ def run_plain(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, se
     return labelled(model, torch.cat(outs), batch)
 
 
+Attack = Callable[[nn.Module, torch.Tensor, torch.Tensor, int, int], Result]
 LIBRARIES: dict[str, Attack] = {"stealkit": run_stealkit, "torchattacks": run_torchattacks, "art": run_art,
                                 "plain": run_plain}
 
