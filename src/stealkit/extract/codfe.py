@@ -15,8 +15,8 @@ measurement, see ``docs/benchmarks.md``. ``diversity > 0`` adds a stealkit optio
 the negative entropy of the substitute's mean prediction over the batch (a class-balance term), off by default.
 ``replay_capacity > 0`` is a second stealkit option, also off by default: the answered rounds are kept in a
 bounded replay buffer (:mod:`stealkit.extract.replay`, MAZE's experience replay) and half of every substitute
-batch is drawn from earlier rounds, so the substitute stops forgetting what the victim said about the samples
-the generator has since moved away from. Replayed rows cost no queries.
+batch is drawn from earlier rounds, which the generator has since moved away from. Replayed rows cost no
+queries. On Fashion-MNIST labels it raised CoDFe-L from 0.51 to 0.71 (``docs/benchmarks.md``).
 """
 
 from __future__ import annotations
