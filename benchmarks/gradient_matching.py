@@ -15,8 +15,8 @@ import argparse
 import json
 import logging
 
-from stealkit.experiments.study_explanations import queries_to_reach, run_curve
 from stealkit.extract.gradient_matching import GradMatchConfig
+from stealkit.studies.explanations import queries_to_reach, run_curve
 
 
 def main() -> None:

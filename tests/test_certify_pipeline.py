@@ -16,9 +16,9 @@ from stealkit.certify.evaluate import (
     summarize,
 )
 from stealkit.certify.smoothing import SmoothingConfig, certify
-from stealkit.certify.study import bound_lattice
 from stealkit.certify.training import METHODS, RobustTrainConfig, stability_loss, train_robust
 from stealkit.errors import InputError
+from stealkit.studies.stn_certify import bound_lattice
 from stealkit.train import TrainConfig
 from tests.test_certify_smoothing import Halfspace, images
 

@@ -133,7 +133,7 @@ def test_cli_user_errors_are_one_line(digits_models: tuple[Path, Path], tmp_path
 
 
 def test_study_settings_and_table() -> None:
-    from stealkit.evade.study import PAPER, StudyConfig, markdown_table
+    from stealkit.studies.codfe_transfer import PAPER, StudyConfig, markdown_table
 
     cfg = StudyConfig(dataset="digits")
     pgd_t = cfg.attack("pgd", True)
@@ -154,9 +154,9 @@ def test_study_settings_and_table() -> None:
 
 @pytest.mark.slow
 def test_study_runs_on_digits() -> None:
-    from stealkit.evade.study import StudyConfig, run_study
+    from stealkit.studies.codfe_transfer import StudyConfig, run
 
-    summary = run_study(StudyConfig(dataset="digits", n=40, real_epochs=1, datafree=()))
+    summary = run(StudyConfig(dataset="digits", n=40, real_epochs=1, datafree=()))
     assert [r["substitute"] for r in summary["rows"]] == ["Real-P", "Real-L"]
     assert all(0 <= r["pgd_untargeted"] <= 100 for r in summary["rows"])
     assert summary["rows"][0]["steal_queries"] == 449

@@ -15,7 +15,7 @@ def test_study_codfe_tiny(tmp_path, capsys):
     assert main(["study", "codfe", "--datasets", "digits", "--budget", "2000", "--noise-set", "500",
                  "--replay", "1000", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert json.loads((out / "config.json").read_text())["config"]["codfe_overrides"]["replay_capacity"] == 1000
+    assert json.loads((out / "config.json").read_text())["config"]["study"]["codfe_overrides"]["replay_capacity"] == 1000
     assert [r["variant"] for r in summary["rows"]] == ["CoDFe-P", "DaST-P", "CoDFe-L", "DaST-L"]
     for row in summary["rows"]:
         assert 0 < row["queries"] <= 2000

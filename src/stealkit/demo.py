@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from stealkit import __version__
-from stealkit.report.builders import register_builder
 from stealkit.report.html import Figure, Section
 from stealkit.rundir import RunDir
 
@@ -70,7 +69,6 @@ def run_demo(out: str | Path, *, seed: int = 0, budgets: tuple[int, ...] = DEFAU
     return summary
 
 
-@register_builder("demo")
 def demo_sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> list[Section]:
     from stealkit.report.plots import line_plot
 

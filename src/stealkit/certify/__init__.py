@@ -5,7 +5,7 @@
 - :mod:`~stealkit.certify.smoothing`: the smoothed classifier, ``certify`` and ``predict`` (Algorithm 1).
 - :mod:`~stealkit.certify.training`: Gaussian augmentation, stability training, TRADES, PGD training.
 - :mod:`~stealkit.certify.evaluate`: certified accuracy, EOT attacks, the soundness check.
-- :mod:`~stealkit.certify.study`: the paper's figures and tables at CPU scale.
+- the paper's figures and tables at CPU scale are the study :mod:`stealkit.studies.stn_certify`.
 """
 
 from stealkit.certify.bounds import (

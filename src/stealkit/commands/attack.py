@@ -62,7 +62,6 @@ def _save_npz(path: Path, arrays: dict[str, Any]) -> None:
 
 
 def _finish(run: Any, summary: dict[str, Any]) -> None:
-    import stealkit.evade.reporting  # noqa: F401  (registers the report builder)
     from stealkit.report.builders import build_report
 
     run.write_summary(summary)
@@ -166,51 +165,9 @@ def _make_decision(method: str) -> click.Command:
     return cmd
 
 
-@click.command("study")
-@click.option("--dataset", type=click.Choice(["digits", "fashion-mnist"]), default="digits", show_default=True)
-@click.option("--victim", default=None, help="Standard victim (default: digits-conv2 / fmnist-cnn4).")
-@click.option("--n", "n", type=int, default=1000, show_default=True, help="Test images attacked.")
-@click.option("--substitute-arch", default="cnn3", show_default=True)
-@click.option("--real-budget", type=int, default=None, help="Queries for the Real-P/L substitutes (default: pool).")
-@click.option("--real-epochs", type=int, default=20, show_default=True)
-@click.option("--datafree", default="dast,codfe", show_default=True,
-              help="Data-free methods to train here (comma-separated; empty for none).")
-@click.option("--datafree-budget", type=int, default=20_000, show_default=True)
-@click.option("--substitute", "substitutes", multiple=True, metavar="LABEL=DIR",
-              help="An extra substitute model directory, e.g. CoDFe-P=runs/codfe/student (repeat).")
-@click.option("--quick", is_flag=True, help="Smoke run: 100 images, 2,000 data-free queries, 3 epochs.")
-@click.option("--data-dir", default=None, type=click.Path())
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--out", required=True, type=click.Path())
-@device_option
-def study_cmd(dataset: str, victim: str | None, n: int, substitute_arch: str, real_budget: int | None,
-              real_epochs: int, datafree: str, datafree_budget: int, substitutes: tuple[str, ...], quick: bool,
-              data_dir: str | None, seed: int, out: str, device: str) -> None:
-    """CoDFe Tables 1-2: FGSM/BIM/PGD transfer ASR from substitutes stolen in probability and label mode."""
-    from stealkit.errors import InputError
-    from stealkit.evade.study import StudyConfig, run_study
-    from stealkit.rundir import RunDir
-
-    if quick:
-        n, datafree_budget, real_epochs = min(n, 100), min(datafree_budget, 2000), min(real_epochs, 3)
-    if any("=" not in s for s in substitutes):
-        raise InputError("--substitute takes LABEL=DIR, e.g. CoDFe-P=runs/codfe/student")
-    subs = dict(s.split("=", 1) for s in substitutes)
-    cfg = StudyConfig(dataset=dataset, victim=victim, substitute_arch=substitute_arch, n=n, real_budget=real_budget,
-                      real_epochs=real_epochs, datafree=tuple(m for m in datafree.split(",") if m),
-                      datafree_budget=datafree_budget, substitutes=subs, seed=seed)
-    run = RunDir(out).create(command="attack study", seed=seed, config={"study": cfg})
-    summary = run_study(cfg, device=device, data_dir=data_dir, on_record=run.append_record)
-    _finish(run, summary | {"table": summary["rows"], "seed": seed})
-    click.echo(summary["markdown"])
-    for note in summary["notes"]:
-        click.echo(f"note: {note}")
-
-
 def register(cli: click.Group) -> None:
     for m in GRADIENT_METHODS:
         attack.add_command(_make_transfer(m))
     for m in ("boundary", "hopskipjump"):
         attack.add_command(_make_decision(m))
-    attack.add_command(study_cmd)
     cli.add_command(attack)

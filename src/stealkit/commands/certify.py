@@ -7,7 +7,6 @@ import time
 
 import click
 
-import stealkit.certify.report  # noqa: F401  (registers the report builders of certify runs)
 from stealkit.commands.common import device_option
 
 RADII = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
@@ -126,40 +125,6 @@ def train_robust_cmd(dataset: str, arch: str, method: str, sigma: float, gamma: 
     click.echo(f"clean test accuracy {trained.metrics['test_accuracy']:.4f}; model saved to {out}")
 
 
-@click.command("certify-study")
-@click.option("--dataset", type=click.Choice(["digits", "fashion-mnist"]), default="digits", show_default=True)
-@click.option("--parts", default="bounds,certify,ablation,table1,empirical,soundness", show_default=True,
-              help="Comma-separated parts of the study to run.")
-@click.option("--quick", is_flag=True, help="Smoke run: few images, few samples, 2-epoch models.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--data-dir", default=None, type=click.Path(), help="Directory holding data set files.")
-@click.option("--out", required=True, type=click.Path(), help="Run directory to write.")
-@device_option
-def certify_study_cmd(dataset: str, parts: str, quick: bool, seed: int, data_dir: str | None, out: str,
-                      device: str) -> None:
-    """Li et al. (2019) Sec. 6 at CPU scale: bounds, certified accuracy, ablation, Table 1, EOT attacks,
-    soundness check. Models are trained once and cached in runs/victims."""
-    import dataclasses
-
-    from stealkit.certify.study import StudyConfig, run_study
-    from stealkit.errors import InputError
-    from stealkit.report.builders import build_report
-    from stealkit.rundir import RunDir
-
-    known = ("bounds", "certify", "ablation", "table1", "empirical", "soundness")
-    chosen = tuple(p.strip() for p in parts.split(",") if p.strip())
-    if not chosen or any(p not in known for p in chosen):
-        raise InputError(f"--parts must name some of {', '.join(known)}, got {parts!r}")
-    cfg = dataclasses.replace(StudyConfig.for_dataset(dataset, quick=quick), seed=seed)
-    run = RunDir(out).create(command="certify-study", seed=seed, config={"study": cfg.to_dict(), "parts": chosen})
-    summary = run_study(cfg, record=run.append_record, data_dir=data_dir, device=device, parts=chosen)
-    run.write_summary(summary)
-    run.write_report(build_report(run))
-    click.echo(f"study done in {summary['seconds']:.0f}s; report: {run.report_path}")
-
-
 def register(cli: click.Group) -> None:
-    cli.add_command(certify_study_cmd)
-    cli.commands["study"].add_command(certify_study_cmd, name="certify")  # type: ignore[attr-defined]
     cli.add_command(certify_cmd)
     cli.add_command(train_robust_cmd)

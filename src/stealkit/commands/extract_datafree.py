@@ -17,8 +17,6 @@ import click
 
 from stealkit.commands.common import device_option, parse_kv, run_options, victim_options
 from stealkit.errors import InputError
-from stealkit.report.builders import curve_sections, register_builder
-from stealkit.report.html import Figure, Section
 from stealkit.rundir import RunDir
 
 METHODS = ("dfme", "maze", "dast", "codfe")
@@ -184,39 +182,6 @@ HELP = {
     "codfe": "CoDFe (confident data-free stealing): fixed noise set, cross-entropy substitute, confidence-"
              "maximising generator; CoDFe-L with --mode label, CoDFe-P otherwise.",
 }
-
-
-# -- report -------------------------------------------------------------------------------------------------------
-def datafree_sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> list[Section]:
-    from stealkit.report.plots import image_grid, line_plot
-
-    sections = curve_sections(summary.get("curve", []), summary.get("victim_accuracy"))
-    losses = summary.get("losses") or []
-    if losses:
-        keys = [k for k in losses[0] if k.startswith("loss")]
-        xs = [r["iteration"] for r in losses]
-        uri = line_plot({k: (xs, [r.get(k) for r in losses]) for k in keys}, xlabel="round (iteration)",
-                        ylabel="loss")
-        sections.append(Section("Losses against rounds", paragraphs=[
-            "Mean losses per logged block of iterations (CoDFe Figure 3 plots the substitute's loss)."],
-            figures=[Figure(uri, "Training losses against rounds")]))
-    samples_path = run.path / "samples.safetensors"
-    if samples_path.exists():
-        from safetensors.torch import load_file
-
-        samples = load_file(str(samples_path))["samples"].numpy()
-        sections.append(Section("Generator samples", paragraphs=[
-            "Images from the generator at the end of the attack (DFME appendix C, Figure 7)."],
-            figures=[Figure(image_grid(samples, ncols=8), f"{len(samples)} synthetic queries")]))
-    timing = {k: summary.get(k) for k in ("iterations", "planned_iterations", "cost_per_iteration", "seconds",
-                                          "replayed_queries", "variant") if k in summary}
-    if timing:
-        sections.append(Section("Run", tables=[("", [timing])]))
-    return sections
-
-
-for _m in METHODS:
-    register_builder(f"extract {_m}")(datafree_sections)
 
 
 def register(cli: click.Group) -> None:

@@ -8,8 +8,6 @@ from typing import Any
 import click
 
 from stealkit.commands.common import device_option, run_options
-from stealkit.report import Section
-from stealkit.report.builders import register_builder
 
 VARIANTS = ("gradient", "mq", "logistic")
 
@@ -96,17 +94,6 @@ def _spec_hidden(spec: Any) -> int | None:
     from stealkit.models import arch_defaults
 
     return int({**arch_defaults("mlp2"), **(spec.kwargs or {})}["hidden"])
-
-
-@register_builder("extract exact")
-def exact_sections(run: Any, config: dict[str, Any], summary: dict[str, Any]) -> list[Section]:
-    keys = ("variant", "queries", "hidden_found", "lines", "fit_residual", "max_relative_error_test",
-            "max_relative_error_uniform", "accuracy", "fidelity", "victim_accuracy")
-    row = {k: summary[k] for k in keys if k in summary}
-    return [Section("Exact recovery (Milli et al. 2019)", paragraphs=[
-        "A functionally equivalent copy: its largest relative logit error against the victim is shown on the "
-        "test split and on uniform random pixels; queries are the ledger's counts by kind."],
-        tables=[("", [row])])]
 
 
 def register(cli: click.Group) -> None:

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import click
 import torch
 
 from stealkit.commands.common import device_option, parse_kv, run_options, victim_options
 from stealkit.errors import InputError
-from stealkit.report.builders import curve_sections, register_builder
-from stealkit.report.html import Figure, Section
-from stealkit.report.plots import line_plot
 from stealkit.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -111,35 +107,6 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
     save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
     click.echo(f"accuracy {result.accuracy:.4f}, fidelity {result.fidelity}, queries {result.queries}; "
                f"report: {run.report_path}")
-
-
-@register_builder("extract surrogate")
-def surrogate_sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> list[Section]:
-    curve = summary.get("curve", [])
-    settings = {k: summary.get(k) for k in ("strategy", "mode", "loss", "tau", "schedule", "n_distinct",
-                                            "cache_hits")}
-    sections = [Section("Setting", paragraphs=[
-        "Surrogate-data extraction (Truong et al. 2021, appendix A): every distinct image is queried once and "
-        "its answer cached; later epochs re-use the cache, so the ledger's count is the number of distinct "
-        "images answered."], tables=[("", [settings])])]
-    if curve:
-        xs = [p["epoch"] for p in curve]
-        series = {"accuracy": (xs, [p["accuracy"] for p in curve])}
-        if all(p.get("fidelity") is not None for p in curve):
-            series["fidelity"] = (xs, [p["fidelity"] for p in curve])
-        va = summary.get("victim_accuracy")
-        uri = line_plot(series, xlabel="epoch", ylabel="test split", ylim=(0, 1.02),
-                        hlines={"victim accuracy": va} if va is not None else None)
-        sections.append(Section("Training", tables=[("", curve)],
-                                figures=[Figure(uri, "Student accuracy and fidelity by epoch (queries fixed)")]))
-    if summary.get("knockoff"):
-        tr = summary["knockoff"]
-        rows = [{"action": a, "queries": q, "final policy": p}
-                for a, q, p in zip(tr["actions"], tr["queries_per_action"], tr["final_policy"], strict=False)]
-        sections.append(Section("Knockoff Nets policy", tables=[("queries per action (pool class)", rows)]))
-    elif len({p.get("queries") for p in curve}) > 1:
-        sections += curve_sections(curve, summary.get("victim_accuracy"))
-    return sections
 
 
 def register(cli: click.Group) -> None:

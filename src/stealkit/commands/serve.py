@@ -61,44 +61,5 @@ def serve_cmd(model_dir: str, keys_path: str, db: str, host: str, port: int, wor
                 timeout_worker_healthcheck=120)
 
 
-@click.command("defences")
-@click.option("--victim", default="digits-conv2", show_default=True,
-              help="Standard victim (digits-conv2, fmnist-conv2, ...).")
-@click.option("--budget", type=int, default=300, show_default=True, help="Queries of each baseline extraction.")
-@click.option("--defence", "defences", multiple=True, metavar="SPEC",
-              help="Defence spec (repeat), e.g. round:decimals=2, topk:k=1, label, "
-                   "reverse_sigmoid:beta=1.0,gamma=0.1, noise:sigma=0.05; 'none' is the baseline. Default: a set.")
-@click.option("--seeds", default="0,1,2", show_default=True, help="Attack seeds.")
-@click.option("--student", default="conv2", show_default=True)
-@click.option("--epochs", type=int, default=30, show_default=True)
-@click.option("--out", required=True, type=click.Path(), help="Run directory to write.")
-@click.option("--device", default="cpu", show_default=True)
-def defences_cmd(victim: str, budget: int, defences: tuple[str, ...], seeds: str, student: str, epochs: int,
-                 out: str, device: str) -> None:
-    """The defence table: served accuracy and baseline-extraction accuracy through each output defence."""
-    from stealkit.commands.common import parse_int_list
-    from stealkit.report.builders import build_report
-    from stealkit.rundir import RunDir
-    from stealkit.serve.study import DEFAULT_DEFENCES, DefenceStudyConfig, run_defence_study
-    from stealkit.train import TrainConfig
-
-    if budget < 1:
-        raise InputError("--budget must be at least 1")
-    config = DefenceStudyConfig(victim=victim, budget=budget, defences=tuple(defences) or DEFAULT_DEFENCES,
-                                seeds=parse_int_list(seeds), student=student,
-                                train=TrainConfig(epochs=epochs, batch_size=64), device=device)
-    run = RunDir(out).create(command="defences", seed=config.seeds[0], config={"study": config})
-    summary = run_defence_study(config, on_row=run.append_record)
-    run.write_summary(summary)
-    run.write_report(build_report(run))
-    for r in summary["rows"]:
-        click.echo(f"{r['defence']:<38} served {r['served_accuracy']:.4f}  extracted "
-                   f"{r['extraction_accuracy_mean']:.4f} +- {r['extraction_accuracy_std']:.4f}")
-    click.echo(f"report: {run.report_path}")
-
-
 def register(cli: click.Group) -> None:
-    import stealkit.serve.report  # noqa: F401  (registers the defence study's report sections)
-
     cli.add_command(serve_cmd)
-    cli.add_command(defences_cmd)

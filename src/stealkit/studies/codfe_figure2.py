@@ -14,10 +14,15 @@ It writes a run directory whose ``report.html`` shows our Figure 2 panels and Ta
 from __future__ import annotations
 
 import logging
-import sys
-from dataclasses import replace
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from stealkit.errors import InputError
+
+NAME = "codfe"
+KIND = "study codfe"
+SOURCE = "CoDFe (Sec. 4.1-4.4), Figure 2 and Table 3"
 
 #: Table 3 of the paper: queries to the maximum substitute accuracy
 PAPER_TABLE3 = {
@@ -39,40 +44,56 @@ def queries_to_max(curve: list[dict[str, Any]]) -> tuple[float | None, int | Non
     return best, next(p["queries"] for p in curve if p["accuracy"] == best)
 
 
-def run_study(out: str | Path, *, datasets: tuple[str, ...] = ("digits", "fashion-mnist"),
-              budgets: dict[str, int] | None = None, eval_every: dict[str, int] | None = None,
-              codfe_overrides: dict[str, Any] | None = None, seed: int = 0, device: str = "cpu") -> dict[str, Any]:
-    """Run CoDFe and DaST in both access modes on each data set; write records, summary and report."""
+@dataclass(frozen=True)
+class CoDFeStudyConfig:
+    """Budgets per data set; CoDFe options beyond the paper's (diversity, replay) go in ``codfe_overrides``."""
+
+    datasets: tuple[str, ...] = ("digits", "fashion-mnist")
+    budgets: dict[str, int] = field(default_factory=lambda: {"digits": 200_000, "fashion-mnist": 500_000})
+    eval_every: dict[str, int] = field(default_factory=dict)  # default: budget / 20
+    codfe_overrides: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        unknown = set(self.datasets) - set(VICTIMS)
+        if unknown or not self.datasets:
+            raise InputError(f"unknown data sets {sorted(unknown)}; choose from {sorted(VICTIMS)}")
+        missing = [d for d in self.datasets if d not in self.budgets]
+        if missing or any(self.budgets[d] <= 0 for d in self.datasets):
+            raise InputError(f"every data set needs a positive budget, got {self.budgets}")
+
+
+Config = CoDFeStudyConfig
+
+
+def run(config: CoDFeStudyConfig, *, on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """CoDFe and DaST in both access modes on each data set: Table 3 rows and the Figure 2 curves."""
     from stealkit.experiments.victims import standard_victim
     from stealkit.extract.codfe import CoDFeConfig, extract_codfe
     from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
     from stealkit.extract.dast import DaSTConfig, extract_dast
     from stealkit.extract.datafree_common import LoopConfig
-    from stealkit.report.builders import build_report
-    from stealkit.rundir import RunDir
 
-    budgets = budgets or {"digits": 200_000, "fashion-mnist": 500_000}
-    eval_every = eval_every or {d: max(1, budgets[d] // 20) for d in datasets}
-    cfg = {"datasets": datasets, "budgets": budgets, "eval_every": eval_every,
-           "codfe_overrides": codfe_overrides or {}, "victims": {d: VICTIMS[d] for d in datasets}}
-    run = RunDir(out).create(command="study codfe", config=cfg, seed=seed)
+    seed, device = config.seed, config.device
+    eval_every = {d: config.eval_every.get(d, max(1, config.budgets[d] // 20)) for d in config.datasets}
     rows: list[dict[str, Any]] = []
     curves: dict[str, dict[str, Any]] = {}
-    for ds in datasets:
+    for ds in config.datasets:
         tv = standard_victim(VICTIMS[ds], device=device)
         for mode in ("probs", "label"):
             for method in ("codfe", "dast"):
-                v = open_victim(tv.path, mode=mode, budget=budgets[ds], device=device, seed=seed)
+                v = open_victim(tv.path, mode=mode, budget=config.budgets[ds], device=device, seed=seed)
                 splits = victim_splits(v)
                 ev = make_evaluator(v, splits.test.x, splits.test.y, device)
                 loop = LoopConfig(eval_every=eval_every[ds], checkpoint_every=0, grid_samples=0)
                 make = student_factory("cnn3", v, seed)
                 if method == "codfe":
-                    config = replace(CoDFeConfig(seed=seed, ngf=16, loop=loop), **(codfe_overrides or {}))
-                    result = extract_codfe(v.oracle, make_student=make, evaluator=ev, config=config, device=device)
+                    cc = replace(CoDFeConfig(seed=seed, ngf=16, loop=loop), **config.codfe_overrides)
+                    result = extract_codfe(v.oracle, make_student=make, evaluator=ev, config=cc, device=device)
                 else:
-                    config = DaSTConfig(seed=seed, ngf=16, loop=loop)
-                    result = extract_dast(v.oracle, make_student=make, evaluator=ev, config=config, device=device)
+                    dc = DaSTConfig(seed=seed, ngf=16, loop=loop)
+                    result = extract_dast(v.oracle, make_student=make, evaluator=ev, config=dc, device=device)
                 variant = result.extra["variant"]
                 best, q_best = queries_to_max(result.curve)
                 row = {"dataset": ds, "variant": variant, "victim_accuracy": result.victim_accuracy,
@@ -82,15 +103,13 @@ def run_study(out: str | Path, *, datasets: tuple[str, ...] = ("digits", "fashio
                        "paper_final_accuracy": PAPER_FIGURE2.get(PAPER_NAME[ds], {}).get(variant)}
                 rows.append(row)
                 curves.setdefault(ds, {})[variant] = result.curve
-                run.append_record({"kind": "run", **row, "curve": result.curve})
+                if on_record is not None:
+                    on_record({"kind": "run", **row, "curve": result.curve})
                 logging.getLogger(__name__).info("%s %s: %s", ds, variant, row)
-    summary = {"rows": rows, "curves": curves, "paper_table3": PAPER_TABLE3, "paper_figure2": PAPER_FIGURE2}
-    run.write_summary(summary)
-    run.write_report(build_report(run))
-    return summary
+    return {"rows": rows, "curves": curves, "paper_table3": PAPER_TABLE3, "paper_figure2": PAPER_FIGURE2}
 
 
-def _sections(run: Any, config: dict[str, Any], summary: dict[str, Any]) -> list[Any]:
+def sections(run: Any, config: dict[str, Any], summary: dict[str, Any]) -> list[Any]:
     from stealkit.report.html import Figure, Section
     from stealkit.report.plots import line_plot
 
@@ -107,23 +126,3 @@ def _sections(run: Any, config: dict[str, Any], summary: dict[str, Any]) -> list
     sections.append(Section("Table 3: queries to maximum accuracy (ours beside the paper's)",
                             tables=[("", summary.get("rows", []))]))
     return sections
-
-
-def _register() -> None:
-    from stealkit.report.builders import register_builder
-
-    register_builder("study codfe")(_sections)
-
-
-_register()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m stealkit.experiments.study_codfe ARGS`` is ``stealkit study codfe ARGS``."""
-    from stealkit.cli import main as cli_main
-
-    return cli_main(["study", "codfe", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -23,11 +23,17 @@ from typing import Any
 from stealkit.errors import InputError
 from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
 from stealkit.extract.surrogate import SurrogateConfig, extract_surrogate
+from stealkit.report.html import Section
+from stealkit.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
+NAME = "dfme-table4"
+KIND = "study dfme-table4"
+SOURCE = "Truong et al. (CVPR 2021), appendix A.2, Table 4"
+
 #: the paper's Table 4 (complete version, ../shared/papers/README.md): victim accuracy and extraction accuracy
-PAPER_TABLE4: dict[str, dict[str, float | None]] = {
+PAPER: dict[str, dict[str, float | None]] = {
     "CIFAR10": {"victim": 95.5, "CIFAR10": 95.2, "CIFAR100": 93.5, "SVHN": 66.6, "MNIST": 37.2, "SVHN_skew": None,
                 "Random": 10.0},
     "SVHN": {"victim": 96.2, "CIFAR10": 96.0, "CIFAR100": None, "SVHN": 96.3, "MNIST": 89.5, "SVHN_skew": 96.1,
@@ -218,3 +224,47 @@ def conclusions(table: dict[str, dict[str, Any]], victims: dict[str, Any]) -> li
             out.append({"claim": "random queries extract the easier task far better (paper: SVHN 84% vs CIFAR 10%)",
                         "holds": holds, "evidence": {n: round(v, 4) for n, v in rand.items()}})  # type: ignore[arg-type]
     return out
+
+
+Config = Table4Config
+
+
+def run(config: Table4Config, *, on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """The study's summary: our table, the victims and the paper's conclusions checked on it."""
+    result = run_table4(config, on_row=on_record)
+    return {"table": result["table"], "victims": result["victims"], "conclusions": result["conclusions"]}
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def table4_rows(table: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
+    """Our Table 4 as rows of strings: victim accuracy, then the best accuracy per surrogate column."""
+    rows = []
+    for name, cells in table.items():
+        row = {"victim": name, "victim acc.": _pct(cells.get("victim"))}
+        for col, c in cells.items():
+            if isinstance(c, dict):
+                row[f"{col} ({c['taxonomy']})"] = f"{_pct(c['accuracy'])} (tau {c['tau']:g}, {c['schedule']})"
+        rows.append(row)
+    return rows
+
+
+def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> list[Section]:
+    paper = [{"victim": v, **{k: "-" if x is None else f"{x:.1f}%" for k, x in cells.items()}}
+             for v, cells in PAPER.items()]
+    table = summary.get("table", {})
+    concl = [{"claim": c["claim"], "holds on ours": c["holds"], "evidence": c["evidence"]}
+             for c in summary.get("conclusions", [])]
+    records = run.records()
+    return [
+        Section("Table 4: ours beside the paper's", paragraphs=[
+            "Each cell is the best test accuracy of the extracted student over the grid tau in {1, 3, 5, 10} x "
+            "{cyclic, step} schedules, at the cap of distinct samples given per victim (A.2). Columns are the "
+            "surrogate source, with its letter in the A/B/C taxonomy of appendix A."],
+            tables=[("ours", table4_rows(table)), ("paper (Truong et al. 2021, Table 4)", paper),
+                    ("victims", [{"victim": k, **v} for k, v in summary.get("victims", {}).items()])]),
+        Section("Where the conclusions agree", tables=[("", concl)]),
+        Section("Every run", tables=[("", records)]),
+    ]

@@ -1,4 +1,4 @@
-"""Report sections for ``stealkit attack`` runs (registered with :mod:`stealkit.report.builders`)."""
+"""Report sections of ``stealkit attack`` runs (the table of :mod:`stealkit.report.kinds` names them)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from typing import Any
 
 import numpy as np
 
-from stealkit.report.builders import register_builder
 from stealkit.report.html import Figure, Section
 from stealkit.report.plots import image_grid
 from stealkit.rundir import RunDir
@@ -16,7 +15,6 @@ SUMMARY_KEYS = ("method", "targeted", "asr", "attempts", "successes", "victim_qu
                 "success_rate", "median_norm_successful", "queries")
 
 
-@register_builder("attack")
 def attack_sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> list[Section]:
     sections: list[Section] = []
     row = {k: summary[k] for k in SUMMARY_KEYS if k in summary}

@@ -4,13 +4,14 @@ For each defence (none, rounding, top-1, label only, reverse sigmoid, Gaussian n
 accuracy as served (the top-1 of the defended answer), and the accuracy and fidelity of the plain baseline
 extraction (:mod:`stealkit.extract.baseline`) at a fixed budget through a ``probs`` oracle wearing the defence,
 over several attack seeds. The query stream is also run through PRADA to show whether the detector would have
-flagged it. Run with ``stealkit serve-study defences``.
+flagged it. Run with ``stealkit defences``.
 """
 
 from __future__ import annotations
 
 import logging
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,12 +20,18 @@ import torch
 from stealkit.extract.baseline import BaselineConfig, extract_baseline
 from stealkit.extract.common import Victim, make_evaluator, student_factory
 from stealkit.oracle import LocalOracle
+from stealkit.report.html import Section
+from stealkit.rundir import RunDir
 from stealkit.serve.defences import parse_defence
 from stealkit.serve.detection import Prada
 from stealkit.serve.keys import PradaConfig
 from stealkit.train import TrainConfig
 
 log = logging.getLogger(__name__)
+
+NAME = "defences"
+KIND = "defences"
+SOURCE = "stealkit's own study of output defences (no paper table; PRADA: Juuti et al. 2019)"
 
 DEFAULT_DEFENCES = ("none", "round:decimals=2", "round:decimals=1", "topk:k=1", "label",
                     "reverse_sigmoid:beta=1.0,gamma=0.1", "reverse_sigmoid:beta=0.5,gamma=0.5",
@@ -103,3 +110,24 @@ def _prada_on_pool(model: torch.nn.Module, pool: torch.Tensor, config: DefenceSt
         det.update(x[i : i + 256], labels[i : i + 256])
     return {"delta": det.config.delta, "statistic": det.statistic, "flagged": det.flagged,
             "distances": det.state.n_distances}
+
+
+Config = DefenceStudyConfig
+
+
+def run(config: DefenceStudyConfig, *, on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """One row per defence (served accuracy, extraction accuracy over seeds) and PRADA on the pool."""
+    return run_defence_study(config, on_row=on_record)
+
+
+def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> list[Section]:
+    rows = [{k: r[k] for k in ("defence", "served_accuracy", "queries", "extraction_accuracy_mean",
+                               "extraction_accuracy_std", "fidelity_mean")} for r in summary.get("rows", [])]
+    prada = summary.get("prada") or {}
+    return [
+        Section("Defences against extraction",
+                paragraphs=[f"Victim {summary.get('victim')} (test accuracy {summary.get('victim_accuracy')}); "
+                            f"baseline extraction at {summary.get('budget')} queries through each defence."],
+                tables=[("served accuracy = top-1 of the defended answer on the test split", rows)]),
+        Section("PRADA on the baseline's queries", tables=[("", [prada])] if prada else []),
+    ]

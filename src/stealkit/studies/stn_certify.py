@@ -36,10 +36,19 @@ from stealkit.certify.evaluate import (
 from stealkit.certify.smoothing import Certificate, SmoothingConfig, certify
 from stealkit.certify.victims import recipe, robust_victim
 from stealkit.errors import InputError
+from stealkit.report.html import Figure, Section
+from stealkit.report.plots import line_plot
+from stealkit.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
 Record = Callable[[dict[str, Any]], None]
+
+
+NAME = "stn-certify"
+KIND = "certify-study"
+SOURCE = "Li et al. (NeurIPS 2019), Section 6 and appendices A, D"
+PARTS = ("bounds", "certify", "ablation", "table1", "empirical", "soundness")
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,13 @@ class StudyConfig:
     lattice_step: float = 0.01
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    parts: tuple[str, ...] = PARTS
+    device: str = "cpu"
+    data_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.parts or any(p not in PARTS for p in self.parts):
+            raise InputError(f"parts must name some of {', '.join(PARTS)}, got {self.parts}")
 
     @classmethod
     def for_dataset(cls, dataset: str, *, quick: bool = False) -> StudyConfig:
@@ -256,3 +272,81 @@ def run_study(cfg: StudyConfig, *, record: Record, data_dir: str | None = None, 
                                 "abstained": sum(r["abstain"] for r in rows), "alpha": cfg.alpha}
     summary["seconds"] = round(time.perf_counter() - t0, 1)
     return summary
+
+
+Config = StudyConfig
+
+
+def run(config: StudyConfig, *, on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run the study's ``parts``; every row goes to ``on_record``; returns the summary."""
+    return run_study(config, record=on_record or (lambda _row: None), data_dir=config.data_dir,
+                     device=config.device, parts=config.parts)
+
+
+def _acc_plot(series: dict[str, tuple[list[float], list[float]]], xlabel: str, ylabel: str) -> str:
+    return line_plot(series, xlabel=xlabel, ylabel=ylabel, ylim=(0, 1.02))
+
+
+def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> list[Section]:
+    records = run.records()
+    by_part: dict[str, list[dict[str, Any]]] = {}
+    for rec in records:
+        by_part.setdefault(rec.get("part", ""), []).append(rec)
+    sections: list[Section] = []
+    for rec in by_part.get("bounds", []):
+        facts = {k: v for k, v in rec.items() if k != "part"}
+        figs = []
+        for curves in by_part.get("bound_curves", []):
+            for tag, c in curves["curves"].items():
+                series = {k: (c["p1"], v) for k, v in c.items() if k != "p1"}
+                uri = line_plot(series, xlabel="p1", ylabel="certified radius (sigma = 1)",
+                                title=f"p2 = {'1 - p1' if tag == 'two-class' else '(1 - p1) / 9'}")
+                figs.append(Figure(uri, f"Appendix A / Figure 4 analogue, {tag}"))
+        sections.append(Section("Bounds over (p1, p2) (Appendix A)", tables=[("lattice comparison", [facts])],
+                                figures=figs))
+    cert = by_part.get("certify", [])
+    study = config.get("config", {}).get("study", {})
+    if cert:
+        series: dict[str, tuple[list[float], list[float]]] = {}
+        rows = []
+        for rec in cert:
+            grid = np.linspace(0.0, 2.5, 60)
+            n = rec["num_images"]
+            for b in ("renyi", "cohen", "pixeldp"):
+                radii = [r for r in rec["radii_per_image"][b] if r is not None]
+                main = rec["method"] == "stability" and rec["sigma"] == study.get("main_sigma")
+                if b == "renyi" or main:
+                    series[f"{b} {rec['method']} sigma={rec['sigma']:g}"] = (
+                        grid.tolist(), [sum(r >= g for r in radii) / n for g in grid])
+            rows.append({"model": rec["model"], "natural": rec["natural_accuracy"],
+                         **{f"{b} r={r}": v for b in ("renyi", "cohen", "pixeldp")
+                            for r, v in rec["certified_accuracy"][b].items()}})
+        sections.append(Section("Certified accuracy against radius (Figure 1)", tables=[("", rows)],
+                                figures=[Figure(_acc_plot(series, "L2 radius", "certified accuracy"),
+                                                "certified accuracy (lower bound on accuracy under any L2 attack)")]))
+    if by_part.get("ablation"):
+        rows = [{k: v for k, v in r.items() if k != "part"} for r in by_part["ablation"]]
+        sections.append(Section("Stability-training ablation", tables=[("certified accuracy by radius", rows)]))
+    if by_part.get("table1"):
+        rows = [{k: v for k, v in r.items() if k != "part"} for r in by_part["table1"]]
+        sections.append(Section("Table 1 analogue", tables=[("", rows)]))
+    emp = by_part.get("empirical", [])
+    if emp:
+        figs = []
+        for attack in ("pgd-l2", "pgd-linf", "cw-l2", "boundary"):
+            series = {r["model"]: ([row["eps"] for row in r["rows"]], [row["accuracy"] for row in r["rows"]])
+                      for r in emp if r["attack"] == attack}
+            if series:
+                figs.append(Figure(_acc_plot(series, "attack size", "accuracy"), f"{attack} (EOT where noisy)"))
+        rows = [{"model": r["model"], "attack": r["attack"], **{f"{row['eps']:g}": row["accuracy"] for row in r["rows"]}}
+                for r in emp]
+        sections.append(Section("Empirical robustness (Figures 2-3, Appendix D.2)", tables=[("", rows)],
+                                figures=figs))
+    if by_part.get("soundness"):
+        s = summary.get("soundness", {})
+        bad = [{k: v for k, v in r.items() if k != "part"} for r in by_part["soundness"] if r["violation"]]
+        sections.append(Section("Soundness check", paragraphs=[
+            f"{s.get('attacked')} (point, bound) pairs attacked inside their certified radius; "
+            f"{s.get('violations')} violations, {s.get('argmax_changed')} arg-max changes, "
+            f"{s.get('abstained')} abstentions."], tables=[("violations", bad)] if bad else []))
+    return sections

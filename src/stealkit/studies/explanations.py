@@ -13,18 +13,22 @@ from the ledger. ``stealkit study explanations --out runs/study-explanations`` w
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+from stealkit.errors import InputError
 from stealkit.extract.gradient_matching import GradMatchConfig, extract_gradient_matching
 from stealkit.report import Section
-from stealkit.report.builders import build_report, register_builder
 from stealkit.rundir import RunDir
 
 log = logging.getLogger(__name__)
+
+NAME = "explanations"
+KIND = "study explanations"
+SOURCE = "Milli et al. (FAT* 2019), Section 5, Figures 2-4"
 
 QUERIES = (1, 10, 100, 1000, 10_000)
 PREFIX = {"digits": "digits", "fashion-mnist": "fmnist"}
@@ -85,8 +89,7 @@ def queries_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
     return next((int(p["n"]) for p in curve if p["accuracy"] >= target), None)
 
 
-@register_builder("study explanations")
-def explanation_sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> list[Section]:
+def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> list[Section]:
     from stealkit.report import Figure, line_plot
 
     rows = summary.get("rows", [])
@@ -109,20 +112,39 @@ def explanation_sections(run: RunDir, config: dict[str, Any], summary: dict[str,
     return sections
 
 
-def run_study(out: str | Path, *, datasets: tuple[str, ...] = ("digits", "fashion-mnist"),
-              archs: tuple[str, ...] = ("logistic", "mlp2", "conv2"), figures: tuple[int, ...] = (2, 3, 4),
-              queries: tuple[int, ...] = QUERIES, steps: int = 600, seed: int = 0, device: str = "cpu",
-              data_dir: str | None = None) -> dict[str, Any]:
-    """Run every curve of Figures 2-4 for the given grid into the run directory ``out``."""
-    settings = {"datasets": datasets, "archs": archs, "figures": figures, "queries": queries, "steps": steps,
-                "device": device}
-    run = RunDir(out).create(command="study explanations", config=settings, seed=seed)
-    base = GradMatchConfig(steps=steps)
+@dataclass(frozen=True)
+class ExplanationsConfig:
+    """The grid of Figures 2-4: data sets, victim architectures, figures, query counts, training steps."""
+
+    datasets: tuple[str, ...] = ("digits", "fashion-mnist")
+    archs: tuple[str, ...] = ("logistic", "mlp2", "conv2")
+    figures: tuple[int, ...] = (2, 3, 4)
+    queries: tuple[int, ...] = QUERIES
+    steps: int = 600
+    seed: int = 0
+    device: str = "cpu"
+    data_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        unknown = set(self.datasets) - set(PREFIX)
+        if unknown or not self.datasets:
+            raise InputError(f"unknown data sets {sorted(unknown)}; choose from {sorted(PREFIX)}")
+        if not set(self.figures) <= {2, 3, 4} or not self.figures:
+            raise InputError(f"figures must be some of 2, 3, 4, got {self.figures}")
+
+
+Config = ExplanationsConfig
+
+
+def run(config: ExplanationsConfig, *, on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Every curve of Figures 2-4 for the grid, and the queries each needs to reach 0.95x the victim."""
+    base = GradMatchConfig(steps=config.steps)
     rows = []
-    for cond in conditions(datasets, archs, figures):
-        row = run_curve(cond, queries, base, seed=seed, device=device, data_dir=data_dir)
+    for cond in conditions(config.datasets, config.archs, config.figures):
+        row = run_curve(cond, config.queries, base, seed=config.seed, device=config.device, data_dir=config.data_dir)
         rows.append(row)
-        run.append_record(row)
+        if on_record is not None:
+            on_record(row)
         log.info("figure %s %s %s->%s %s: %s", cond["figure"], cond["dataset"], cond["victim"], cond["student"],
                  cond["kind"], [round(p["accuracy"], 3) for p in row["curve"]])
     reach = []
@@ -131,7 +153,4 @@ def run_study(out: str | Path, *, datasets: tuple[str, ...] = ("digits", "fashio
         reach.append({"figure": r["figure"], "dataset": r["dataset"], "victim": r["victim"], "student": r["student"],
                       "pool": r["pool"], "kind": r["kind"], "target": target,
                       "queries_to_reach": queries_to_reach(r["curve"], target)})
-    summary = {"rows": rows, "reach": reach, "seed": seed}
-    run.write_summary(summary)
-    run.write_report(build_report(run))
-    return summary
+    return {"rows": rows, "reach": reach, "seed": config.seed}

@@ -1,14 +1,8 @@
-"""DFME appendix B and D on our victims: how good are recovered logits, and does Hypothesis 1 hold?
+"""DFME appendix D, Hypothesis 1: does the KL loss's input gradient vanish relative to l1's?
 
-* **Logit recovery (B, and the claim of the main paper's Section 6.3).** ``log p - mean(log p)`` equals the
-  true logits minus their per-image mean; the paper argues that mean is negligible against the logits
-  themselves. :func:`logit_recovery_study` measures, per victim and per input distribution (test images and
-  Gaussian noise), the mean |logit|, the spread over classes, |mean logit| (the recovery error in exact
-  arithmetic), the error of logits recovered from the float32 probabilities an API returns, and how often a
-  probability underflowed.
-* **Hypothesis 1 (D).** :func:`hypothesis1_study` trains a student by surrogate-data extraction and, before
-  training and after every epoch, measures ``||grad_x L_KL||`` and ``||grad_x L_l1||`` on a fixed sample of the
-  queried images (white-box, through both networks, as in D.2; no query is spent).
+:func:`hypothesis1_study` trains a student by surrogate-data extraction and, before training and after every
+epoch, measures ``||grad_x L_KL||`` and ``||grad_x L_l1||`` on a fixed sample of the queried images (white-box,
+through both networks, as in D.2; no query is spent).
 """
 
 from __future__ import annotations
@@ -23,46 +17,16 @@ import torch
 from stealkit.errors import InputError
 from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
 from stealkit.extract.kl_gradients import GradientPoint, measure, verdict
-from stealkit.extract.logit_recovery import recovery_error
 from stealkit.extract.surrogate import SurrogateConfig, extract_surrogate
+from stealkit.report.html import Figure, Section
+from stealkit.report.plots import line_plot
+from stealkit.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class LogitStudyConfig:
-    victims: tuple[str, ...] = ("fmnist-conv2", "digits-conv2", "digits-mlp2", "digits-logistic")
-    n_noise: int = 2000
-    temperature: float = 1.0
-    seed: int = 0
-    data_dir: str | None = None
-    device: str = "cpu"
-
-
-def logit_recovery_study(config: LogitStudyConfig) -> list[dict[str, Any]]:
-    """One row per (victim, input set) with the statistics of :func:`recovery_error`."""
-    from stealkit.data import load_query_source
-    from stealkit.experiments.victims import standard_victim
-    from stealkit.metrics import predict_logits
-
-    rows = []
-    for name in config.victims:
-        trained = standard_victim(name, data_dir=config.data_dir, device=config.device)
-        v = open_victim(trained.path, mode="probs", temperature=config.temperature, device=config.device)
-        splits = victim_splits(v, config.data_dir)
-        inputs = {"test": splits.test.x,
-                  "gaussian": load_query_source("gaussian", input_shape=v.input_shape, n=config.n_noise,
-                                                seed=config.seed)}
-        for what, x in inputs.items():
-            assert v.model is not None
-            logits = predict_logits(v.model, x, device=config.device) / config.temperature
-            probs = v.oracle.query(x)  # float32, exactly what the API returns
-            stats = recovery_error(logits, probs)
-            stats["mean_over_spread"] = stats["abs_mean"] / max(stats["spread"], 1e-12)
-            stats["error_over_abs_logit"] = stats["l1_error"] / max(stats["abs_logit"], 1e-12)
-            rows.append({"victim": name, "inputs": what, "n": int(x.shape[0]), **stats})
-            log.info("%s", rows[-1])
-    return rows
+NAME = "dfme-hypothesis1"
+KIND = "study dfme-hypothesis1"
+SOURCE = "Truong et al. (CVPR 2021), appendix D, Hypothesis 1"
 
 
 @dataclass(frozen=True)
@@ -132,3 +96,24 @@ def _trace(victim_dir: str, name: str, loss: str, key: str, config: Hypothesis1C
     extract_surrogate(v.oracle, pool, make_student=make, config=sc, evaluator=None, on_epoch=record,
                       device=config.device)
     return points
+
+
+Config = Hypothesis1Config
+
+
+def run(config: Hypothesis1Config, *, on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Traces of the gradient-norm ratio per (victim, student loss) and the verdict on each."""
+    return hypothesis1_study(config, on_point=on_record)
+
+
+def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> list[Section]:
+    traces = summary.get("traces", {})
+    series = {k: ([p["epoch"] for p in pts], [p["ratio"] for p in pts]) for k, pts in traces.items()}
+    uri = line_plot(series, xlabel="epoch (0 = before training)", ylabel="median ||grad KL|| / ||grad l1||")
+    verdicts = [{"run": k, **v} for k, v in summary.get("verdicts", {}).items()]
+    rows = [p for pts in traces.values() for p in pts]
+    return [Section("Hypothesis 1: KL vs l1 input gradients", paragraphs=[
+        "Median over 256 queried images of the ratio of input-gradient norms, measured through both networks "
+        "(D.2's losses, summed over classes). Hypothesis 1 holds if the ratio falls as the student converges "
+        "and ends small (< 0.1)."], tables=[("verdicts", verdicts), ("trace", rows)],
+        figures=[Figure(uri, "||grad_x L_KL|| / ||grad_x L_l1|| against training progress")])]

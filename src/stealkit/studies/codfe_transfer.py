@@ -21,6 +21,7 @@ come from its ledger (or its run's ``summary.json``) and are reported beside its
 
 from __future__ import annotations
 
+import html
 import importlib
 import json
 import logging
@@ -34,8 +35,14 @@ from torch import nn
 
 from stealkit.errors import InputError
 from stealkit.evade.transfer import TransferConfig, transfer_attack
+from stealkit.report.html import Section
+from stealkit.rundir import RunDir
 
 log = logging.getLogger(__name__)
+
+NAME = "transfer"
+KIND = "attack study"
+SOURCE = "CoDFe (Sec. 4.1, 4.3), Tables 1 and 2"
 
 ATTACKS = ("fgsm", "bim", "pgd")
 
@@ -96,6 +103,8 @@ class StudyConfig:
     modes: tuple[str, ...] = ("probs", "label")
     substitutes: dict[str, str] = field(default_factory=dict)
     seed: int = 0
+    device: str = "cpu"
+    data_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.dataset not in DEFAULT_VICTIM:
@@ -191,9 +200,9 @@ def load_substitutes(paths: dict[str, str], evaluator: Any, *, device: str = "cp
     return subs
 
 
-def run_study(cfg: StudyConfig, *, device: str = "cpu", data_dir: str | Path | None = None,
-              on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def run(cfg: StudyConfig, *, on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train/load the substitutes, attack the victim from each; returns the summary (rows + markdown)."""
+    device, data_dir = cfg.device, cfg.data_dir
     from stealkit.data import load_splits
     from stealkit.experiments.victims import standard_victim
     from stealkit.extract.common import Victim, make_evaluator
@@ -229,7 +238,8 @@ def run_study(cfg: StudyConfig, *, device: str = "cpu", data_dir: str | Path | N
         rows.append(row)
     return {"dataset": cfg.dataset, "victim": cfg.victim or DEFAULT_VICTIM[cfg.dataset],
             "victim_accuracy": victim.metrics.get("test_accuracy"), "paper_table": PAPER_DATASET.get(cfg.dataset),
-            "n": cfg.n, "rows": rows, "notes": notes, "markdown": markdown_table(rows)}
+            "n": cfg.n, "rows": rows, "table": rows, "notes": notes, "markdown": markdown_table(rows),
+            "seed": cfg.seed}
 
 
 def _cell(ours: float | None, paper: float | None) -> str:
@@ -249,3 +259,14 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
                 cells.append(_cell(r[f"{m}_{t}"], r[f"paper_{m}_{t}"]))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+Config = StudyConfig
+
+
+def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> list[Section]:
+    """The ASR table (ours, and the paper's value beside each where it has one) and the study's notes."""
+    from stealkit.evade.report import attack_sections
+
+    notes = [Section("Notes", paragraphs=[html.escape(n) for n in summary["notes"]])] if summary.get("notes") else []
+    return [*attack_sections(run, config, summary), *notes]
