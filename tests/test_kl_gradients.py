@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from stealkit.extract.kl_gradients import input_gradient_norms, kl_per_sample, l1_per_sample, measure, verdict
+from stealkit.extract.kl_gradients import input_gradient_norms, kl_per_sample, l1_per_sample, measure
 from stealkit.extract.surrogate import tau_kl, victim_log_probs
 
 
@@ -100,8 +100,24 @@ def test_ratio_shrinks_as_student_approaches_victim() -> None:
         points.append(measure(victim, student, x, epoch=epoch))
     ratios = [p.ratio for p in points]
     assert ratios[0] > ratios[1] > ratios[2]
-    assert verdict(points)["holds"] is True
-    assert verdict([])["holds"] is None
+    # the study's verdict: holds for this converging student, and fails for one that stays where it started
+    from stealkit.studies.dfme_hypothesis1 import fall, verdict_over_seeds
+
+    converging = fall([p.as_dict() for p in points])
+    assert converging["fall"] > 10
+    assert verdict_over_seeds([converging])["holds"] is True
+    flat = fall([points[0].as_dict(), points[0].as_dict()])
+    assert flat["fall"] == 1.0
+    assert verdict_over_seeds([converging, flat])["holds"] is False  # one seed that did not fall is enough
+
+
+def test_hypothesis1_verdict_ignores_a_ratio_that_is_small_from_the_start() -> None:
+    from stealkit.studies.dfme_hypothesis1 import verdict_over_seeds
+
+    # the old test (ratio falls and ends below 0.1) passed this: 0.03 -> 0.025 is small but hardly falls
+    small_flat = {"first_ratio": 0.03, "last_ratio": 0.025, "fall": 0.03 / 0.025}
+    v = verdict_over_seeds([small_flat, small_flat])
+    assert v["holds"] is False and v["seeds"] == 2 and v["fall_std"] == 0.0
 
 
 @pytest.fixture(autouse=True)

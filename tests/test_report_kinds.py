@@ -48,7 +48,7 @@ RUNS: dict[str, tuple[list[str], bool]] = {
     "study dfme-table4": (["study", "dfme-table4", "--victims", "digits-conv2", "--columns", "gaussian", "--taus", "1",
                            "--schedules", "cyclic", "--max-distinct", "40", "--epochs", "1"], True),
     "study dfme-logits": (["study", "dfme-logits", "--victims", "digits-logistic"], True),
-    "study dfme-hypothesis1": (["study", "dfme-hypothesis1", "--victims", "digits-conv2", "--losses", "kl",
+    "study dfme-hypothesis1": (["study", "dfme-hypothesis1", "--victims", "digits-conv2", "--losses", "kl", "--repeats", "2",
                                 "--epochs", "1"], True),
     "study codfe": (["study", "codfe", "--datasets", "digits", "--budget", "2000", "--noise-set", "500"], True),
     "study explanations": (["study", "explanations", "--quick", "--archs", "logistic", "--figures", "2",

@@ -95,20 +95,23 @@ def logits_cmd(victims: str, temperature: float, data_dir: str | None, seed: int
 @click.option("--victims", default="fmnist-conv2,digits-conv2", show_default=True)
 @click.option("--losses", default="kl,l1", show_default=True, help="Student losses to train with.")
 @click.option("--epochs", type=int, default=10, show_default=True)
+@click.option("--repeats", type=int, default=3, show_default=True, help="Students (seeds) per victim and loss.")
 @click.option("--data-dir", default=None, type=click.Path())
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", required=True, type=click.Path())
 @device_option
-def hypothesis1_cmd(victims: str, losses: str, epochs: int, data_dir: str | None, seed: int, out: str,
+def hypothesis1_cmd(victims: str, losses: str, epochs: int, repeats: int, data_dir: str | None, seed: int, out: str,
                     device: str) -> None:
     """DFME appendix D: ||grad_x L_KL|| / ||grad_x L_l1|| on queried images along a student's training."""
     from stealkit.studies.dfme_hypothesis1 import Hypothesis1Config
 
     config = Hypothesis1Config(victims=_names(victims), losses=_names(losses), epochs=epochs, seed=seed,
-                               data_dir=data_dir, device=device)
+                               repeats=repeats, data_dir=data_dir, device=device)
     summary = _execute("dfme-hypothesis1", config, out)
     for key, v in summary["verdicts"].items():
-        click.echo(f"{key}: ratio {v['first_ratio']:.4f} -> {v['last_ratio']:.4f}; holds: {v['holds']}")
+        click.echo(f"{key}: ratio {v['first_ratio']:.4f} -> {v['last_ratio']:.4f} (mean over {v['seeds']} seeds), "
+                   f"fall {v['fall_mean']:.2f} +- {v['fall_std']:.2f}x; holds (fall >= {v['fall_factor']:g}x in "
+                   f"every seed): {v['holds']}")
     click.echo(f"report: {out}/report.html")
 
 

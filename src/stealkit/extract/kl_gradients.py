@@ -96,17 +96,3 @@ def measure(victim: nn.Module, student: nn.Module, x: torch.Tensor, *, epoch: in
         kl_loss=kl_loss,
         l1_loss=l1_loss,
     )
-
-
-def verdict(points: list[GradientPoint], *, small: float = 0.1) -> dict[str, object]:
-    """Whether Hypothesis 1 holds along ``points``: the ratio falls and ends below ``small``.
-
-    Returns ``{"holds", "first_ratio", "last_ratio", "falls", "ends_small", "small"}``.
-    """
-    if not points:
-        return {"holds": None, "first_ratio": None, "last_ratio": None, "falls": None, "ends_small": None,
-                "small": small}
-    first, last = points[0].ratio, points[-1].ratio
-    falls, ends_small = last < first, last < small
-    return {"holds": bool(falls and ends_small), "first_ratio": first, "last_ratio": last, "falls": falls,
-            "ends_small": ends_small, "small": small}

@@ -25,6 +25,10 @@ NAME = "dfme-logits"
 KIND = "study dfme-logits"
 SOURCE = "Truong et al. (CVPR 2021), Section 6.3 and appendix B"
 
+#: the claim holds on a row if the l1 error of the recovered logits is below this share of the mean |logit|: the
+#: per-image constant is then negligible against the logits. The centred error (float rounding) can't fail this.
+ERROR_BOUND = 0.1
+
 
 @dataclass(frozen=True)
 class LogitStudyConfig:
@@ -57,6 +61,7 @@ def logit_recovery_study(config: LogitStudyConfig) -> list[dict[str, Any]]:
             stats = recovery_error(logits, probs)
             stats["mean_over_spread"] = stats["abs_mean"] / max(stats["spread"], 1e-12)
             stats["error_over_abs_logit"] = stats["l1_error"] / max(stats["abs_logit"], 1e-12)
+            stats["claim_holds"] = stats["error_over_abs_logit"] < ERROR_BOUND
             rows.append({"victim": name, "inputs": what, "n": int(x.shape[0]), **stats})
             log.info("%s", rows[-1])
     return rows
@@ -81,4 +86,5 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
         "that log p - mean(log p) cannot recover; l1_error: mean |v*_i - v_i| for v* recovered from the float32 "
         "probabilities the API returns; centred_error: the numerical part of that error; underflow_rows: share "
         "of images with a probability below float32's smallest normal number. The paper's claim (Section 6.3) "
-        "holds where abs_mean is small against spread and abs_logit."], tables=[("", rows)])]
+        f"holds on a row (claim_holds) where l1_error is below {ERROR_BOUND:g} x abs_logit; centred_error is float "
+        "rounding by construction and is shown only to separate it from the constant."], tables=[("", rows)])]
