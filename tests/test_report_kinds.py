@@ -98,6 +98,36 @@ def test_report_rerenders_the_page_the_run_wrote(kind: str, models: dict[str, st
     assert main(["report", str(out)]) == 0
     assert _stamp_free((out / "report.html").read_text()) == _stamp_free(written)
     assert "is not known to this version" not in written
+    assert (out / "report.html").stat().st_mode & 0o044 == 0o044  # shareable, like any file the user writes
+
+    # nothing that isn't stealkit's own becomes markup: plant a script in every string the page could show
+    _plant(out / "config.json")
+    _plant(out / "summary.json")
+    records = out / "records.jsonl"
+    if records.exists():
+        lines = [json.dumps(_planted(json.loads(line))) for line in records.read_text().splitlines() if line]
+        records.write_text("\n".join(lines) + "\n")
+    assert main(["report", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    assert PLANT in json.dumps(json.loads((out / "summary.json").read_text()))
+    assert "<script" not in page.lower() and "&lt;script&gt;" in page
+
+
+PLANT = "<script>alert(1)</script>"
+
+
+def _planted(node: object) -> object:
+    """Every string value gets the script appended (keys stay, so the builders still find their data)."""
+    if isinstance(node, dict):
+        return {k: _planted(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_planted(v) for v in node]
+    return node + PLANT if isinstance(node, str) and node else node
+
+
+def _plant(path: Path) -> None:
+    if path.exists():
+        path.write_text(json.dumps(_planted(json.loads(path.read_text()))))
 
 
 def test_unknown_kind_gets_the_generic_page_and_a_note(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from stealkit import __version__
-from stealkit.report.html import Figure, Section
+from stealkit.report.html import Figure, Section, markup
 from stealkit.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,9 @@ def demo_sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) 
     rows = []
     for key, name in (("extraction", "probs"), ("extraction_label", "label")):
         rows.extend({"oracle": name, **p} for p in summary.get(key, []))
-    intro = (f"A <code>{config['config']['victim_arch']}</code> victim trained on the digits victim-train split "
-             f"(test accuracy {summary.get('victim_accuracy', 0):.3f}) answers queries from the attacker pool; a "
-             "fresh student is trained on the answers at each budget. Queries are read from the oracle's ledger.")
+    intro = markup("A <code>{}</code> victim trained on the digits victim-train split (test accuracy {}) answers "
+                   "queries from the attacker pool; a fresh student is trained on the answers at each budget. "
+                   "Queries are read from the oracle's ledger.", config["config"]["victim_arch"],
+                   f"{summary.get('victim_accuracy', 0):.3f}")
     return [Section("Extraction against budget", paragraphs=[intro], tables=[("", rows)],
                     figures=[Figure(uri, "Student accuracy and fidelity against victim queries")])]

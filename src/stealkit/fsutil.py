@@ -6,17 +6,33 @@ import contextlib
 import json
 import os
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+_UMASK_LOCK = threading.Lock()
+
+
+def default_file_mode() -> int:
+    """The mode a plain ``open(path, "w")`` would give a new file: 0o666 less the process umask."""
+    with _UMASK_LOCK:  # os.umask can only be read by setting it
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return 0o666 & ~mask
+
 
 @contextlib.contextmanager
-def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path in the target's directory; on success it replaces ``target`` atomically."""
+def atomic_path(target: str | os.PathLike[str], *, mode: int | None = None) -> Iterator[Path]:
+    """Yield a temporary path in the target's directory; on success it replaces ``target`` atomically.
+
+    The file gets ``mode``, by default what any file the user writes gets (the umask applies), so a report or
+    summary copied to a shared folder stays readable; pass ``0o600`` for secrets.
+    """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.fchmod(fd, default_file_mode() if mode is None else mode)
     os.close(fd)
     tmp_path = Path(tmp)
     try:

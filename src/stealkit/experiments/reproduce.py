@@ -15,7 +15,6 @@ A restarted reproduction skips every finished step (see :mod:`stealkit.experimen
 
 from __future__ import annotations
 
-import html
 import logging
 import time
 from importlib import resources
@@ -156,7 +155,7 @@ def _fmt_ours(value: Any, row: dict[str, Any]) -> Any:
 
 def render(summary: dict[str, Any], configs: list[ExperimentConfig]) -> str:
     from stealkit.report.builders import build_sections
-    from stealkit.report.html import Section, render_report
+    from stealkit.report.html import Section, markup, render_report
 
     top_rows = []
     sections: list[Section] = []
@@ -167,9 +166,9 @@ def render(summary: dict[str, Any], configs: list[ExperimentConfig]) -> str:
         head = Section(
             study["name"],
             paragraphs=[study["description"] or "",
-                        f"<b>Failed:</b> {html.escape(study['error'])}" if study.get("error") else
-                        f"Wall time {study['seconds']} s (steps: {study['step_seconds']}); "
-                        f"queries {study['queries']}; run directory <code>{study['dir']}</code>."],
+                        markup("<b>Failed:</b> {}", study["error"]) if study.get("error") else
+                        markup("Wall time {} s (steps: {}); queries {}; run directory <code>{}</code>.",
+                               study["seconds"], study["step_seconds"], study["queries"], study["dir"])],
             tables=[("The paper beside ours", [{k: r.get(k) for k in ("result", "paper", "ours", "settings")}
                                                 for r in study["rows"]])] if study["rows"] else [],
         )
@@ -182,12 +181,12 @@ def render(summary: dict[str, Any], configs: list[ExperimentConfig]) -> str:
                 sections.append(sec)
         except Exception as exc:  # a study's own report must not break the combined one
             log.warning("could not build the sections of %s: %s", study["name"], exc)
-    overview = Section("Overview", paragraphs=[
-        f"Scale <b>{summary['scale']}</b>, total time of the studies {summary.get('compute_seconds')} s "
-        f"(this invocation {summary['wall_seconds']} s; steps finished by an earlier invocation count their own "
-        f"time), failed studies: {summary.get('failed') or 'none'}, "
-        f"commit <code>{summary.get('git_commit')}</code>, torch {summary.get('torch')}, "
-        f"{summary.get('threads')} threads."], tables=[("Every paper result beside ours", top_rows)])
+    overview = Section("Overview", paragraphs=[markup(
+        "Scale <b>{}</b>, total time of the studies {} s (this invocation {} s; steps finished by an earlier "
+        "invocation count their own time), failed studies: {}, commit <code>{}</code>, torch {}, {} threads.",
+        summary["scale"], summary.get("compute_seconds"), summary["wall_seconds"], summary.get("failed") or "none",
+        summary.get("git_commit"), summary.get("torch"), summary.get("threads"))],
+        tables=[("Every paper result beside ours", top_rows)])
     headline = {"studies": len(summary["studies"]), "compute_seconds": summary.get("compute_seconds"),
                 "failed": len(summary.get("failed", [])),
                 "scale": summary["scale"]}

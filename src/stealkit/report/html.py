@@ -24,6 +24,21 @@ nav a{margin-right:.8rem;font-size:.9rem}code{background:#f4f7fa;padding:0 .2rem
 """
 
 
+class Html(str):
+    """Markup of stealkit's own: the one kind of string a page writes unescaped. Everything else (run names,
+    settings, summaries, records, notes) is escaped when the page is rendered; build mixed text with
+    :func:`markup`, which escapes what it interpolates."""
+
+
+def markup(template: str, *args: Any) -> Html:
+    """``markup("run <code>{}</code>", name)``: ``template`` is ours; every argument is escaped."""
+    return Html(template.format(*(html.escape(str(a)) for a in args)))
+
+
+def _paragraph(text: str) -> str:
+    return text if isinstance(text, Html) else html.escape(text)
+
+
 @dataclass
 class Figure:
     uri: str
@@ -84,11 +99,11 @@ def render_report(title: str, summary: Mapping[str, Any], sections: Sequence[Sec
     ]
     for s in sections:
         parts.append(f"<h2 id='{s.anchor}'>{html.escape(s.title)}</h2>")
-        parts.extend(f"<p>{p}</p>" for p in s.paragraphs)  # paragraphs are trusted, pre-escaped HTML
+        parts.extend(f"<p>{_paragraph(p)}</p>" for p in s.paragraphs)  # only Html goes unescaped
         parts.extend(render_table(rows, cap) for cap, rows in s.tables)
         for fig in s.figures:
             cap = f"<figcaption>{html.escape(fig.caption)}</figcaption>" if fig.caption else ""
-            parts.append(f"<figure><img src='{fig.uri}' alt='{html.escape(fig.caption or s.title)}'>{cap}</figure>")
+            parts.append(f"<figure><img src='{html.escape(fig.uri, quote=True)}' alt='{html.escape(fig.caption or s.title)}'>{cap}</figure>")
     if config is not None:
         import json
 

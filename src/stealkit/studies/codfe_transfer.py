@@ -21,7 +21,6 @@ come from its ledger (or its run's ``summary.json``) and are reported beside its
 
 from __future__ import annotations
 
-import html
 import importlib
 import json
 import logging
@@ -268,5 +267,5 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
     """The ASR table (ours, and the paper's value beside each where it has one) and the study's notes."""
     from stealkit.evade.report import attack_sections
 
-    notes = [Section("Notes", paragraphs=[html.escape(n) for n in summary["notes"]])] if summary.get("notes") else []
+    notes = [Section("Notes", paragraphs=list(summary["notes"]))] if summary.get("notes") else []
     return [*attack_sections(run, config, summary), *notes]
