@@ -47,9 +47,9 @@ def _method(name: str) -> tuple[Any, Any]:
 
 def run_one(victim_name: str, method: str, mode: str, budget: int, marks: list[int], preset: str,
             device: str, seed: int, overrides: dict[str, Any], save_dir: Path | None = None) -> dict[str, Any]:
-    from stealkit.experiments.victims import standard_victim
     from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
     from stealkit.extract.datafree_common import LoopConfig
+    from stealkit.victims import standard_victim
 
     tv = standard_victim(victim_name, device=device)
     v = open_victim(tv.path, mode=mode, budget=budget, device=device, seed=seed)

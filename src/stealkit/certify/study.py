@@ -34,8 +34,9 @@ from stealkit.certify.evaluate import (
     summarize,
 )
 from stealkit.certify.smoothing import Certificate, SmoothingConfig, certify
-from stealkit.certify.victims import recipe, robust_victim
 from stealkit.errors import InputError
+from stealkit.victims import robust_recipe as recipe
+from stealkit.victims import robust_victim
 
 log = logging.getLogger(__name__)
 

@@ -110,10 +110,10 @@ def train_robust_cmd(dataset: str, arch: str, method: str, sigma: float, gamma: 
                      data_dir: str | None, out: str, device: str) -> None:
     """Train a base classifier for smoothing (or an adversarially trained baseline) and save it."""
     from stealkit.certify.training import RobustTrainConfig
-    from stealkit.certify.victims import RobustRecipe, robust_victim
     from stealkit.report.builders import build_report
     from stealkit.rundir import RunDir
     from stealkit.train import TrainConfig
+    from stealkit.victims import RobustRecipe, robust_victim
 
     cfg = RobustTrainConfig(method=method, sigma=sigma, gamma=gamma, beta=beta, eps=eps, step=pgd_step,  # type: ignore[arg-type]
                             steps=pgd_steps, train=TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, seed=seed))

@@ -195,9 +195,9 @@ def run_study(cfg: StudyConfig, *, device: str = "cpu", data_dir: str | Path | N
               on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train/load the substitutes, attack the victim from each; returns the summary (rows + markdown)."""
     from stealkit.data import load_splits
-    from stealkit.experiments.victims import standard_victim
     from stealkit.extract.common import Victim, make_evaluator
     from stealkit.oracle import LocalOracle
+    from stealkit.victims import standard_victim
 
     victim = standard_victim(cfg.victim or DEFAULT_VICTIM[cfg.dataset], data_dir=data_dir, device=device)
     splits = load_splits(cfg.dataset, data_dir=data_dir, seed=int((victim.spec.extra or {}).get("split_seed", 0)))

@@ -43,13 +43,13 @@ def run_study(out: str | Path, *, datasets: tuple[str, ...] = ("digits", "fashio
               budgets: dict[str, int] | None = None, eval_every: dict[str, int] | None = None,
               codfe_overrides: dict[str, Any] | None = None, seed: int = 0, device: str = "cpu") -> dict[str, Any]:
     """Run CoDFe and DaST in both access modes on each data set; write records, summary and report."""
-    from stealkit.experiments.victims import standard_victim
     from stealkit.extract.codfe import CoDFeConfig, extract_codfe
     from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
     from stealkit.extract.dast import DaSTConfig, extract_dast
     from stealkit.extract.datafree_common import LoopConfig
     from stealkit.report.builders import build_report
     from stealkit.rundir import RunDir
+    from stealkit.victims import standard_victim
 
     budgets = budgets or {"digits": 200_000, "fashion-mnist": 500_000}
     eval_every = eval_every or {d: max(1, budgets[d] // 20) for d in datasets}

@@ -42,8 +42,8 @@ class LogitStudyConfig:
 def logit_recovery_study(config: LogitStudyConfig) -> list[dict[str, Any]]:
     """One row per (victim, input set) with the statistics of :func:`recovery_error`."""
     from stealkit.data import load_query_source
-    from stealkit.experiments.victims import standard_victim
     from stealkit.metrics import predict_logits
+    from stealkit.victims import standard_victim
 
     rows = []
     for name in config.victims:
@@ -85,7 +85,7 @@ class Hypothesis1Config:
 def hypothesis1_study(config: Hypothesis1Config,
                       on_point: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train one student per (victim, student loss) and trace the gradient-norm ratio along training."""
-    from stealkit.experiments.victims import standard_victim
+    from stealkit.victims import standard_victim
 
     for loss in config.losses:
         if loss not in ("kl", "l1"):
