@@ -19,7 +19,7 @@ from typing import Any
 _EXPORTS = {
     "BaselineConfig": "baseline", "extract_baseline": "baseline",
     "ExtractionResult": "common", "Victim": "common", "open_victim": "common",
-    "SurrogateConfig": "surrogate", "KnockoffConfig": "surrogate", "extract_surrogate": "surrogate",
+    "SurrogateConfig": "surrogate", "KnockoffConfig": "knockoff", "extract_surrogate": "surrogate",
     "DFMEConfig": "dfme", "extract_dfme": "dfme", "MAZEConfig": "maze", "extract_maze": "maze",
     "DaSTConfig": "dast", "extract_dast": "dast", "CoDFeConfig": "codfe", "extract_codfe": "codfe",
     "ExactConfig": "exact", "RecoveryFailure": "exact", "recover_two_layer": "exact",

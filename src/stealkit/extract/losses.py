@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
+
+#: a student loss ``fn(student_logits, victim_answers)``
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def soft_cross_entropy(student_logits: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
