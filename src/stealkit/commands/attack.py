@@ -10,8 +10,8 @@ from typing import Any
 import click
 
 from stealkit.commands.common import device_option
+from stealkit.evade.registry import ATTACKS, DECISION, TRANSFER
 
-GRADIENT_METHODS = ("fgsm", "bim", "pgd", "mifgsm", "cw")
 TARGETS = ("second", "random", "least-likely")
 
 
@@ -87,7 +87,6 @@ def _make_transfer(method: str) -> click.Command:
     def cmd(substitute: str, victim: str, key: str | None, budget: int | None, dataset: str | None,
             data_dir: str | None, n: int, targeted: str | None, seed: int, out: str, eps: float, norm: str,
             steps: int, step: float | None, restarts: int, kappa: float, batch_size: int, device: str) -> None:
-        from stealkit.evade.transfer import TransferConfig, transfer_attack
         from stealkit.extract.common import open_victim
         from stealkit.models import load_model
         from stealkit.rundir import RunDir
@@ -95,11 +94,12 @@ def _make_transfer(method: str) -> click.Command:
         v = open_victim(victim, mode="label", budget=budget, key=key, dataset=dataset, device=device, seed=seed)
         sub, _ = load_model(substitute, device=device)
         x, y = _test_sample(v, data_dir, n, seed)
-        cfg = TransferConfig(method=method, eps=eps, steps=steps, step=step, norm=norm, targeted=targeted,
-                             restarts=restarts, kappa=kappa, seed=seed, batch_size=batch_size)
+        spec = ATTACKS[method]
+        cfg = spec.config(method=method, eps=eps, steps=steps, step=step, norm=norm, targeted=targeted,
+                          restarts=restarts, kappa=kappa, seed=seed, batch_size=batch_size)
         run = RunDir(out).create(command=f"attack {method}", seed=seed, config={
             "substitute": substitute, "victim": victim, "dataset": v.dataset, "n": n, "attack": cfg})
-        res = transfer_attack(sub, v.oracle, x.to(device), y.to(device), cfg)
+        res = spec.run(sub, v.oracle, x.to(device), y.to(device), cfg)
         _save_npz(run.path / "adversarial.npz", res.arrays())
         _finish(run, res.summary() | {"substitute": substitute, "victim": victim, "seed": seed})
         asr = "n/a" if res.asr is None else f"{res.asr:.4f}"
@@ -121,8 +121,6 @@ def _make_decision(method: str) -> click.Command:
             targeted: str | None, seed: int, out: str, max_queries: int, iterations: int | None,
             device: str) -> None:
         from stealkit.errors import InputError
-        from stealkit.evade.boundary import BoundaryConfig, boundary_attack
-        from stealkit.evade.hopskipjump import HopSkipJumpConfig, hopskipjump
         from stealkit.extract.common import open_victim
         from stealkit.rundir import RunDir
 
@@ -137,12 +135,9 @@ def _make_decision(method: str) -> click.Command:
         from stealkit.oracle import labels_from_answer
 
         ok = (labels_from_answer(clean, v.oracle.mode).cpu() == y).nonzero().squeeze(1)
-        if method == "boundary":
-            res = boundary_attack(v.oracle, x[ok], y[ok], max_queries=max_queries,
-                                  config=BoundaryConfig(steps=iterations or 5000, seed=seed))
-        else:
-            res = hopskipjump(v.oracle, x[ok], y[ok], max_queries=max_queries,
-                              config=HopSkipJumpConfig(iterations=iterations or 40, seed=seed))
+        spec = ATTACKS[method]
+        rounds = {"steps": iterations or 5000} if method == "boundary" else {"iterations": iterations or 40}
+        res = spec.run(v.oracle, x[ok], y[ok], max_queries=max_queries, config=spec.config(seed=seed, **rounds))
         x_adv = x.clone()
         x_adv[ok] = res.x_adv
         import torch
@@ -208,9 +203,9 @@ def study_cmd(dataset: str, victim: str | None, n: int, substitute_arch: str, re
 
 
 def register(cli: click.Group) -> None:
-    for m in GRADIENT_METHODS:
+    for m in TRANSFER:
         attack.add_command(_make_transfer(m))
-    for m in ("boundary", "hopskipjump"):
+    for m in DECISION:
         attack.add_command(_make_decision(m))
     attack.add_command(study_cmd)
     cli.add_command(attack)

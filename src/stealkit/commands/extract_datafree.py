@@ -17,36 +17,17 @@ import click
 
 from stealkit.commands.common import device_option, parse_kv, run_options, victim_options
 from stealkit.errors import InputError
+from stealkit.extract.registry import DATAFREE, METHODS
 from stealkit.report.builders import curve_sections, register_builder
 from stealkit.report.html import Figure, Section
 from stealkit.rundir import RunDir
-
-METHODS = ("dfme", "maze", "dast", "codfe")
-
-
-def _method(name: str) -> tuple[Callable[..., Any], type]:
-    if name == "dfme":
-        from stealkit.extract.dfme import DFMEConfig, extract_dfme
-
-        return extract_dfme, DFMEConfig
-    if name == "maze":
-        from stealkit.extract.maze import MAZEConfig, extract_maze
-
-        return extract_maze, MAZEConfig
-    if name == "dast":
-        from stealkit.extract.dast import DaSTConfig, extract_dast
-
-        return extract_dast, DaSTConfig
-    from stealkit.extract.codfe import CoDFeConfig, extract_codfe
-
-    return extract_codfe, CoDFeConfig
 
 
 def build_config(method: str, settings: dict[str, Any], loop: dict[str, Any]) -> Any:
     """The method's frozen config from ``--set`` style settings; unknown names are a clear error."""
     from stealkit.extract.datafree_common import LoopConfig
 
-    _, cls = _method(method)
+    cls = METHODS[method].config
     fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
     unknown = sorted(set(settings) - set(fields) - {"loop"})
     if unknown:
@@ -145,10 +126,10 @@ def run_method(method: str, *, victim: str, key: str | None, mode: str, temperat
         raise InputError(f"{out} holds a checkpoint of an earlier run: pass --resume to continue it, or choose "
                          "another --out")
     run.create(command=f"extract {method}", seed=seed, config=cfg)
-    fn, _ = _method(method)
-    result = fn(v.oracle, make_student=student_factory(student, v, seed, **kwargs), evaluator=evaluator,
-                config=config, device=device, checkpoint_dir=run.path / "checkpoint", resume=resume,
-                on_point=run.append_record, on_losses=lambda r: run.append_record({"kind": "losses", **r}))
+    result = METHODS[method].run(v.oracle, make_student=student_factory(student, v, seed, **kwargs),
+                                 evaluator=evaluator, config=config, device=device,
+                                 checkpoint_dir=run.path / "checkpoint", resume=resume, on_point=run.append_record,
+                                 on_losses=lambda r: run.append_record({"kind": "losses", **r}))
     if result.samples is not None:
         from safetensors.torch import save_file
 
@@ -215,11 +196,11 @@ def datafree_sections(run: RunDir, config: dict[str, Any], summary: dict[str, An
     return sections
 
 
-for _m in METHODS:
+for _m in DATAFREE:
     register_builder(f"extract {_m}")(datafree_sections)
 
 
 def register(cli: click.Group) -> None:
     group = cli.commands["extract"]
-    for m in METHODS:
+    for m in DATAFREE:
         group.add_command(_command(m, HELP[m]))  # type: ignore[attr-defined]

@@ -48,9 +48,8 @@ def exact_cmd(victim: str, key: str | None, variant: str, hidden: int | None, bu
         save_extraction,
         victim_splits,
     )
-    from stealkit.extract.exact import ExactConfig, recover_two_layer, relative_error
-    from stealkit.extract.exact_mq import recover_two_layer_mq
-    from stealkit.extract.logistic_exact import identify_logistic
+    from stealkit.extract.exact import relative_error
+    from stealkit.extract.registry import METHODS
     from stealkit.rundir import RunDir
 
     v = open_victim(victim, mode="probs" if variant == "logistic" else "logits", budget=budget, key=key,
@@ -63,15 +62,15 @@ def exact_cmd(victim: str, key: str | None, variant: str, hidden: int | None, bu
     cfg: dict[str, Any] = {"victim": victim, "variant": variant, "budget": budget, "dataset": v.dataset}
     run = RunDir(out).create(command="extract exact", seed=seed, config=cfg)
     extra: dict[str, Any] = {"variant": variant}
+    method = METHODS[f"exact-{variant}"]
     if variant == "logistic":
-        ident = identify_logistic(v.oracle)  # type: ignore[arg-type]
+        ident = method.run(v.oracle)
         student, arch, kwargs = ident.model, "logistic", {}
     else:
-        config = ExactConfig(search=search, lines=lines, epsilon=epsilon, seed=seed)  # type: ignore[arg-type]
+        config = method.config(search=search, lines=lines, epsilon=epsilon, seed=seed)  # type: ignore[misc]
         cfg.update(hidden=hidden, exact=config)
         pool = splits.attacker_pool.x[:anchors]
-        recover = recover_two_layer if variant == "gradient" else recover_two_layer_mq
-        rec = recover(v.oracle, hidden, config, anchors=pool)
+        rec = method.run(v.oracle, hidden, config, anchors=pool)
         student, arch, kwargs = rec.model.to_mlp2(), "mlp2", {"hidden": rec.model.hidden}
         extra |= {"hidden_found": rec.hidden_found, "lines": rec.lines, "fit_residual": rec.fit_residual}
         if v.model is not None:

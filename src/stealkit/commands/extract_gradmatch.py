@@ -41,7 +41,7 @@ def gradmatch_cmd(victim: str, key: str | None, budget: int, checkpoints: str | 
         student_factory,
         victim_splits,
     )
-    from stealkit.extract.gradient_matching import GradMatchConfig, extract_gradient_matching
+    from stealkit.extract.registry import METHODS
     from stealkit.rundir import RunDir
 
     cps = parse_int_list(checkpoints) if checkpoints else (budget,)
@@ -56,15 +56,16 @@ def gradmatch_cmd(victim: str, key: str | None, budget: int, checkpoints: str | 
     splits = victim_splits(v, data_dir)
     x_pool = load_query_source(pool, input_shape=v.input_shape, n=max(cps), seed=seed, data_dir=data_dir,
                                victim_dataset=v.dataset, split_seed=v.split_seed)
-    config = GradMatchConfig(use_gradients=not membership_only, explanation=explanation,  # type: ignore[arg-type]
-                             lam=lam, smooth_sigma=smooth_sigma, smooth_samples=smooth_samples, steps=steps,
-                             seed=seed)
+    method = METHODS["gradient-matching"]
+    config = method.config(use_gradients=not membership_only, explanation=explanation,  # type: ignore[misc]
+                           lam=lam, smooth_sigma=smooth_sigma, smooth_samples=smooth_samples, steps=steps,
+                           seed=seed)
     cfg = {"victim": victim, "budget": budget, "pool": pool, "student": student, "student_kwargs": kwargs,
            "dataset": v.dataset, "gradmatch": config}
     run = RunDir(out).create(command="extract gradient-matching", seed=seed, config=cfg)
-    result = extract_gradient_matching(v.oracle, x_pool, make_student=student_factory(student, v, seed, **kwargs),
-                                       evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
-                                       config=config, checkpoints=cps, device=device, on_point=run.append_record)
+    result = method.run(v.oracle, x_pool, make_student=student_factory(student, v, seed, **kwargs),
+                        evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
+                        config=config, checkpoints=cps, device=device, on_point=run.append_record)
     save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
     click.echo(f"accuracy {result.accuracy:.4f}, fidelity {result.fidelity}, queries {result.queries}; "
                f"report: {run.report_path}")

@@ -83,13 +83,15 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
         student_factory,
         victim_splits,
     )
-    from stealkit.extract.surrogate import SurrogateConfig, extract_surrogate, resolve_loss
+    from stealkit.extract.registry import METHODS
+    from stealkit.extract.surrogate import resolve_loss
 
     resolve_loss(loss, mode)  # type: ignore[arg-type]  # refuse e.g. KL on labels before any work
     kwargs = parse_kv(student_args)
-    config = SurrogateConfig(max_distinct=max_distinct, loss=loss, tau=tau, epochs=epochs,  # type: ignore[arg-type]
-                             batch_size=batch_size, lr=lr, schedule=schedule, strategy=strategy,  # type: ignore[arg-type]
-                             augment=augment, eval_every=eval_every, seed=seed)  # type: ignore[arg-type]
+    method = METHODS["surrogate"]
+    config = method.config(max_distinct=max_distinct, loss=loss, tau=tau, epochs=epochs,  # type: ignore[misc]
+                           batch_size=batch_size, lr=lr, schedule=schedule, strategy=strategy,
+                           augment=augment, eval_every=eval_every, seed=seed)
     v = open_victim(victim, mode=mode, budget=budget, temperature=temperature, top_k=top_k, key=key,
                     dataset=dataset, device=device, seed=seed)
     splits = victim_splits(v, data_dir)
@@ -105,9 +107,9 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
     cfg = {"victim": victim, "mode": mode, "budget": budget, "pool": pool, "student": student,
            "student_kwargs": kwargs, "dataset": v.dataset, "surrogate": config}
     run = RunDir(out).create(command="extract surrogate", seed=seed, config=cfg)
-    result = extract_surrogate(v.oracle, x_pool, make_student=student_factory(student, v, seed, **kwargs),
-                               config=config, evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
-                               pool_labels=labels, on_point=run.append_record, device=device)
+    result = method.run(v.oracle, x_pool, make_student=student_factory(student, v, seed, **kwargs),
+                        config=config, evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
+                        pool_labels=labels, on_point=run.append_record, device=device)
     save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
     click.echo(f"accuracy {result.accuracy:.4f}, fidelity {result.fidelity}, queries {result.queries}; "
                f"report: {run.report_path}")

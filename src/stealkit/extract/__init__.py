@@ -8,6 +8,7 @@
 | exact recovery, membership variant, logistic | ``exact``, ``exact_mq``, ``logistic_exact`` | Milli et al. 2019, Alg. 1, App. C, fn. 2 |
 | gradient matching | ``gradient_matching`` | Milli et al. 2019, Sec. 4 |
 
+The methods by public name (run function, config dataclass): :data:`stealkit.extract.registry.METHODS`.
 Names are imported lazily, so ``import stealkit.extract`` stays cheap.
 """
 
@@ -25,7 +26,7 @@ _EXPORTS = {
     "ExactConfig": "exact", "RecoveryFailure": "exact", "recover_two_layer": "exact",
     "recover_two_layer_mq": "exact_mq", "identify_logistic": "logistic_exact",
     "GradMatchConfig": "gradient_matching", "extract_gradient_matching": "gradient_matching",
-    "recover_logits": "logit_recovery",
+    "recover_logits": "logit_recovery", "METHODS": "registry",
 }
 
 __all__ = sorted(_EXPORTS)
