@@ -34,10 +34,10 @@ from stealkit.extract.datafree_common import (
     DataFreeResult,
     LoopConfig,
     QueryFn,
-    answer_probs,
     check_positive,
     run_datafree,
 )
+from stealkit.extract.targets import answer_probs
 from stealkit.metrics import Evaluator
 from stealkit.models.generators import DaSTGenerator
 from stealkit.oracle import Oracle, OutputMode

@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from stealkit.errors import InputError, StealkitError
@@ -45,33 +44,6 @@ from stealkit.progress import progress
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "stealkit-datafree-checkpoint/1"
-
-
-# -- answers -> training targets ----------------------------------------------------------------------------
-def answer_probs(answer: torch.Tensor, mode: OutputMode, num_classes: int, *, smoothing: float = 0.0) -> torch.Tensor:
-    """Class probabilities ``[B, K]`` carried by any answer.
-
-    Labels become one-hot rows, smoothed to ``(1 - s) onehot + s / K`` when ``smoothing = s > 0`` (the label-only
-    adaptation of DFME and MAZE); top-k rows are renormalised; logits are softmaxed.
-    """
-    if mode is OutputMode.LABEL:
-        p = F.one_hot(answer.long(), num_classes).float()
-        return p * (1 - smoothing) + smoothing / num_classes if smoothing > 0 else p
-    if mode is OutputMode.LOGITS:
-        return torch.softmax(answer.float(), dim=1)
-    p = answer.float()
-    return p / p.sum(dim=1, keepdim=True).clamp_min(1e-12)
-
-
-def recover_logits(answer: torch.Tensor, mode: OutputMode, num_classes: int, *, smoothing: float = 0.0) -> torch.Tensor:
-    """Victim logits up to their mean: raw logits when the oracle gives them, else ``log p - mean(log p)``
-    (DFME appendix B, Eq. 8-9, via :func:`stealkit.extract.logit_recovery.recover_logits`, which floors
-    underflowed probabilities at the smallest normal float)."""
-    from stealkit.extract.logit_recovery import recover_logits as from_probs
-
-    if mode is OutputMode.LOGITS:
-        return answer.float()
-    return from_probs(answer_probs(answer, mode, num_classes, smoothing=smoothing))
 
 
 # -- schedules -------------------------------------------------------------------------------------------------

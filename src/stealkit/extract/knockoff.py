@@ -34,7 +34,7 @@ from torch import nn
 from stealkit.errors import InputError
 from stealkit.extract.answer_cache import AnswerCache
 from stealkit.extract.losses import LossFn
-from stealkit.oracle import OutputMode
+from stealkit.extract.targets import answer_probs
 from stealkit.progress import progress
 
 log = logging.getLogger(__name__)
@@ -77,16 +77,6 @@ def kmeans_actions(x: torch.Tensor, k: int, *, seed: int = 0, iters: int = 20, s
             if members.shape[0]:
                 centres[j] = members.mean(dim=0)
     return labels
-
-
-def _probabilities(answer: torch.Tensor, mode: OutputMode, k: int) -> torch.Tensor:
-    """The victim's answer as a probability vector (one-hot for labels, softmax for logits)."""
-    if mode is OutputMode.LABEL:
-        return F.one_hot(answer.long(), k).float()
-    if mode is OutputMode.LOGITS:
-        return torch.softmax(answer.float(), dim=1)
-    p = answer.float()
-    return p / p.sum(dim=1, keepdim=True).clamp_min(1e-12)
 
 
 class _RunningStat:
@@ -156,7 +146,7 @@ def knockoff_select(
                 picked_acts.append(a)
         idx = torch.tensor(picked, dtype=torch.long)
         answers = cache.get(idx)
-        y = _probabilities(answers, oracle.mode, k)
+        y = answer_probs(answers, oracle.mode, k)
         xb, ab = cache.x[idx].to(device), answers.to(device)
         logits = student(xb)
         with torch.no_grad():

@@ -32,7 +32,6 @@ from stealkit.extract.datafree_common import (
     DataFreeResult,
     LoopConfig,
     QueryFn,
-    answer_probs,
     check_positive,
     cosine_factor,
     needs_probabilities,
@@ -40,6 +39,7 @@ from stealkit.extract.datafree_common import (
     set_lr,
 )
 from stealkit.extract.replay import ReplayBuffer
+from stealkit.extract.targets import answer_probs
 from stealkit.extract.zoo_grad import estimate_gradient
 from stealkit.metrics import Evaluator
 from stealkit.models.generators import UpsampleGenerator

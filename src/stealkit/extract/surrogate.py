@@ -38,6 +38,7 @@ from stealkit.extract.common import ExtractionResult, curve_point
 from stealkit.extract.knockoff import KnockoffConfig, knockoff_select
 from stealkit.extract.logit_recovery import recover_logits
 from stealkit.extract.losses import LossFn
+from stealkit.extract.targets import victim_log_probs
 from stealkit.metrics import Evaluator
 from stealkit.oracle import Oracle, OutputMode
 from stealkit.train import TrainConfig, fit
@@ -55,22 +56,6 @@ _SCHEDULES: dict[str, str] = {"cyclic": "onecycle", "step": "step"}
 # --------------------------------------------------------------------------------------------------------
 # Losses (A.1)
 # --------------------------------------------------------------------------------------------------------
-def victim_log_probs(answer: torch.Tensor, mode: OutputMode | str, tau: float = 1.0) -> torch.Tensor:
-    """``log V_tau`` ``[B, K]`` from an answer in ``mode`` (probs, topk or logits); ``-inf`` where V_tau = 0.
-
-    For probabilities ``softmax(log p / tau) = softmax(v / tau)`` exactly; zero probabilities (hidden top-k
-    classes, float underflow) get probability 0 at every temperature.
-    """
-    mode = OutputMode.parse(mode)
-    if mode is OutputMode.LABEL:
-        raise InputError("the temperature-scaled KL loss needs probabilities or logits, not labels; use loss 'ce'")
-    if mode is OutputMode.LOGITS:
-        return F.log_softmax(answer.float() / tau, dim=1)
-    p = answer.float()
-    log_p = torch.where(p > 0, p.clamp_min(torch.finfo(p.dtype).tiny).log(), torch.full_like(p, -math.inf))
-    return F.log_softmax(log_p / tau, dim=1)
-
-
 def tau_kl(student_logits: torch.Tensor, victim_logp_tau: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
     """``tau**2 * KL(V_tau || S_tau)`` averaged over the batch (A.1); ``victim_logp_tau`` is ``log V_tau``.
 
