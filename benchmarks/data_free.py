@@ -42,7 +42,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 def run_one(victim_name: str, method: str, mode: str, budget: int, marks: list[int], preset: str,
             device: str, seed: int, overrides: dict[str, Any], save_dir: Path | None = None) -> dict[str, Any]:
     from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
-    from stealkit.extract.datafree_common import LoopConfig
+    from stealkit.extract.datafree_loop import LoopConfig
     from stealkit.extract.registry import METHODS
     from stealkit.victims import standard_victim
 

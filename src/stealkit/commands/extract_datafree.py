@@ -25,7 +25,7 @@ from stealkit.rundir import RunDir
 
 def build_config(method: str, settings: dict[str, Any], loop: dict[str, Any]) -> Any:
     """The method's frozen config from ``--set`` style settings; unknown names are a clear error."""
-    from stealkit.extract.datafree_common import LoopConfig
+    from stealkit.extract.datafree_loop import LoopConfig
 
     cls = METHODS[method].config
     fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}

@@ -46,7 +46,7 @@ def run_study(out: str | Path, *, datasets: tuple[str, ...] = ("digits", "fashio
     from stealkit.extract.codfe import CoDFeConfig, extract_codfe
     from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
     from stealkit.extract.dast import DaSTConfig, extract_dast
-    from stealkit.extract.datafree_common import LoopConfig
+    from stealkit.extract.datafree_loop import LoopConfig
     from stealkit.report.builders import build_report
     from stealkit.rundir import RunDir
     from stealkit.victims import standard_victim

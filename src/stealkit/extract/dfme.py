@@ -27,17 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stealkit.extract.datafree_common import (
-    DataFreeAttack,
-    DataFreeResult,
-    LoopConfig,
-    QueryFn,
-    check_positive,
-    multistep_factor,
-    needs_probabilities,
-    run_datafree,
-    set_lr,
-)
+from stealkit.extract.datafree_attack import DataFreeAttack, QueryFn, check_positive, needs_probabilities
+from stealkit.extract.datafree_loop import DataFreeResult, LoopConfig, run_datafree
+from stealkit.extract.schedules import multistep_factor, set_lr
 from stealkit.extract.targets import answer_logits
 from stealkit.extract.zoo_grad import estimate_gradient
 from stealkit.metrics import Evaluator
