@@ -6,6 +6,7 @@
 | surrogate data, Knockoff Nets | ``surrogate``, ``knockoff`` | DFME appendix A; Orekondy et al. 2019 |
 | DFME, MAZE, DaST, CoDFe | ``dfme``, ``maze``, ``dast``, ``codfe`` | Truong et al. 2021; Kariyappa et al. 2021; Zhou et al. 2020; CoDFe |
 | exact recovery, membership variant, logistic | ``exact``, ``exact_mq``, ``logistic_exact`` | Milli et al. 2019, Alg. 1, App. C, fn. 2 |
+| exact recovery beyond the paper (secant search, biased multi-output nets) | ``exact_secant`` | - |
 | gradient matching | ``gradient_matching`` | Milli et al. 2019, Sec. 4 |
 
 The methods by public name (run function, config dataclass): :data:`stealkit.extract.registry.METHODS`.
