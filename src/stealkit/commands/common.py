@@ -25,9 +25,6 @@ def parse_kv(pairs: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-_scalar = parse_value  # the old private name (experiments/sweep.py imports it)
-
-
 def parse_int_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(float(t)) for t in text.replace(" ", "").split(",") if t)
