@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         args.n, args.batches, args.repeats = 200, "100", 1
     torch.set_num_threads(args.threads)
     from stealkit.data import load_splits
-    from stealkit.experiments.victims import standard_victim
+    from stealkit.victims import standard_victim
 
     if Path(args.victim).is_dir():
         from stealkit.models import load_model

@@ -33,7 +33,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from attack_speed import run_stealkit, run_torchattacks
     from stealkit.data import load_splits
-    from stealkit.experiments.victims import standard_victim
+    from stealkit.victims import standard_victim
 
     torch.set_num_threads(args.threads)
     model = standard_victim("fmnist-conv2").model.eval()

@@ -2,7 +2,7 @@
 same images (issue 8, "Must show").
 
 Model: the anchors' 2-conv + 2-dense CNN trained with sigma = 0.5 Gaussian augmentation on Fashion-MNIST
-train[:50k] (cached by ``stealkit.certify.victims.robust_victim``). Images: the first ``--num`` test images.
+train[:50k] (cached by ``stealkit.victims.robust_victim``). Images: the first ``--num`` test images.
 Each certifier runs in its own subprocess (so that peak RSS is its own) with ``--threads`` torch threads:
 
 - ``stealkit``: ``certify`` (n0 selection + n estimation samples, noise batch by batch, several images per
@@ -54,10 +54,10 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     import numpy as np
     import torch
 
-    from stealkit.certify.victims import BENCHMARK_RECIPE, robust_victim
+    from stealkit.victims import benchmark_recipe, robust_victim
 
     torch.set_num_threads(args.threads)
-    trained = robust_victim(BENCHMARK_RECIPE)
+    trained = robust_victim(benchmark_recipe())
     x = torch.from_numpy(np.load(Path(args.images) / "x.npy"))[: args.num]
     y = torch.from_numpy(np.load(Path(args.images) / "y.npy"))[: args.num]
     return trained.model.eval(), x, y
@@ -144,10 +144,10 @@ def main() -> None:
 
     import numpy as np
 
-    from stealkit.certify.victims import BENCHMARK_RECIPE, robust_victim
     from stealkit.data import load_splits
+    from stealkit.victims import benchmark_recipe, robust_victim
 
-    trained = robust_victim(BENCHMARK_RECIPE)  # train once, before any timed worker
+    trained = robust_victim(benchmark_recipe())  # train once, before any timed worker
     test = load_splits("fashion-mnist").test
     tmp = tempfile.TemporaryDirectory()
     args.images = tmp.name
@@ -167,7 +167,7 @@ def main() -> None:
             row[f"certified_accuracy_{b}"] = certified_accuracy(res, b)
             row[f"abstain_{b}"] = round(sum(v == -1 for v in res["labels"][b]) / res["num"], 4)
         table[name] = row
-    out: dict[str, Any] = {"benchmark": "certify", "model": BENCHMARK_RECIPE.name,
+    out: dict[str, Any] = {"benchmark": "certify", "model": benchmark_recipe().name,
                            "model_clean_accuracy": trained.metrics.get("test_accuracy"),
                            "settings": {k: getattr(args, k) for k in ("num", "n0", "n", "alpha", "sigma", "threads",
                                                                       "seed", "batch", "art_batch")},

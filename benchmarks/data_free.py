@@ -39,30 +39,24 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _method(name: str) -> tuple[Any, Any]:
-    from stealkit.commands.extract_datafree import _method as pick
-
-    return pick(name)
-
-
 def run_one(victim_name: str, method: str, mode: str, budget: int, marks: list[int], preset: str,
             device: str, seed: int, overrides: dict[str, Any], save_dir: Path | None = None) -> dict[str, Any]:
-    from stealkit.experiments.victims import standard_victim
     from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
-    from stealkit.extract.datafree_common import LoopConfig
+    from stealkit.extract.datafree_loop import LoopConfig
+    from stealkit.extract.registry import METHODS
+    from stealkit.victims import standard_victim
 
     tv = standard_victim(victim_name, device=device)
     v = open_victim(tv.path, mode=mode, budget=budget, device=device, seed=seed)
     splits = victim_splits(v)
     ev = make_evaluator(v, splits.test.x, splits.test.y, device)
     arch, skw = PRESETS[preset]["student"]
-    fn, cls = _method(method)
-    config = cls(seed=seed, loop=LoopConfig(eval_every=max(marks), eval_at=tuple(marks), checkpoint_every=0,
-                                            grid_samples=0),
-                 **{**PRESETS[preset][method], **overrides.get(method, {})})
+    entry = METHODS[method]
+    loop = LoopConfig(eval_every=max(marks), eval_at=tuple(marks), checkpoint_every=0, grid_samples=0)
+    config = entry.config(seed=seed, loop=loop, **{**PRESETS[preset][method], **overrides.get(method, {})})
     start = time.perf_counter()
-    result = fn(v.oracle, make_student=student_factory(arch, v, seed, **skw), evaluator=ev, config=config,
-                device=device)
+    result = entry.run(v.oracle, make_student=student_factory(arch, v, seed, **skw), evaluator=ev, config=config,
+                       device=device)
     wall = time.perf_counter() - start
     cfg_json = json.loads(json.dumps(config, default=lambda o: getattr(o, "__dict__", str(o))))
     student_dir = None

@@ -29,9 +29,9 @@ import httpx
 import numpy as np
 import torch
 
-from stealkit.experiments.victims import standard_victim
 from stealkit.oracle import LocalOracle
 from stealkit.oracle.http import HttpOracle
+from stealkit.victims import standard_victim
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -29,8 +29,8 @@ def main() -> None:
         args.batches, args.repeats = 20, 2
 
     from stealkit.data import load_splits
-    from stealkit.experiments.victims import standard_victim
     from stealkit.oracle import LocalOracle
+    from stealkit.victims import standard_victim
 
     victim = standard_victim(args.victim)
     model = victim.model.eval()

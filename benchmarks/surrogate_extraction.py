@@ -29,10 +29,11 @@ import torch
 from torch import nn
 
 from stealkit.data import load_query_source
-from stealkit.experiments.victims import standard_victim
 from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
-from stealkit.extract.surrogate import KnockoffConfig, SurrogateConfig, extract_surrogate
+from stealkit.extract.knockoff import KnockoffConfig
+from stealkit.extract.surrogate import SurrogateConfig, extract_surrogate
 from stealkit.metrics import Evaluator
+from stealkit.victims import standard_victim
 
 log = logging.getLogger("bench.surrogate")
 

@@ -15,9 +15,11 @@ from torch import nn
 from stealkit.errors import InputError, StealkitError
 from stealkit.extract.codfe import CoDFeConfig, codfe_cost, extract_codfe
 from stealkit.extract.dast import DaSTConfig, dast_cost, extract_dast
-from stealkit.extract.datafree_common import LoopConfig, read_journal, recover_logits
+from stealkit.extract.datafree_loop import LoopConfig
 from stealkit.extract.dfme import DFMEConfig, dfme_cost, extract_dfme
+from stealkit.extract.journal import read_journal
 from stealkit.extract.maze import MAZEConfig, extract_maze, maze_cost
+from stealkit.extract.targets import answer_logits
 from stealkit.extract.zoo_grad import estimate_gradient
 from stealkit.oracle import LocalOracle, OutputMode
 
@@ -156,7 +158,7 @@ def test_estimator_rejects_bad_settings() -> None:
 def test_logit_recovery_is_exact_up_to_the_mean(logits: list[float], shift: float) -> None:
     z = torch.tensor([logits], dtype=torch.float64)
     p = torch.softmax(z + shift, dim=1).float()
-    rec = recover_logits(p, OutputMode.PROBS, len(logits))
+    rec = answer_logits(p, OutputMode.PROBS, len(logits))
     want = (z - z.mean()).float()
     assert torch.allclose(rec, want, atol=1e-3 * max(1.0, float(z.abs().max())))
     assert math.isclose(float(rec.sum()), 0.0, abs_tol=1e-3)

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 from stealkit.extract.kl_gradients import input_gradient_norms, kl_per_sample, l1_per_sample, measure
-from stealkit.extract.surrogate import tau_kl, victim_log_probs
+from stealkit.extract.surrogate import tau_kl
+from stealkit.extract.targets import victim_log_probs
 
 
 @settings(max_examples=30, deadline=None)

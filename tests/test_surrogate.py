@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from stealkit.errors import InputError
+from stealkit.extract.answer_cache import AnswerCache
+from stealkit.extract.knockoff import KnockoffConfig
 from stealkit.extract.surrogate import (
-    AnswerCache,
-    KnockoffConfig,
     SurrogateConfig,
     augment_batch,
     extract_surrogate,

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from stealkit.errors import InputError
-from stealkit.extract.knockoff import kmeans_actions, knockoff_select
-from stealkit.extract.surrogate import AnswerCache, KnockoffConfig, make_student_loss
+from stealkit.extract.answer_cache import AnswerCache
+from stealkit.extract.knockoff import KnockoffConfig, kmeans_actions, knockoff_select
+from stealkit.extract.surrogate import make_student_loss
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet
 

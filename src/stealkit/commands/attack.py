@@ -9,9 +9,9 @@ from typing import Any
 
 import click
 
-from stealkit.commands.common import device_option
+from stealkit.commands.common import device_option, parse_kv, set_option
+from stealkit.evade.registry import ATTACKS, DECISION, TRANSFER
 
-GRADIENT_METHODS = ("fgsm", "bim", "pgd", "mifgsm", "cw")
 TARGETS = ("second", "random", "least-likely")
 
 
@@ -82,23 +82,27 @@ def _make_transfer(method: str) -> click.Command:
     @click.option("--restarts", type=int, default=1, show_default=True, help="PGD random restarts.")
     @click.option("--kappa", type=float, default=0.0, show_default=True, help="C&W confidence.")
     @click.option("--batch-size", type=int, default=256, show_default=True)
+    @set_option("query_batch=128")
     @device_option
     def cmd(substitute: str, victim: str, key: str | None, budget: int | None, dataset: str | None,
             data_dir: str | None, n: int, targeted: str | None, seed: int, out: str, eps: float, norm: str,
-            steps: int, step: float | None, restarts: int, kappa: float, batch_size: int, device: str) -> None:
-        from stealkit.evade.transfer import TransferConfig, transfer_attack
+            steps: int, step: float | None, restarts: int, kappa: float, batch_size: int,
+            settings: tuple[str, ...], device: str) -> None:
         from stealkit.extract.common import open_victim
         from stealkit.models import load_model
         from stealkit.rundir import RunDir
+        from stealkit.settings import apply_settings
 
         v = open_victim(victim, mode="label", budget=budget, key=key, dataset=dataset, device=device, seed=seed)
         sub, _ = load_model(substitute, device=device)
         x, y = _test_sample(v, data_dir, n, seed)
-        cfg = TransferConfig(method=method, eps=eps, steps=steps, step=step, norm=norm, targeted=targeted,
-                             restarts=restarts, kappa=kappa, seed=seed, batch_size=batch_size)
+        spec = ATTACKS[method]
+        cfg = spec.config(method=method, eps=eps, steps=steps, step=step, norm=norm, targeted=targeted,
+                          restarts=restarts, kappa=kappa, seed=seed, batch_size=batch_size)
+        cfg = apply_settings(cfg, parse_kv(settings), who=method)
         run = RunDir(out).create(command=f"attack {method}", seed=seed, config={
             "substitute": substitute, "victim": victim, "dataset": v.dataset, "n": n, "attack": cfg})
-        res = transfer_attack(sub, v.oracle, x.to(device), y.to(device), cfg)
+        res = spec.run(sub, v.oracle, x.to(device), y.to(device), cfg)
         _save_npz(run.path / "adversarial.npz", res.arrays())
         _finish(run, res.summary() | {"substitute": substitute, "victim": victim, "seed": seed})
         asr = "n/a" if res.asr is None else f"{res.asr:.4f}"
@@ -115,33 +119,32 @@ def _make_decision(method: str) -> click.Command:
     @click.option("--max-queries", type=int, default=5000, show_default=True, help="Queries per image at most.")
     @click.option("--iterations", type=int, default=None,
                   help="Steps (boundary, default 5000) or rounds (hopskipjump, default 40).")
+    @set_option("init_trials=200")
     @device_option
     def cmd(victim: str, key: str | None, budget: int | None, dataset: str | None, data_dir: str | None, n: int,
             targeted: str | None, seed: int, out: str, max_queries: int, iterations: int | None,
-            device: str) -> None:
+            settings: tuple[str, ...], device: str) -> None:
         from stealkit.errors import InputError
-        from stealkit.evade.boundary import BoundaryConfig, boundary_attack
-        from stealkit.evade.hopskipjump import HopSkipJumpConfig, hopskipjump
         from stealkit.extract.common import open_victim
         from stealkit.rundir import RunDir
+        from stealkit.settings import apply_settings
 
         if targeted is not None:
             raise InputError("decision-based targeted attacks need start images of the target class; use the "
                              "Python API (starting_points=) or drop --targeted")
         v = open_victim(victim, mode="label", budget=budget, key=key, dataset=dataset, device=device, seed=seed)
         x, y = _test_sample(v, data_dir, n, seed)
-        run = RunDir(out).create(command=f"attack {method}", seed=seed, config={
-            "victim": victim, "dataset": v.dataset, "n": n, "max_queries": max_queries, "iterations": iterations})
+        spec = ATTACKS[method]
+        rounds = {"steps": iterations or 5000} if method == "boundary" else {"iterations": iterations or 40}
+        config = apply_settings(spec.config(seed=seed, **rounds), parse_kv(settings), who=method)  # type: ignore[misc]
+        run_config = {"victim": victim, "dataset": v.dataset, "n": n, "max_queries": max_queries,
+                      "iterations": iterations} | ({"settings": parse_kv(settings)} if settings else {})
+        run = RunDir(out).create(command=f"attack {method}", seed=seed, config=run_config)
         clean = v.oracle.query(x)  # which images the victim gets right (charged)
         from stealkit.oracle import labels_from_answer
 
         ok = (labels_from_answer(clean, v.oracle.mode).cpu() == y).nonzero().squeeze(1)
-        if method == "boundary":
-            res = boundary_attack(v.oracle, x[ok], y[ok], max_queries=max_queries,
-                                  config=BoundaryConfig(steps=iterations or 5000, seed=seed))
-        else:
-            res = hopskipjump(v.oracle, x[ok], y[ok], max_queries=max_queries,
-                              config=HopSkipJumpConfig(iterations=iterations or 40, seed=seed))
+        res = spec.run(v.oracle, x[ok], y[ok], max_queries=max_queries, config=config)
         x_adv = x.clone()
         x_adv[ok] = res.x_adv
         import torch
@@ -166,8 +169,8 @@ def _make_decision(method: str) -> click.Command:
 
 
 def register(cli: click.Group) -> None:
-    for m in GRADIENT_METHODS:
+    for m in TRANSFER:
         attack.add_command(_make_transfer(m))
-    for m in ("boundary", "hopskipjump"):
+    for m in DECISION:
         attack.add_command(_make_decision(m))
     cli.add_command(attack)

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from stealkit.commands.common import device_option
+from stealkit.commands.common import device_option, parse_kv, set_option
 
 RADII = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
 
@@ -103,19 +103,22 @@ def certify_cmd(model_dir: str, sigma: float, n0: int, n: int, alpha: float, bou
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--data-dir", default=None, type=click.Path(), help="Directory holding the data set files.")
 @click.option("--out", required=True, type=click.Path(), help="Directory for the model and its run files.")
+@set_option("train.weight_decay=0")
 @device_option
 def train_robust_cmd(dataset: str, arch: str, method: str, sigma: float, gamma: float, beta: float, eps: float,
                      pgd_steps: int, pgd_step: float, epochs: int, batch_size: int, lr: float | None, seed: int,
-                     data_dir: str | None, out: str, device: str) -> None:
+                     data_dir: str | None, out: str, settings: tuple[str, ...], device: str) -> None:
     """Train a base classifier for smoothing (or an adversarially trained baseline) and save it."""
     from stealkit.certify.training import RobustTrainConfig
-    from stealkit.certify.victims import RobustRecipe, robust_victim
     from stealkit.report.builders import build_report
     from stealkit.rundir import RunDir
+    from stealkit.settings import apply_settings
     from stealkit.train import TrainConfig
+    from stealkit.victims import RobustRecipe, robust_victim
 
     cfg = RobustTrainConfig(method=method, sigma=sigma, gamma=gamma, beta=beta, eps=eps, step=pgd_step,  # type: ignore[arg-type]
                             steps=pgd_steps, train=TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, seed=seed))
+    cfg = apply_settings(cfg, parse_kv(settings), who="train-robust")
     recipe = RobustRecipe(dataset, arch, cfg)
     run = RunDir(out).create(command="train-robust", seed=seed, config={"dataset": dataset, "arch": arch,
                                                                          "robust_train": cfg.to_dict()})

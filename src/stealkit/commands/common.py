@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from stealkit.errors import InputError
+from stealkit.settings import parse_value
 
 MODES = ("label", "topk", "probs", "logits")
 
@@ -20,19 +21,8 @@ def parse_kv(pairs: tuple[str, ...]) -> dict[str, Any]:
         if "=" not in pair:
             raise InputError(f"expected KEY=VALUE, got {pair!r}")
         k, v = pair.split("=", 1)
-        out[k.strip().replace("-", "_")] = _scalar(v.strip())
+        out[k.strip().replace("-", "_")] = parse_value(v.strip())
     return out
-
-
-def _scalar(v: str) -> Any:
-    if v.lower() in ("true", "false"):
-        return v.lower() == "true"
-    for cast in (int, float):
-        try:
-            return cast(v)
-        except ValueError:
-            pass
-    return v
 
 
 def parse_int_list(text: str) -> tuple[int, ...]:
@@ -43,6 +33,13 @@ def parse_int_list(text: str) -> tuple[int, ...]:
     if not values:
         raise InputError("expected at least one integer")
     return values
+
+
+def set_option(example: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--set KEY=VALUE`` (repeatable): any setting of the command's config dataclass, checked by name and type
+    (:func:`stealkit.settings.apply_settings`); ``example`` shows one in the help."""
+    return click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+                        help=f"Any setting of the config, e.g. {example} (repeat; a.b=v sets a nested one).")
 
 
 def device_option(fn: Callable[..., Any]) -> Callable[..., Any]:

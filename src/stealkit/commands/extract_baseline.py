@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import click
 
-from stealkit.commands.common import device_option, parse_int_list, parse_kv, run_options, victim_options
+from stealkit.commands.common import (
+    device_option,
+    parse_int_list,
+    parse_kv,
+    run_options,
+    set_option,
+    victim_options,
+)
 
 
 @click.command("baseline")
@@ -18,18 +25,26 @@ from stealkit.commands.common import device_option, parse_int_list, parse_kv, ru
 @click.option("--student-arg", "student_args", multiple=True, metavar="KEY=VALUE")
 @click.option("--epochs", type=int, default=30, show_default=True)
 @click.option("--batch-size", type=int, default=64, show_default=True)
+@set_option("train.lr=0.01")
 @run_options
 @device_option
 def baseline_cmd(victim: str, key: str | None, mode: str, temperature: float, top_k: int, budget: int,
                  dataset: str | None, data_dir: str | None, pool: str, checkpoints: str | None, student: str,
-                 student_args: tuple[str, ...], epochs: int, batch_size: int, seed: int, out: str,
-                 device: str) -> None:
+                 student_args: tuple[str, ...], epochs: int, batch_size: int, settings: tuple[str, ...], seed: int,
+                 out: str, device: str) -> None:
     """Plain extraction: query a pool through the victim's oracle and train a student on the answers."""
     from stealkit.data import load_query_source
     from stealkit.errors import InputError
-    from stealkit.extract import BaselineConfig, extract_baseline, open_victim
-    from stealkit.extract.common import make_evaluator, save_extraction, student_factory, victim_splits
+    from stealkit.extract.common import (
+        make_evaluator,
+        open_victim,
+        save_extraction,
+        student_factory,
+        victim_splits,
+    )
+    from stealkit.extract.registry import METHODS
     from stealkit.rundir import RunDir
+    from stealkit.settings import apply_settings
     from stealkit.train import TrainConfig
 
     if budget < 1:
@@ -41,14 +56,16 @@ def baseline_cmd(victim: str, key: str | None, mode: str, temperature: float, to
     splits = victim_splits(v, data_dir)
     x_pool = load_query_source(pool, input_shape=v.input_shape, n=max(cps), seed=seed, data_dir=data_dir,
                                victim_dataset=v.dataset, split_seed=v.split_seed)
-    config = BaselineConfig(checkpoints=cps, seed=seed,
-                            train=TrainConfig(epochs=epochs, batch_size=batch_size, seed=seed))
+    method = METHODS["baseline"]
+    config = method.config(checkpoints=cps, seed=seed,  # type: ignore[misc]
+                           train=TrainConfig(epochs=epochs, batch_size=batch_size, seed=seed))
+    config = apply_settings(config, parse_kv(settings), who="baseline")
     cfg = {"victim": victim, "mode": mode, "budget": budget, "pool": pool, "student": student,
            "student_kwargs": kwargs, "dataset": v.dataset, "baseline": config}
     run = RunDir(out).create(command="extract baseline", seed=seed, config=cfg)
-    result = extract_baseline(v.oracle, x_pool, make_student=student_factory(student, v, seed, **kwargs),
-                              evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
-                              config=config, on_point=run.append_record)
+    result = method.run(v.oracle, x_pool, make_student=student_factory(student, v, seed, **kwargs),
+                        evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
+                        config=config, on_point=run.append_record)
     save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
     click.echo(f"accuracy {result.accuracy:.4f}, fidelity {result.fidelity}, queries {result.queries}; "
                f"report: {run.report_path}")

@@ -8,76 +8,26 @@ in ``OUT/checkpoint`` without spending any query twice.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
 
 import click
 
-from stealkit.commands.common import device_option, parse_kv, run_options, victim_options
+from stealkit.commands.common import device_option, parse_kv, run_options, set_option, victim_options
 from stealkit.errors import InputError
+from stealkit.extract.registry import DATAFREE, METHODS
 from stealkit.rundir import RunDir
-
-METHODS = ("dfme", "maze", "dast", "codfe")
-
-
-def _method(name: str) -> tuple[Callable[..., Any], type]:
-    if name == "dfme":
-        from stealkit.extract.dfme import DFMEConfig, extract_dfme
-
-        return extract_dfme, DFMEConfig
-    if name == "maze":
-        from stealkit.extract.maze import MAZEConfig, extract_maze
-
-        return extract_maze, MAZEConfig
-    if name == "dast":
-        from stealkit.extract.dast import DaSTConfig, extract_dast
-
-        return extract_dast, DaSTConfig
-    from stealkit.extract.codfe import CoDFeConfig, extract_codfe
-
-    return extract_codfe, CoDFeConfig
+from stealkit.settings import typed_settings
 
 
 def build_config(method: str, settings: dict[str, Any], loop: dict[str, Any]) -> Any:
     """The method's frozen config from ``--set`` style settings; unknown names are a clear error."""
-    from stealkit.extract.datafree_common import LoopConfig
+    from stealkit.extract.datafree_loop import LoopConfig
 
-    _, cls = _method(method)
-    fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
-    unknown = sorted(set(settings) - set(fields) - {"loop"})
-    if unknown:
-        valid = ", ".join(sorted(k for k in fields if k != "loop"))
-        raise InputError(f"{method} has no setting {', '.join(unknown)}; valid settings: {valid}")
-    kwargs = {k: _typed(method, k, v, fields[k].default) for k, v in settings.items()}
-    return cls(loop=LoopConfig(**loop), **kwargs)
-
-
-def _typed(method: str, key: str, value: Any, default: Any) -> Any:
-    """``value`` as the type of the setting's default, or an InputError naming the setting and what it takes."""
-    def bad(kind: str) -> InputError:
-        example = "/".join(str(t) for t in default) if isinstance(default, tuple) else str(default).lower()
-        return InputError(f"{method} setting {key} takes {kind}, got {value!r} (e.g. --set {key}={example})")
-
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise bad("true or false")
-        return value
-    if isinstance(default, int):
-        if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
-            raise bad("a whole number")
-        return int(value)
-    if isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise bad("a number")
-        return float(value)
-    if isinstance(default, tuple) and not isinstance(value, tuple):
-        try:
-            return tuple(float(t) for t in str(value).split("/"))
-        except ValueError:
-            raise bad("numbers separated by '/'") from None
-    return value
+    cls = METHODS[method].config
+    assert cls is not None
+    return cls(loop=LoopConfig(**loop), **typed_settings(cls, settings, who=method, exclude={"loop"}))
 
 
 def datafree_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -88,8 +38,7 @@ def datafree_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Student architecture option, e.g. c1=16."),
         click.option("--batch-size", type=int, default=None, help="Generator batch (default: the method's)."),
         click.option("--ngf", type=int, default=None, help="Generator width (reference: 64)."),
-        click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
-                     help="Any other setting of the method's config, e.g. directions=1, lr_student=0.05."),
+        set_option("directions=1 or lr_student=0.05"),
         click.option("--eval-every", type=int, default=50_000, show_default=True,
                      help="Score the student on the test split every N victim queries."),
         click.option("--eval-at", default="", help="Extra query counts to score at, comma-separated."),
@@ -143,10 +92,10 @@ def run_method(method: str, *, victim: str, key: str | None, mode: str, temperat
         raise InputError(f"{out} holds a checkpoint of an earlier run: pass --resume to continue it, or choose "
                          "another --out")
     run.create(command=f"extract {method}", seed=seed, config=cfg)
-    fn, _ = _method(method)
-    result = fn(v.oracle, make_student=student_factory(student, v, seed, **kwargs), evaluator=evaluator,
-                config=config, device=device, checkpoint_dir=run.path / "checkpoint", resume=resume,
-                on_point=run.append_record, on_losses=lambda r: run.append_record({"kind": "losses", **r}))
+    result = METHODS[method].run(v.oracle, make_student=student_factory(student, v, seed, **kwargs),
+                                 evaluator=evaluator, config=config, device=device,
+                                 checkpoint_dir=run.path / "checkpoint", resume=resume, on_point=run.append_record,
+                                 on_losses=lambda r: run.append_record({"kind": "losses", **r}))
     if result.samples is not None:
         from safetensors.torch import save_file
 
@@ -186,5 +135,5 @@ HELP = {
 
 def register(cli: click.Group) -> None:
     group = cli.commands["extract"]
-    for m in METHODS:
+    for m in DATAFREE:
         group.add_command(_command(m, HELP[m]))  # type: ignore[attr-defined]

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from stealkit.commands.common import device_option, run_options
+from stealkit.commands.common import device_option, parse_kv, run_options, set_option
 
 VARIANTS = ("gradient", "mq", "logistic")
 
@@ -30,11 +30,12 @@ VARIANTS = ("gradient", "mq", "logistic")
 @click.option("--epsilon", type=float, default=None, help="Search resolution in t (default: by precision).")
 @click.option("--dataset", default=None, help="Data set of the victim's task (default: from model.json).")
 @click.option("--data-dir", default=None, type=click.Path(), help="Directory holding data set files.")
+@set_option("check_points=32")
 @run_options
 @device_option
 def exact_cmd(victim: str, key: str | None, variant: str, hidden: int | None, budget: int | None, search: str,
               lines: int, anchors: int, epsilon: float | None, dataset: str | None, data_dir: str | None,
-              seed: int, out: str, device: str) -> None:
+              settings: tuple[str, ...], seed: int, out: str, device: str) -> None:
     """Recover a functionally equivalent copy of a two-layer ReLU (or logistic) victim from explanations."""
     import torch
 
@@ -46,10 +47,10 @@ def exact_cmd(victim: str, key: str | None, variant: str, hidden: int | None, bu
         save_extraction,
         victim_splits,
     )
-    from stealkit.extract.exact import ExactConfig, recover_two_layer, relative_error
-    from stealkit.extract.exact_mq import recover_two_layer_mq
-    from stealkit.extract.logistic_exact import identify_logistic
+    from stealkit.extract.exact import relative_error
+    from stealkit.extract.registry import METHODS
     from stealkit.rundir import RunDir
+    from stealkit.settings import apply_settings
 
     v = open_victim(victim, mode="probs" if variant == "logistic" else "logits", budget=budget, key=key,
                     explain=variant != "mq", dataset=dataset, device=device, seed=seed)
@@ -61,15 +62,18 @@ def exact_cmd(victim: str, key: str | None, variant: str, hidden: int | None, bu
     cfg: dict[str, Any] = {"victim": victim, "variant": variant, "budget": budget, "dataset": v.dataset}
     run = RunDir(out).create(command="extract exact", seed=seed, config=cfg)
     extra: dict[str, Any] = {"variant": variant}
+    method = METHODS[f"exact-{variant}"]
     if variant == "logistic":
-        ident = identify_logistic(v.oracle)  # type: ignore[arg-type]
+        if settings:
+            raise InputError("--set: the logistic identification has no settings")
+        ident = method.run(v.oracle)
         student, arch, kwargs = ident.model, "logistic", {}
     else:
-        config = ExactConfig(search=search, lines=lines, epsilon=epsilon, seed=seed)  # type: ignore[arg-type]
+        config = method.config(search=search, lines=lines, epsilon=epsilon, seed=seed)  # type: ignore[misc]
+        config = apply_settings(config, parse_kv(settings), who="exact")
         cfg.update(hidden=hidden, exact=config)
         pool = splits.attacker_pool.x[:anchors]
-        recover = recover_two_layer if variant == "gradient" else recover_two_layer_mq
-        rec = recover(v.oracle, hidden, config, anchors=pool)
+        rec = method.run(v.oracle, hidden, config, anchors=pool)
         student, arch, kwargs = rec.model.to_mlp2(), "mlp2", {"hidden": rec.model.hidden}
         extra |= {"hidden_found": rec.hidden_found, "lines": rec.lines, "fit_residual": rec.fit_residual}
         if v.model is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from stealkit.commands.common import device_option, parse_int_list, parse_kv, run_options
+from stealkit.commands.common import device_option, parse_int_list, parse_kv, run_options, set_option
 
 
 @click.command("gradient-matching")
@@ -26,12 +26,13 @@ from stealkit.commands.common import device_option, parse_int_list, parse_kv, ru
 @click.option("--steps", type=int, default=600, show_default=True, help="Training minibatches per checkpoint.")
 @click.option("--dataset", default=None, help="Data set of the victim's task (default: from model.json).")
 @click.option("--data-dir", default=None, type=click.Path(), help="Directory holding data set files.")
+@set_option("batch_size=128")
 @run_options
 @device_option
 def gradmatch_cmd(victim: str, key: str | None, budget: int, checkpoints: str | None, membership_only: bool,
                   explanation: str, smooth_sigma: float, smooth_samples: int, lam: float, pool: str, student: str,
-                  student_args: tuple[str, ...], steps: int, dataset: str | None, data_dir: str | None, seed: int,
-                  out: str, device: str) -> None:
+                  student_args: tuple[str, ...], steps: int, dataset: str | None, data_dir: str | None,
+                  settings: tuple[str, ...], seed: int, out: str, device: str) -> None:
     """Train a reconstruction on the victim's answers and input-gradient explanations (l_G + lambda l_M)."""
     from stealkit.data import load_query_source
     from stealkit.extract.common import (
@@ -41,8 +42,9 @@ def gradmatch_cmd(victim: str, key: str | None, budget: int, checkpoints: str | 
         student_factory,
         victim_splits,
     )
-    from stealkit.extract.gradient_matching import GradMatchConfig, extract_gradient_matching
+    from stealkit.extract.registry import METHODS
     from stealkit.rundir import RunDir
+    from stealkit.settings import apply_settings
 
     cps = parse_int_list(checkpoints) if checkpoints else (budget,)
     kwargs = parse_kv(student_args)
@@ -56,15 +58,17 @@ def gradmatch_cmd(victim: str, key: str | None, budget: int, checkpoints: str | 
     splits = victim_splits(v, data_dir)
     x_pool = load_query_source(pool, input_shape=v.input_shape, n=max(cps), seed=seed, data_dir=data_dir,
                                victim_dataset=v.dataset, split_seed=v.split_seed)
-    config = GradMatchConfig(use_gradients=not membership_only, explanation=explanation,  # type: ignore[arg-type]
-                             lam=lam, smooth_sigma=smooth_sigma, smooth_samples=smooth_samples, steps=steps,
-                             seed=seed)
+    method = METHODS["gradient-matching"]
+    config = method.config(use_gradients=not membership_only, explanation=explanation,  # type: ignore[misc]
+                           lam=lam, smooth_sigma=smooth_sigma, smooth_samples=smooth_samples, steps=steps,
+                           seed=seed)
+    config = apply_settings(config, parse_kv(settings), who="gradient-matching")
     cfg = {"victim": victim, "budget": budget, "pool": pool, "student": student, "student_kwargs": kwargs,
            "dataset": v.dataset, "gradmatch": config}
     run = RunDir(out).create(command="extract gradient-matching", seed=seed, config=cfg)
-    result = extract_gradient_matching(v.oracle, x_pool, make_student=student_factory(student, v, seed, **kwargs),
-                                       evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
-                                       config=config, checkpoints=cps, device=device, on_point=run.append_record)
+    result = method.run(v.oracle, x_pool, make_student=student_factory(student, v, seed, **kwargs),
+                        evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
+                        config=config, checkpoints=cps, device=device, on_point=run.append_record)
     save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
     click.echo(f"accuracy {result.accuracy:.4f}, fidelity {result.fidelity}, queries {result.queries}; "
                f"report: {run.report_path}")

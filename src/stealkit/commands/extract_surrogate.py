@@ -7,7 +7,7 @@ import logging
 import click
 import torch
 
-from stealkit.commands.common import device_option, parse_kv, run_options, victim_options
+from stealkit.commands.common import device_option, parse_kv, run_options, set_option, victim_options
 from stealkit.errors import InputError
 from stealkit.rundir import RunDir
 
@@ -64,13 +64,14 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
 @click.option("--epochs", type=int, default=30, show_default=True)
 @click.option("--batch-size", type=int, default=128, show_default=True)
 @click.option("--eval-every", type=int, default=5, show_default=True, help="Score the student every N epochs.")
+@set_option("knockoff.alpha=0.2")
 @run_options
 @device_option
 def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, top_k: int, budget: int,
                   dataset: str | None, data_dir: str | None, pool: str, max_distinct: int | None, loss: str,
                   tau: float, schedule: str, lr: float, strategy: str, augment: str, student: str,
-                  student_args: tuple[str, ...], epochs: int, batch_size: int, eval_every: int, seed: int,
-                  out: str, device: str) -> None:
+                  student_args: tuple[str, ...], epochs: int, batch_size: int, eval_every: int,
+                  settings: tuple[str, ...], seed: int, out: str, device: str) -> None:
     """Surrogate-data extraction: query a surrogate pool, distil the answers with the tau-scaled KL (DFME A)."""
     from stealkit.extract.common import (
         make_evaluator,
@@ -79,13 +80,17 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
         student_factory,
         victim_splits,
     )
-    from stealkit.extract.surrogate import SurrogateConfig, extract_surrogate, resolve_loss
+    from stealkit.extract.registry import METHODS
+    from stealkit.extract.surrogate import resolve_loss
+    from stealkit.settings import apply_settings
 
     resolve_loss(loss, mode)  # type: ignore[arg-type]  # refuse e.g. KL on labels before any work
     kwargs = parse_kv(student_args)
-    config = SurrogateConfig(max_distinct=max_distinct, loss=loss, tau=tau, epochs=epochs,  # type: ignore[arg-type]
-                             batch_size=batch_size, lr=lr, schedule=schedule, strategy=strategy,  # type: ignore[arg-type]
-                             augment=augment, eval_every=eval_every, seed=seed)  # type: ignore[arg-type]
+    method = METHODS["surrogate"]
+    config = method.config(max_distinct=max_distinct, loss=loss, tau=tau, epochs=epochs,  # type: ignore[misc]
+                           batch_size=batch_size, lr=lr, schedule=schedule, strategy=strategy,
+                           augment=augment, eval_every=eval_every, seed=seed)
+    config = apply_settings(config, parse_kv(settings), who="surrogate")
     v = open_victim(victim, mode=mode, budget=budget, temperature=temperature, top_k=top_k, key=key,
                     dataset=dataset, device=device, seed=seed)
     splits = victim_splits(v, data_dir)
@@ -101,9 +106,9 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
     cfg = {"victim": victim, "mode": mode, "budget": budget, "pool": pool, "student": student,
            "student_kwargs": kwargs, "dataset": v.dataset, "surrogate": config}
     run = RunDir(out).create(command="extract surrogate", seed=seed, config=cfg)
-    result = extract_surrogate(v.oracle, x_pool, make_student=student_factory(student, v, seed, **kwargs),
-                               config=config, evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
-                               pool_labels=labels, on_point=run.append_record, device=device)
+    result = method.run(v.oracle, x_pool, make_student=student_factory(student, v, seed, **kwargs),
+                        config=config, evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
+                        pool_labels=labels, on_point=run.append_record, device=device)
     save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
     click.echo(f"accuracy {result.accuracy:.4f}, fidelity {result.fidelity}, queries {result.queries}; "
                f"report: {run.report_path}")

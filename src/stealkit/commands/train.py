@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from stealkit.commands.common import device_option, parse_kv
+from stealkit.commands.common import device_option, parse_kv, set_option
 
 
 @click.command("train")
@@ -24,19 +24,22 @@ from stealkit.commands.common import device_option, parse_kv
 @click.option("--split-seed", type=int, default=0, show_default=True, help="Seed of the data split.")
 @click.option("--data-dir", default=None, type=click.Path(), help="Directory holding the data set files.")
 @click.option("--out", required=True, type=click.Path(), help="Directory for model.safetensors/json, metrics.json.")
+@set_option("max_steps=200")
 @device_option
 def train_cmd(dataset: str, arch: str, arch_args: tuple[str, ...], epochs: int, batch_size: int, optimizer: str,
               lr: float | None, schedule: str, weight_decay: float, noise_sigma: float, seed: int, split_seed: int,
-              data_dir: str | None, out: str, device: str) -> None:
+              data_dir: str | None, out: str, settings: tuple[str, ...], device: str) -> None:
     """Train a victim on the victim-train split and save it (safetensors + JSON spec)."""
     from stealkit.report.builders import build_report
     from stealkit.rundir import RunDir
+    from stealkit.settings import apply_settings
     from stealkit.train import TrainConfig
     from stealkit.victims import train_victim
 
     config = TrainConfig(epochs=epochs, batch_size=batch_size, optimizer=optimizer, lr=lr,  # type: ignore[arg-type]
                          schedule=schedule, weight_decay=weight_decay, seed=seed,  # type: ignore[arg-type]
                          noise_sigma=noise_sigma)
+    config = apply_settings(config, parse_kv(settings), who="train")
     kwargs = parse_kv(arch_args)
     run = RunDir(out).create(command="train", seed=seed, config={
         "dataset": dataset, "arch": arch, "arch_kwargs": kwargs, "split_seed": split_seed, "train": config.to_dict()})

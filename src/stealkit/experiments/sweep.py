@@ -26,7 +26,7 @@ Backend = Literal["local", "ray"]
 
 def parse_grid(items: tuple[str, ...] | list[str]) -> dict[str, list[Any]]:
     """``["seed=0,1", "steal.budget=100,200"]`` -> ``{"seed": [0, 1], "steal.budget": [100, 200]}``."""
-    from stealkit.commands.common import _scalar
+    from stealkit.settings import parse_value as _scalar
 
     grid: dict[str, list[Any]] = {}
     for item in items:

@@ -6,8 +6,10 @@
 | surrogate data, Knockoff Nets | ``surrogate``, ``knockoff`` | DFME appendix A; Orekondy et al. 2019 |
 | DFME, MAZE, DaST, CoDFe | ``dfme``, ``maze``, ``dast``, ``codfe`` | Truong et al. 2021; Kariyappa et al. 2021; Zhou et al. 2020; CoDFe |
 | exact recovery, membership variant, logistic | ``exact``, ``exact_mq``, ``logistic_exact`` | Milli et al. 2019, Alg. 1, App. C, fn. 2 |
+| exact recovery beyond the paper (secant search, biased multi-output nets) | ``exact_secant`` | - |
 | gradient matching | ``gradient_matching`` | Milli et al. 2019, Sec. 4 |
 
+The methods by public name (run function, config dataclass): :data:`stealkit.extract.registry.METHODS`.
 Names are imported lazily, so ``import stealkit.extract`` stays cheap.
 """
 
@@ -19,13 +21,13 @@ from typing import Any
 _EXPORTS = {
     "BaselineConfig": "baseline", "extract_baseline": "baseline",
     "ExtractionResult": "common", "Victim": "common", "open_victim": "common",
-    "SurrogateConfig": "surrogate", "KnockoffConfig": "surrogate", "extract_surrogate": "surrogate",
+    "SurrogateConfig": "surrogate", "KnockoffConfig": "knockoff", "extract_surrogate": "surrogate",
     "DFMEConfig": "dfme", "extract_dfme": "dfme", "MAZEConfig": "maze", "extract_maze": "maze",
     "DaSTConfig": "dast", "extract_dast": "dast", "CoDFeConfig": "codfe", "extract_codfe": "codfe",
     "ExactConfig": "exact", "RecoveryFailure": "exact", "recover_two_layer": "exact",
     "recover_two_layer_mq": "exact_mq", "identify_logistic": "logistic_exact",
     "GradMatchConfig": "gradient_matching", "extract_gradient_matching": "gradient_matching",
-    "recover_logits": "logit_recovery",
+    "recover_logits": "logit_recovery", "METHODS": "registry",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -29,17 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stealkit.extract.datafree_common import (
-    DataFreeAttack,
-    DataFreeResult,
-    LoopConfig,
-    QueryFn,
-    answer_probs,
-    check_positive,
-    run_datafree,
-)
+from stealkit.extract.datafree_attack import DataFreeAttack, QueryFn, check_positive
+from stealkit.extract.datafree_loop import DataFreeResult, LoopConfig, run_datafree
 from stealkit.extract.losses import soft_cross_entropy
 from stealkit.extract.replay import ReplayBuffer
+from stealkit.extract.targets import answer_probs
 from stealkit.metrics import Evaluator
 from stealkit.models.generators import UpsampleGenerator
 from stealkit.oracle import Oracle, OutputMode
@@ -117,12 +111,11 @@ class CoDFeAttack(DataFreeAttack):
         cfg = self.config
         x = self._generate(self.z)
         answer = query(x).to(self.device)
-        target = answer.long() if self.mode is OutputMode.LABEL else answer_probs(answer, self.mode,
-                                                                                   self.num_classes)
+        soft = answer_probs(answer, self.mode, self.num_classes)  # one-hot rows for labels
+        target = answer.long() if self.mode is OutputMode.LABEL else soft
         s_losses = []
         m = x.shape[0]
         replay = len(self.replay) >= cfg.batch_size  # option: half of each batch from earlier rounds
-        soft = target if self.mode is not OutputMode.LABEL else F.one_hot(target, self.num_classes).float()
         for _ in range(cfg.substitute_iterations):
             idx = torch.randint(m, (min(cfg.batch_size, m),), generator=self.rng)
             if replay:

@@ -57,12 +57,12 @@ def open_victim(
 ) -> Victim:
     """Open a victim given as a model directory, an ``http(s)://`` API address, or ``standard:NAME``.
 
-    ``standard:NAME`` is one of the cached standard victims of :mod:`stealkit.experiments.victims`
+    ``standard:NAME`` is one of the cached standard victims of :mod:`stealkit.victims`
     (trained on first use), e.g. ``standard:fmnist-conv2``.
     """
     victim = str(victim)
     if victim.startswith("standard:"):
-        from stealkit.experiments.victims import standard_victim
+        from stealkit.victims import standard_victim
 
         victim = str(standard_victim(victim.split(":", 1)[1]).path)
     if is_url(victim):

@@ -29,15 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stealkit.extract.datafree_common import (
-    DataFreeAttack,
-    DataFreeResult,
-    LoopConfig,
-    QueryFn,
-    answer_probs,
-    check_positive,
-    run_datafree,
-)
+from stealkit.extract.datafree_attack import DataFreeAttack, QueryFn, check_positive
+from stealkit.extract.datafree_loop import DataFreeResult, LoopConfig, run_datafree
+from stealkit.extract.targets import answer_probs
 from stealkit.metrics import Evaluator
 from stealkit.models.generators import DaSTGenerator
 from stealkit.oracle import Oracle, OutputMode

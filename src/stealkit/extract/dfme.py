@@ -27,18 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stealkit.extract.datafree_common import (
-    DataFreeAttack,
-    DataFreeResult,
-    LoopConfig,
-    QueryFn,
-    check_positive,
-    multistep_factor,
-    needs_probabilities,
-    recover_logits,
-    run_datafree,
-    set_lr,
-)
+from stealkit.extract.datafree_attack import DataFreeAttack, QueryFn, check_positive, needs_probabilities
+from stealkit.extract.datafree_loop import DataFreeResult, LoopConfig, run_datafree
+from stealkit.extract.schedules import multistep_factor, set_lr
+from stealkit.extract.targets import answer_logits
 from stealkit.extract.zoo_grad import estimate_gradient
 from stealkit.metrics import Evaluator
 from stealkit.models.generators import UpsampleGenerator
@@ -105,7 +97,7 @@ class DFMEAttack(DataFreeAttack):
         return dfme_cost(self.config)
 
     def victim_logits(self, answer: torch.Tensor) -> torch.Tensor:
-        return recover_logits(answer, self.mode, self.num_classes, smoothing=self.config.label_smoothing)
+        return answer_logits(answer, self.mode, self.num_classes, smoothing=self.config.label_smoothing)
 
     def disagreement(self, student_logits: torch.Tensor, victim_logits: torch.Tensor) -> torch.Tensor:
         """Per-sample loss ``[B]``: mean l1 over classes, or KL(victim || student)."""

@@ -20,12 +20,13 @@ import numpy as np
 import torch
 
 from stealkit.errors import InputError
-from stealkit.extract.exact import ExactConfig, ExactRecovery, GradientAccess, recover_with
+from stealkit.extract.exact import ExactConfig, ExactRecovery, recover_with
+from stealkit.extract.exact_access import GradientAccess
 from stealkit.oracle import Oracle
 
 
 class MembershipAccess(GradientAccess):
-    """A :class:`~stealkit.extract.exact.GradientAccess` whose gradients are App. C's finite differences."""
+    """A :class:`~stealkit.extract.exact_access.GradientAccess` whose gradients are App. C's finite differences."""
 
     def __init__(self, oracle: Oracle, *, output: int = 0, batch_size: int = 512, step: float = 1e-5) -> None:
         super().__init__(oracle, output=output, batch_size=batch_size, need_explain=False)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,11 +32,35 @@ import torch.nn.functional as F
 from torch import nn
 
 from stealkit.errors import InputError
-from stealkit.extract.surrogate import AnswerCache, KnockoffConfig, LossFn
-from stealkit.oracle import OutputMode
+from stealkit.extract.answer_cache import AnswerCache
+from stealkit.extract.losses import LossFn
+from stealkit.extract.targets import answer_probs
 from stealkit.progress import progress
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class KnockoffConfig:
+    """Knockoff Nets' adaptive policy (see :mod:`stealkit.extract.knockoff`).
+
+    ``step_batch`` images are queried per policy step; ``rewards`` any of ``cert``, ``div``, ``loss``;
+    ``div_window`` steps of answers form the diversity reward's running mean; ``alpha`` is the gradient-bandit
+    step; the online student takes one SGD step of learning rate ``online_lr`` per policy step.
+    """
+
+    step_batch: int = 16
+    rewards: tuple[str, ...] = ("cert", "div", "loss")
+    div_window: int = 25
+    alpha: float = 0.1
+    online_lr: float = 0.02
+
+    def __post_init__(self) -> None:
+        bad = [r for r in self.rewards if r not in ("cert", "div", "loss")]
+        if bad or not self.rewards:
+            raise InputError(f"knockoff rewards must be a non-empty subset of cert, div, loss; got {self.rewards}")
+        if self.step_batch < 1 or self.div_window < 1 or self.alpha <= 0 or self.online_lr <= 0:
+            raise InputError("knockoff step_batch and div_window must be >= 1, alpha and online_lr > 0")
 
 
 def kmeans_actions(x: torch.Tensor, k: int, *, seed: int = 0, iters: int = 20, size: int = 8) -> torch.Tensor:
@@ -52,16 +77,6 @@ def kmeans_actions(x: torch.Tensor, k: int, *, seed: int = 0, iters: int = 20, s
             if members.shape[0]:
                 centres[j] = members.mean(dim=0)
     return labels
-
-
-def _probabilities(answer: torch.Tensor, mode: OutputMode, k: int) -> torch.Tensor:
-    """The victim's answer as a probability vector (one-hot for labels, softmax for logits)."""
-    if mode is OutputMode.LABEL:
-        return F.one_hot(answer.long(), k).float()
-    if mode is OutputMode.LOGITS:
-        return torch.softmax(answer.float(), dim=1)
-    p = answer.float()
-    return p / p.sum(dim=1, keepdim=True).clamp_min(1e-12)
 
 
 class _RunningStat:
@@ -131,7 +146,7 @@ def knockoff_select(
                 picked_acts.append(a)
         idx = torch.tensor(picked, dtype=torch.long)
         answers = cache.get(idx)
-        y = _probabilities(answers, oracle.mode, k)
+        y = answer_probs(answers, oracle.mode, k)
         xb, ab = cache.x[idx].to(device), answers.to(device)
         logits = student(xb)
         with torch.no_grad():

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
+
+from stealkit.extract.targets import answer_probs
+from stealkit.oracle import OutputMode
+
+#: a student loss ``fn(student_logits, victim_answers)``
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def soft_cross_entropy(student_logits: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
@@ -12,10 +20,11 @@ def soft_cross_entropy(student_logits: torch.Tensor, target_probs: torch.Tensor)
     return -(p * F.log_softmax(student_logits, dim=1)).sum(dim=1).mean()
 
 
-def loss_for_mode(mode: str):  # noqa: ANN201 - returns a loss function
+def loss_for_mode(mode: str) -> LossFn:
     """The natural student loss for what the oracle returns: CE on labels, soft CE otherwise."""
-    if mode == "label":
+    parsed = OutputMode.parse(mode)
+    if parsed is OutputMode.LABEL:
         return lambda logits, y: F.cross_entropy(logits, y.long())
-    if mode == "logits":
-        return lambda logits, z: soft_cross_entropy(logits, torch.softmax(z, dim=1))
-    return soft_cross_entropy
+    if parsed is OutputMode.LOGITS:
+        return lambda logits, z: soft_cross_entropy(logits, answer_probs(z, parsed, logits.shape[1]))
+    return soft_cross_entropy  # probs and top-k answers: soft_cross_entropy renormalises their rows

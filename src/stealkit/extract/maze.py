@@ -27,19 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stealkit.extract.datafree_common import (
-    DataFreeAttack,
-    DataFreeResult,
-    LoopConfig,
-    QueryFn,
-    answer_probs,
-    check_positive,
-    cosine_factor,
-    needs_probabilities,
-    run_datafree,
-    set_lr,
-)
+from stealkit.extract.datafree_attack import DataFreeAttack, QueryFn, check_positive, needs_probabilities
+from stealkit.extract.datafree_loop import DataFreeResult, LoopConfig, run_datafree
 from stealkit.extract.replay import ReplayBuffer
+from stealkit.extract.schedules import cosine_factor, set_lr
+from stealkit.extract.targets import answer_probs
 from stealkit.extract.zoo_grad import estimate_gradient
 from stealkit.metrics import Evaluator
 from stealkit.models.generators import UpsampleGenerator

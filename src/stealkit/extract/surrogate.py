@@ -10,9 +10,9 @@ The attacker queries the victim with a surrogate data set and distils the answer
 * **Optimiser and schedules (A.2).** SGD, maximum learning rate 0.1, and either the cyclic schedule (Smith's
   one-cycle) or step decay (x0.2 at 30%, 60% and 80% of training).
 * **Distinct-sample cap (A.2).** At most ``max_distinct`` different images are ever queried (the paper caps at
-  50,000); each is queried once, when first needed, and its answer is cached (:class:`AnswerCache`), so every
-  later epoch re-uses it without spending a query. The ledger count therefore equals the number of distinct
-  images answered.
+  50,000); each is queried once, when first needed, and its answer is cached
+  (:class:`~stealkit.extract.answer_cache.AnswerCache`), so every later epoch re-uses it without spending a
+  query. The ledger count therefore equals the number of distinct images answered.
 * **Query strategy.** ``random`` queries a seeded shuffle of the pool; ``knockoff`` picks images with the
   adaptive policy of Knockoff Nets (Orekondy et al., CVPR 2019; :mod:`stealkit.extract.knockoff`).
 
@@ -33,8 +33,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from stealkit.errors import InputError
+from stealkit.extract.answer_cache import AnswerCache, distinct_cap
 from stealkit.extract.common import ExtractionResult, curve_point
+from stealkit.extract.knockoff import KnockoffConfig, knockoff_select
 from stealkit.extract.logit_recovery import recover_logits
+from stealkit.extract.losses import LossFn
+from stealkit.extract.targets import victim_log_probs
 from stealkit.metrics import Evaluator
 from stealkit.oracle import Oracle, OutputMode
 from stealkit.train import TrainConfig, fit
@@ -45,7 +49,6 @@ StudentLoss = Literal["auto", "kl", "ce", "l1"]
 CycleSchedule = Literal["cyclic", "step"]
 Strategy = Literal["random", "knockoff"]
 Augment = Literal["none", "shift", "shift-flip"]
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 _SCHEDULES: dict[str, str] = {"cyclic": "onecycle", "step": "step"}
 
@@ -53,22 +56,6 @@ _SCHEDULES: dict[str, str] = {"cyclic": "onecycle", "step": "step"}
 # --------------------------------------------------------------------------------------------------------
 # Losses (A.1)
 # --------------------------------------------------------------------------------------------------------
-def victim_log_probs(answer: torch.Tensor, mode: OutputMode | str, tau: float = 1.0) -> torch.Tensor:
-    """``log V_tau`` ``[B, K]`` from an answer in ``mode`` (probs, topk or logits); ``-inf`` where V_tau = 0.
-
-    For probabilities ``softmax(log p / tau) = softmax(v / tau)`` exactly; zero probabilities (hidden top-k
-    classes, float underflow) get probability 0 at every temperature.
-    """
-    mode = OutputMode.parse(mode)
-    if mode is OutputMode.LABEL:
-        raise InputError("the temperature-scaled KL loss needs probabilities or logits, not labels; use loss 'ce'")
-    if mode is OutputMode.LOGITS:
-        return F.log_softmax(answer.float() / tau, dim=1)
-    p = answer.float()
-    log_p = torch.where(p > 0, p.clamp_min(torch.finfo(p.dtype).tiny).log(), torch.full_like(p, -math.inf))
-    return F.log_softmax(log_p / tau, dim=1)
-
-
 def tau_kl(student_logits: torch.Tensor, victim_logp_tau: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
     """``tau**2 * KL(V_tau || S_tau)`` averaged over the batch (A.1); ``victim_logp_tau`` is ``log V_tau``.
 
@@ -111,81 +98,8 @@ def make_student_loss(loss: StudentLoss, mode: OutputMode | str, tau: float = 1.
 
 
 # --------------------------------------------------------------------------------------------------------
-# The answer cache and the distinct-sample cap (A.2)
-# --------------------------------------------------------------------------------------------------------
-class AnswerCache:
-    """Answers of the oracle for the images ``x``, each queried at most once, when first asked for.
-
-    ``get(idx)`` returns the answers of ``x[idx]``, sending only the not-yet-answered ones to the oracle (in
-    one batch, charged to its ledger). ``n_answered`` is the number of distinct images answered.
-    """
-
-    def __init__(self, oracle: Oracle, x: torch.Tensor, *, query_batch: int = 256) -> None:
-        self.oracle, self.x, self.query_batch = oracle, x, int(query_batch)
-        self.answered = torch.zeros(x.shape[0], dtype=torch.bool)
-        self.answers: torch.Tensor | None = None
-        self.hits = 0
-        self.misses = 0
-
-    def __len__(self) -> int:
-        return self.x.shape[0]
-
-    @property
-    def n_answered(self) -> int:
-        return int(self.answered.sum())
-
-    def answered_indices(self) -> torch.Tensor:
-        return self.answered.nonzero().flatten()
-
-    def get(self, idx: torch.Tensor) -> torch.Tensor:
-        idx = idx.long().cpu()
-        todo = idx[~self.answered[idx]].unique()
-        self.misses += int(todo.numel())
-        self.hits += int(idx.numel() - todo.numel())
-        for i in range(0, todo.numel(), self.query_batch):
-            chunk = todo[i : i + self.query_batch]
-            ans = self.oracle.query(self.x[chunk]).detach().cpu()
-            if self.answers is None:
-                self.answers = torch.zeros((self.x.shape[0], *ans.shape[1:]), dtype=ans.dtype)
-            self.answers[chunk] = ans
-            self.answered[chunk] = True
-        assert self.answers is not None
-        return self.answers[idx]
-
-
-def distinct_cap(oracle: Oracle, pool_size: int, max_distinct: int | None) -> int:
-    """How many distinct images may be queried: the pool, the cap and the remaining budget, whichever is least."""
-    n = pool_size if max_distinct is None else min(pool_size, max_distinct)
-    left = oracle.ledger.remaining()
-    return n if left is None else min(n, left)
-
-
-# --------------------------------------------------------------------------------------------------------
 # Configuration and the attack
 # --------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class KnockoffConfig:
-    """Knockoff Nets' adaptive policy (see :mod:`stealkit.extract.knockoff`).
-
-    ``step_batch`` images are queried per policy step; ``rewards`` any of ``cert``, ``div``, ``loss``;
-    ``div_window`` steps of answers form the diversity reward's running mean; ``alpha`` is the gradient-bandit
-    step; the online student takes one SGD step of learning rate ``online_lr`` per policy step.
-    """
-
-    step_batch: int = 16
-    rewards: tuple[str, ...] = ("cert", "div", "loss")
-    div_window: int = 25
-    alpha: float = 0.1
-    online_lr: float = 0.02
-
-    def __post_init__(self) -> None:
-        bad = [r for r in self.rewards if r not in ("cert", "div", "loss")]
-        if bad or not self.rewards:
-            raise InputError(f"knockoff rewards must be a non-empty subset of cert, div, loss; got {self.rewards}")
-        if self.step_batch < 1 or self.div_window < 1 or self.alpha <= 0 or self.online_lr <= 0:
-            raise InputError("knockoff step_batch and div_window must be >= 1, alpha and online_lr > 0")
-
-
 @dataclass(frozen=True)
 class SurrogateConfig:
     """Settings of :func:`extract_surrogate`.
@@ -319,8 +233,6 @@ def extract_surrogate(
         indices = torch.arange(n)
         extra: dict[str, Any] = {}
     else:
-        from stealkit.extract.knockoff import knockoff_select
-
         labels = pool_labels[order] if pool_labels is not None else None
         cache = AnswerCache(oracle, pool[order], query_batch=config.query_batch)
         n = distinct_cap(oracle, pool.shape[0], config.max_distinct)

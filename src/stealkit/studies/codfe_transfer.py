@@ -203,9 +203,9 @@ def run(cfg: StudyConfig, *, on_record: Callable[[dict[str, Any]], None] | None 
     """Train/load the substitutes, attack the victim from each; returns the summary (rows + markdown)."""
     device, data_dir = cfg.device, cfg.data_dir
     from stealkit.data import load_splits
-    from stealkit.experiments.victims import standard_victim
     from stealkit.extract.common import Victim, make_evaluator
     from stealkit.oracle import LocalOracle
+    from stealkit.victims import standard_victim
 
     victim = standard_victim(cfg.victim or DEFAULT_VICTIM[cfg.dataset], data_dir=data_dir, device=device)
     splits = load_splits(cfg.dataset, data_dir=data_dir, seed=int((victim.spec.extra or {}).get("split_seed", 0)))

@@ -57,7 +57,7 @@ def served_accuracy(model: torch.nn.Module, defence: Any, x: torch.Tensor, y: to
 def run_defence_study(config: DefenceStudyConfig, on_row: Any = None) -> dict[str, Any]:
     """Returns ``{"rows": [...], "prada": {...}, "victim_accuracy": ...}``; one row per defence."""
     from stealkit.data import load_splits
-    from stealkit.experiments.victims import standard_victim
+    from stealkit.victims import standard_victim
 
     trained = standard_victim(config.victim, device=config.device)
     model, spec = trained.model.eval(), trained.spec

@@ -59,7 +59,7 @@ class Hypothesis1Config:
 def hypothesis1_study(config: Hypothesis1Config,
                       on_point: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train one student per (victim, student loss) and trace the gradient-norm ratio along training."""
-    from stealkit.experiments.victims import standard_victim
+    from stealkit.victims import standard_victim
 
     for loss in config.losses:
         if loss not in ("kl", "l1"):

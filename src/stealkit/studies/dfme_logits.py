@@ -43,8 +43,8 @@ class LogitStudyConfig:
 def logit_recovery_study(config: LogitStudyConfig) -> list[dict[str, Any]]:
     """One row per (victim, input set) with the statistics of :func:`recovery_error`."""
     from stealkit.data import load_query_source
-    from stealkit.experiments.victims import standard_victim
     from stealkit.metrics import predict_logits
+    from stealkit.victims import standard_victim
 
     rows = []
     for name in config.victims:

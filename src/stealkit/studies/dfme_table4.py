@@ -120,12 +120,11 @@ class Table4Config:
 
 def _victim_dir(plan: VictimPlan, config: Table4Config) -> str:
     if plan.recipe is not None:
-        from stealkit.experiments.victims import standard_victim
+        from stealkit.victims import standard_victim
 
         return str(standard_victim(plan.recipe, data_dir=config.data_dir, device=config.device).path)
-    from stealkit.experiments.victims import cache_root
     from stealkit.train import TrainConfig
-    from stealkit.victims import train_victim
+    from stealkit.victims import cache_root, train_victim
 
     assert plan.train is not None
     dataset, arch, kwargs = plan.train

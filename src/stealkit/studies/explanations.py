@@ -55,10 +55,10 @@ def run_curve(cond: dict[str, Any], queries: tuple[int, ...], base: GradMatchCon
               device: str = "cpu", data_dir: str | None = None) -> dict[str, Any]:
     """Train reconstructions at each query count for one condition; returns the curve and the victim accuracy."""
     from stealkit.data import load_query_source, load_splits
-    from stealkit.experiments.victims import standard_victim
     from stealkit.metrics import Evaluator, predict_labels
     from stealkit.models import build_model
     from stealkit.oracle import LocalExplanationOracle
+    from stealkit.victims import standard_victim
 
     trained = standard_victim(f"{PREFIX[cond['dataset']]}-{cond['victim']}", data_dir=data_dir, device=device)
     splits = load_splits(cond["dataset"], data_dir=data_dir)

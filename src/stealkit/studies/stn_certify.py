@@ -34,11 +34,12 @@ from stealkit.certify.evaluate import (
     summarize,
 )
 from stealkit.certify.smoothing import Certificate, SmoothingConfig, certify
-from stealkit.certify.victims import recipe, robust_victim
 from stealkit.errors import InputError
 from stealkit.report.html import Figure, Section
 from stealkit.report.plots import line_plot
 from stealkit.rundir import RunDir
+from stealkit.victims import robust_recipe as recipe
+from stealkit.victims import robust_victim
 
 log = logging.getLogger(__name__)
 
