@@ -21,6 +21,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
@@ -28,6 +29,7 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from stealkit.commands.common import device_option, parse_kv, set_option
+from stealkit.commands.common import device_option, parse_kv, set_option, victim_option
 from stealkit.evade.registry import ATTACKS, DECISION, TRANSFER
 
 TARGETS = ("second", "random", "least-likely")
@@ -23,7 +23,7 @@ def attack() -> None:
 
 def _victim_opts(fn: Callable[..., Any]) -> Callable[..., Any]:
     opts = [
-        click.option("--victim", required=True, help="Victim model directory, or an http(s):// API address."),
+        victim_option(),
         click.option("--key", default=None, envvar="STEALKIT_API_KEY", help="API key for an HTTP victim."),
         click.option("--budget", type=int, default=None, help="Victim queries the attack may spend (default: no cap)."),
         click.option("--dataset", default=None, help="Data set of the victim's task (default: from its model.json)."),

@@ -48,10 +48,28 @@ def device_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
 
 
+VICTIM_HELP = ("Victim: a model directory, an http(s):// API address, or standard:NAME (a cached standard victim, "
+               "trained on first use, e.g. standard:digits-conv2).")
+
+
+def resolve_victim(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
+    """``standard:NAME`` -> the directory of that cached standard victim (trained on first use); else as given."""
+    if value and value.startswith("standard:"):
+        from stealkit.victims import standard_victim
+
+        return str(standard_victim(value.split(":", 1)[1]).path)
+    return value
+
+
+def victim_option(*, help_text: str = VICTIM_HELP) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The ``--victim`` option of every command that attacks a victim (``standard:NAME`` resolved here)."""
+    return click.option("--victim", required=True, callback=resolve_victim, help=help_text)
+
+
 def victim_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """--victim/--key/--mode/--temperature/--top-k/--budget: how to reach the victim and what it returns."""
     opts = [
-        click.option("--victim", required=True, help="Victim model directory, or an http(s):// API address."),
+        victim_option(),
         click.option("--key", default=None, envvar="STEALKIT_API_KEY", help="API key for an HTTP victim."),
         click.option("--mode", type=click.Choice(MODES), default="probs", show_default=True,
                      help="What the oracle returns."),

@@ -7,13 +7,13 @@ from typing import Any
 
 import click
 
-from stealkit.commands.common import device_option, parse_kv, run_options, set_option
+from stealkit.commands.common import device_option, parse_kv, run_options, set_option, victim_option
 
 VARIANTS = ("gradient", "mq", "logistic")
 
 
 @click.command("exact")
-@click.option("--victim", required=True, help="Victim model directory (a zoo mlp2 or logistic), or an http(s) API.")
+@victim_option(help_text="Victim: a zoo mlp2 or logistic model directory, an http(s):// API, or standard:NAME.")
 @click.option("--key", default=None, envvar="STEALKIT_API_KEY", help="API key for an HTTP victim.")
 @click.option("--variant", type=click.Choice(VARIANTS), default="gradient", show_default=True,
               help="gradient: Algorithm 1 from gradient + membership queries; mq: Algorithm 1-MQ (membership "

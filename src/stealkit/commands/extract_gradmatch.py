@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import click
 
-from stealkit.commands.common import device_option, parse_int_list, parse_kv, run_options, set_option
+from stealkit.commands.common import (
+    device_option,
+    parse_int_list,
+    parse_kv,
+    run_options,
+    set_option,
+    victim_option,
+)
 
 
 @click.command("gradient-matching")
-@click.option("--victim", required=True, help="Victim model directory, or an http(s):// API address.")
+@victim_option()
 @click.option("--key", default=None, envvar="STEALKIT_API_KEY", help="API key for an HTTP victim.")
 @click.option("--budget", type=int, required=True, help="Inputs the attack may query (each costs one membership "
               "query and, with gradients, one explanation query).")

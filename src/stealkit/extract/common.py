@@ -55,16 +55,14 @@ def open_victim(
     device: str = "cpu",
     seed: int = 0,
 ) -> Victim:
-    """Open a victim given as a model directory, an ``http(s)://`` API address, or ``standard:NAME``.
+    """Open a victim given as a model directory or an ``http(s)://`` API address.
 
-    ``standard:NAME`` is one of the cached standard victims of :mod:`stealkit.victims`
-    (trained on first use), e.g. ``standard:fmnist-conv2``.
+    (The CLI's ``--victim standard:NAME`` is resolved to a directory by the command layer, which may build
+    victims; this layer only opens them.)
     """
     victim = str(victim)
     if victim.startswith("standard:"):
-        from stealkit.victims import standard_victim
-
-        victim = str(standard_victim(victim.split(":", 1)[1]).path)
+        raise InputError(f"{victim}: resolve standard victims first (stealkit.victims.standard_victim(NAME).path)")
     if is_url(victim):
         try:
             from stealkit.oracle.http import HttpOracle
