@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -180,3 +181,23 @@ def test_reproduce_survives_an_internal_error(tiny_config, tmp_path, monkeypatch
     summary = rp.reproduce("small", tmp_path / "boom")
     assert summary["failed"] == ["tiny"]
     assert "internal error RuntimeError: deep inside torch" in summary["studies"][0]["error"]
+
+
+@pytest.mark.slow
+def test_reproduce_jobs_runs_studies_in_parallel_processes_with_the_same_results(tiny_config, tmp_path, monkeypatch):
+    from stealkit.experiments import reproduce as rp
+
+    second = tmp_path / "second.toml"
+    second.write_text(TINY.replace('name = "tiny"', 'name = "second"'))
+    monkeypatch.setattr(rp, "config_paths", lambda scale: [tiny_config, second])
+    serial = rp.reproduce("small", tmp_path / "serial", jobs=1)
+    parallel = rp.reproduce("small", tmp_path / "parallel", jobs=2)
+    assert parallel["jobs"] == 2 and [s["name"] for s in parallel["studies"]] == ["tiny", "second"]
+    for a, b in zip(serial["studies"], parallel["studies"], strict=True):
+        sa = json.loads((Path(a["final_step"]) / "summary.json").read_text())
+        sb = json.loads((Path(b["final_step"]) / "summary.json").read_text())
+        assert sa["queries"] == sb["queries"] and sa["accuracy"] == sb["accuracy"]
+    again = rp.reproduce("small", tmp_path / "parallel", jobs=2)  # finished steps are skipped on restart
+    assert all(s["skipped_steps"] == ["victim", "steal"] for s in again["studies"])
+    with pytest.raises(InputError, match="jobs"):
+        rp.reproduce("small", tmp_path / "x", jobs=0)

@@ -30,8 +30,11 @@ class JsonFormatter(logging.Formatter):
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 @click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors; no progress bars.")
 @click.option("--log-json", is_flag=True, help="Machine-readable logs: one JSON object per line on stderr.")
+@click.option("--threads", type=int, default=None, envvar="STEALKIT_THREADS", show_envvar=True,
+              help="Intra-op CPU threads per process (default 1: best for the zoo's small models, and robust when "
+                   "cores are shared; 0 = one per core).")
 @click.pass_context
-def cli(ctx: click.Context, verbose: int, quiet: bool, log_json: bool) -> None:
+def cli(ctx: click.Context, verbose: int, quiet: bool, log_json: bool, threads: int | None) -> None:
     """stealkit: model extraction, transfer attacks and certified robustness for deployed classifiers.
 
     Every command writes a run directory (config.json, records.jsonl, summary.json, report.html).
@@ -40,6 +43,12 @@ def cli(ctx: click.Context, verbose: int, quiet: bool, log_json: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_json else logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    if verbose < 1:  # third-party request logs (httpx logs every request at INFO) only with -v
+        for name in ("httpx", "httpcore", "urllib3", "matplotlib", "PIL"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    from stealkit.threads import apply_threads, resolve_threads
+
+    apply_threads(resolve_threads(threads))
     ctx.ensure_object(dict)
     ctx.obj["quiet"] = quiet
     if quiet:

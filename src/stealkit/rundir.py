@@ -14,8 +14,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from stealkit import __version__
 from stealkit.errors import InputError
 from stealkit.fsutil import atomic_write_json, atomic_write_text, to_jsonable
@@ -34,6 +32,13 @@ def git_commit() -> str | None:
 
 
 def environment() -> dict[str, Any]:
+    """Where a result was made: versions, commit, torch's intra-op threads and the machine's load when it began."""
+    import torch
+
+    try:
+        load = [round(v, 2) for v in os.getloadavg()]
+    except OSError:  # not every platform has a load average
+        load = None
     return {
         "stealkit_version": __version__,
         "git_commit": git_commit(),
@@ -41,6 +46,8 @@ def environment() -> dict[str, Any]:
         "torch": torch.__version__,
         "platform": platform.platform(),
         "threads": torch.get_num_threads(),
+        "load_average": load,
+        "cpus": os.cpu_count(),
     }
 
 

@@ -15,10 +15,13 @@ matches exactly.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -150,6 +153,18 @@ def data_fingerprint(dataset: str, split_seed: int, data_dir: str | Path | None 
     return h.hexdigest()[:16]
 
 
+@contextlib.contextmanager
+def cache_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on a cache entry, so parallel processes (``reproduce --jobs``) train it once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def standard_victim(name: str, *, cache_dir: str | Path | None = None, data_dir: str | Path | None = None,
                     device: str = "cpu") -> TrainedModel:
     """Load the named standard victim from the cache, training it first if needed."""
@@ -160,13 +175,15 @@ def standard_victim(name: str, *, cache_dir: str | Path | None = None, data_dir:
     stamp = json.dumps({"dataset": recipe.dataset, "arch": recipe.arch, "train": recipe.train.to_dict(),
                         "kwargs": dict(recipe.arch_kwargs), "split_seed": recipe.split_seed,
                         "data": data_fingerprint(recipe.dataset, recipe.split_seed, data_dir)}, sort_keys=True)
-    cached = _cached(path, stamp, device)
-    if cached is not None:
-        return cached
-    trained = train_victim(recipe.dataset, recipe.arch, recipe.train, out=path, arch_kwargs=dict(recipe.arch_kwargs),
-                           data_dir=data_dir, split_seed=recipe.split_seed, device=device)
-    atomic_write_text(path / "recipe.json", stamp)
-    return trained
+    with cache_lock(path):
+        cached = _cached(path, stamp, device)
+        if cached is not None:
+            return cached
+        trained = train_victim(recipe.dataset, recipe.arch, recipe.train, out=path,
+                               arch_kwargs=dict(recipe.arch_kwargs), data_dir=data_dir, split_seed=recipe.split_seed,
+                               device=device)
+        atomic_write_text(path / "recipe.json", stamp)
+        return trained
 
 
 # -- robust victims (noise-trained base classifiers for certification) ----------------------------------------------
@@ -230,25 +247,26 @@ def robust_victim(r: RobustRecipe, *, cache_dir: str | Path | None = None, data_
     from stealkit.models import ModelSpec, build_model, save_model
 
     path = Path(cache_dir) if cache_dir is not None else cache_root() / r.name
-    stamp = r.stamp()
-    cached = _cached(path, stamp, device)
-    if cached is not None:
-        return cached
-    splits = load_splits(r.dataset, data_dir=data_dir, seed=r.split_seed)
-    train, test = splits.victim_train, splits.test
-    torch.manual_seed(r.config.train.seed)
-    model = build_model(r.arch, input_shape=train.input_shape, num_classes=train.num_classes)
-    t0 = time.perf_counter()
-    history = train_robust(model, train.x, train.y, r.config, desc=r.name, device=device)
-    metrics = {"test_accuracy": accuracy(model, test.x, test.y, device=device), "dataset": r.dataset,
-               "n_train": len(train), "n_test": len(test), "train_seconds": round(time.perf_counter() - t0, 2),
-               "final_loss": history[-1]["loss"], "method": r.config.method, "sigma": r.config.sigma}
-    model = model.cpu().eval()
-    spec = ModelSpec.from_model(model, class_names=list(train.classes), metrics=metrics,
-                                extra={"dataset": r.dataset, "split_seed": r.split_seed,
-                                       "robust_train": r.config.to_dict(), "stealkit_version": __version__})
-    save_model(model, spec, path)
-    atomic_write_json(path / "metrics.json", metrics | {"history": history})
-    atomic_write_text(path / "recipe.json", stamp)
-    log.info("%s: clean test accuracy %.4f", r.name, metrics["test_accuracy"])
-    return TrainedModel(model=model.to(device), spec=spec, metrics=metrics, path=path)
+    with cache_lock(path):
+        stamp = r.stamp()
+        cached = _cached(path, stamp, device)
+        if cached is not None:
+            return cached
+        splits = load_splits(r.dataset, data_dir=data_dir, seed=r.split_seed)
+        train, test = splits.victim_train, splits.test
+        torch.manual_seed(r.config.train.seed)
+        model = build_model(r.arch, input_shape=train.input_shape, num_classes=train.num_classes)
+        t0 = time.perf_counter()
+        history = train_robust(model, train.x, train.y, r.config, desc=r.name, device=device)
+        metrics = {"test_accuracy": accuracy(model, test.x, test.y, device=device), "dataset": r.dataset,
+                   "n_train": len(train), "n_test": len(test), "train_seconds": round(time.perf_counter() - t0, 2),
+                   "final_loss": history[-1]["loss"], "method": r.config.method, "sigma": r.config.sigma}
+        model = model.cpu().eval()
+        spec = ModelSpec.from_model(model, class_names=list(train.classes), metrics=metrics,
+                                    extra={"dataset": r.dataset, "split_seed": r.split_seed,
+                                           "robust_train": r.config.to_dict(), "stealkit_version": __version__})
+        save_model(model, spec, path)
+        atomic_write_json(path / "metrics.json", metrics | {"history": history})
+        atomic_write_text(path / "recipe.json", stamp)
+        log.info("%s: clean test accuracy %.4f", r.name, metrics["test_accuracy"])
+        return TrainedModel(model=model.to(device), spec=spec, metrics=metrics, path=path)

@@ -23,6 +23,4 @@ def demo_cmd(out: str, seed: int, budgets: str) -> None:
 
 
 def register(cli: click.Group) -> None:
-    import stealkit.demo  # noqa: F401  (registers the demo's report sections)
-
     cli.add_command(demo_cmd)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import click
-import torch
 
 from stealkit.commands.common import device_option, parse_kv, run_options, set_option, victim_options
 from stealkit.errors import InputError
 from stealkit.rundir import RunDir
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +23,8 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
     """Images of query source ``spec`` (see :mod:`stealkit.data.query_sources`); with ``with_labels``, also
     the source data set's own labels of the same images (Knockoff Nets' actions), or ``None`` where the
     source has none (synthetic) or they cannot be matched (then the policy clusters the pool instead)."""
+    import torch
+
     from stealkit.data import adapt_images, keep_classes, load_query_source, load_splits, parse_source
 
     parsed = parse_source(spec)

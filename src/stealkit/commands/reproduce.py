@@ -12,7 +12,9 @@ import click
 @click.option("--only", multiple=True, help="Run only these studies (repeat).")
 @click.option("--list", "list_only", is_flag=True, help="List the studies of this scale and exit.")
 @click.option("--force", is_flag=True, help="Re-run finished steps.")
-def reproduce_cmd(scale: str, out: str, only: tuple[str, ...], list_only: bool, force: bool) -> None:
+@click.option("--jobs", type=int, default=None,
+              help="Studies run at once, each in its own process (default: the number of CPU cores).")
+def reproduce_cmd(scale: str, out: str, only: tuple[str, ...], list_only: bool, force: bool, jobs: int | None) -> None:
     """Run every study that reproduces a paper result and write OUT/report.html (papers beside ours)."""
     from stealkit.experiments.config import load_config
     from stealkit.experiments.reproduce import config_paths, reproduce
@@ -22,7 +24,9 @@ def reproduce_cmd(scale: str, out: str, only: tuple[str, ...], list_only: bool, 
             cfg = load_config(p)
             click.echo(f"{cfg.name:<28} {cfg.description}")
         return
-    summary = reproduce(scale, out, only=only, force=force)
+    import os
+
+    summary = reproduce(scale, out, only=only, force=force, jobs=jobs or os.cpu_count() or 1)
     for s in summary["studies"]:
         click.echo(f"{s['name']:<28} {s['seconds']:>8.1f} s")
     click.echo(f"total {summary['compute_seconds']} s of study time ({summary['wall_seconds']} s in this run); "

@@ -1,9 +1,17 @@
 """Evasion attacks: gradient attacks on a (stolen) substitute, C&W, decision-based attacks on a label-only
 oracle, expectation over transformation, and transfer evaluation on the victim."""
 
-from stealkit.evade.base import AttackResult, Norm, TargetPolicy, choose_targets, flat_norms, project
-from stealkit.evade.eot import EOTModel
-from stealkit.evade.gradient import GradientAttackConfig, bim, fgsm, gradient_attack, mifgsm, pgd
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: public name -> its module; imported on first use, so ``import stealkit.evade`` (and the CLI) stays cheap
+_EXPORTS = {
+    "AttackResult": "base", "Norm": "base", "TargetPolicy": "base", "choose_targets": "base", "flat_norms": "base",
+    "project": "base", "EOTModel": "eot", "GradientAttackConfig": "gradient", "bim": "gradient", "fgsm": "gradient",
+    "gradient_attack": "gradient", "mifgsm": "gradient", "pgd": "gradient",
+}
 
 __all__ = [
     "AttackResult",
@@ -20,3 +28,9 @@ __all__ = [
     "pgd",
     "project",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'stealkit.evade' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"stealkit.evade.{_EXPORTS[name]}"), name)

@@ -70,7 +70,11 @@ def _follow(node: Any, parts: list[str]) -> Any:
     return None
 
 
-def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force: bool = False) -> dict[str, Any]:
+def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force: bool = False,
+              jobs: int = 1) -> dict[str, Any]:
+    """Run every study of ``scale`` (or ``only`` these) into ``out``; ``jobs`` studies at a time, each in its own
+    process with its own thread budget (see :mod:`stealkit.threads`). Finished steps are skipped on restart and
+    the output is one report whatever ``jobs`` is."""
     out = Path(out)
     configs = [load_config(p) for p in config_paths(scale)]
     if only:
@@ -78,42 +82,55 @@ def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force:
         if unknown:
             raise InputError(f"unknown studies {sorted(unknown)}; available: {[c.name for c in configs]}")
         configs = [c for c in configs if c.name in only]
+    if jobs < 1:
+        raise InputError(f"--jobs must be at least 1, got {jobs}")
     t0 = time.perf_counter()
-    studies = []
-    for cfg in configs:
-        s0 = time.perf_counter()
-        try:
-            outcomes = run_experiment(cfg, out / cfg.name, force=force)
-        except Exception as exc:  # one failed study must not lose the others; it is reported and re-run next time
-            if not isinstance(exc, StealkitError):  # a bug, not a user error: keep the traceback in the log
-                log.exception("study %s failed with an internal error", cfg.name)
-                exc = StealkitError(f"internal error {type(exc).__name__}: {exc}")
-            log.error("study %s failed: %s", cfg.name, exc)
-            studies.append({"name": cfg.name, "description": cfg.description, "dir": str(out / cfg.name),
-                            "seconds": round(time.perf_counter() - s0, 1), "step_seconds": {}, "queries": None,
-                            "rows": [], "final_step": None, "error": str(exc)})
-            continue
-        final = outcomes[-1].summary
-        studies.append({
-            "name": cfg.name,
-            "description": cfg.description,
-            "dir": str(out / cfg.name),
-            "seconds": round(sum(o.seconds for o in outcomes), 1),
-            "step_seconds": {o.id: round(o.seconds, 1) for o in outcomes},
-            "skipped_steps": [o.id for o in outcomes if o.skipped],
-            "queries": final.get("queries"),
-            "rows": [{**row, "ours": _fmt_ours(_row_value(outcomes, str(row.get("ours", ""))), row)}
-                     for row in cfg.paper.get("rows", [])],
-            "final_step": str(outcomes[-1].out),
-        })
+    if jobs == 1 or len(configs) == 1:
+        studies = [run_study(cfg, out, force) for cfg in configs]
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # spawn: a fresh interpreter per worker (no forked torch thread pools); results come back in config order
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            studies = list(pool.map(run_study, configs, [out] * len(configs), [force] * len(configs)))
     summary = {"scale": scale, "wall_seconds": round(time.perf_counter() - t0, 1),
-               "compute_seconds": round(sum(s["seconds"] for s in studies), 1),
+               "compute_seconds": round(sum(s["seconds"] for s in studies), 1), "jobs": jobs,
                "failed": [s["name"] for s in studies if s.get("error")], "studies": studies,
                "stealkit_version": __version__, **environment()}
     atomic_write_json(out / "summary.json", summary)
     atomic_write_text(out / "report.html", render(summary, configs))
     atomic_write_text(out / "results.md", markdown(summary))
     return summary
+
+
+def run_study(cfg: ExperimentConfig, out: Path, force: bool) -> dict[str, Any]:
+    """Run one study's steps into ``out/NAME``; its entry of the reproduction's summary (an error is reported in
+    it, never raised, so one failed study does not lose the others)."""
+    s0 = time.perf_counter()
+    try:
+        outcomes = run_experiment(cfg, out / cfg.name, force=force)
+    except Exception as exc:  # one failed study must not lose the others; it is reported and re-run next time
+        if not isinstance(exc, StealkitError):  # a bug, not a user error: keep the traceback in the log
+            log.exception("study %s failed with an internal error", cfg.name)
+            exc = StealkitError(f"internal error {type(exc).__name__}: {exc}")
+        log.error("study %s failed: %s", cfg.name, exc)
+        return {"name": cfg.name, "description": cfg.description, "dir": str(out / cfg.name),
+                "seconds": round(time.perf_counter() - s0, 1), "step_seconds": {}, "queries": None,
+                "rows": [], "final_step": None, "error": str(exc)}
+    final = outcomes[-1].summary
+    return {
+        "name": cfg.name,
+        "description": cfg.description,
+        "dir": str(out / cfg.name),
+        "seconds": round(sum(o.seconds for o in outcomes), 1),
+        "step_seconds": {o.id: round(o.seconds, 1) for o in outcomes},
+        "skipped_steps": [o.id for o in outcomes if o.skipped],
+        "queries": final.get("queries"),
+        "rows": [{**row, "ours": _fmt_ours(_row_value(outcomes, str(row.get("ours", ""))), row)}
+                 for row in cfg.paper.get("rows", [])],
+        "final_step": str(outcomes[-1].out),
+    }
 
 
 def markdown(summary: dict[str, Any]) -> str:

@@ -1,25 +1,37 @@
-"""Figures as embedded PNG data URIs (matplotlib, Agg backend: no display needed)."""
+"""Figures as embedded PNG data URIs.
+
+Figures are drawn on matplotlib ``Figure`` objects with the Agg canvas directly: no display is needed, pyplot's
+global state is never touched and the process-wide backend is left alone (so notebooks keep theirs), and
+matplotlib is imported only when a figure is drawn.
+"""
 
 from __future__ import annotations
 
 import base64
 import io
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
-import matplotlib.ticker
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure as MplFigure
 
 Series = Mapping[str, tuple[Sequence[float], Sequence[float]]]
 
 
-def figure_to_data_uri(fig: plt.Figure) -> str:
+def _subplots(nrows: int = 1, ncols: int = 1, **kw: Any) -> tuple[MplFigure, Any]:
+    """``plt.subplots`` without pyplot: a figure on its own Agg canvas."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(**kw)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=True)
+    return fig, axes
+
+
+def figure_to_data_uri(fig: MplFigure) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
@@ -34,7 +46,7 @@ def line_plot(
     ylim: tuple[float, float] | None = None,
 ) -> str:
     """One line per series (with markers); optional labelled horizontal reference lines."""
-    fig, ax = plt.subplots(figsize=(6.0, 3.6))
+    fig, ax = _subplots(figsize=(6.0, 3.6))
     for name, (xs, ys) in series.items():
         ax.plot(list(xs), list(ys), marker="o", ms=3.5, lw=1.6, label=name)
     for name, y in (hlines or {}).items():
@@ -45,8 +57,10 @@ def line_plot(
         ticks = sorted({float(x) for xs, _ in series.values() for x in xs if float(x) > 0})
         if 0 < len(ticks) <= 12:  # label the measured points, in plain numbers, instead of 2x10^1 ...
             ax.set_xticks(ticks)
-            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+            from matplotlib.ticker import FuncFormatter, NullLocator
+
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
     if ylim is not None:
         ax.set_ylim(*ylim)
     ax.set_xlabel(xlabel)
@@ -59,13 +73,15 @@ def line_plot(
     return figure_to_data_uri(fig)
 
 
-def image_grid(images: np.ndarray, *, ncols: int = 10, title: str = "") -> str:
+def image_grid(images: Any, *, ncols: int = 10, title: str = "") -> str:
     """A grid of images ``[N, C, H, W]`` in [0, 1] (generator samples, adversarial examples)."""
+    import numpy as np
+
     images = np.asarray(images, dtype=np.float32)
     n = images.shape[0]
     ncols = max(1, min(ncols, n))
     nrows = max(1, -(-n // ncols))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(ncols * 0.8, nrows * 0.8 + (0.3 if title else 0)))
+    fig, axes = _subplots(nrows, ncols, figsize=(ncols * 0.8, nrows * 0.8 + (0.3 if title else 0)))
     for i, ax in enumerate(np.atleast_1d(axes).ravel()):
         ax.axis("off")
         if i < n:
