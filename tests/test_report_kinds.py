@@ -98,6 +98,8 @@ def test_report_rerenders_the_page_the_run_wrote(kind: str, models: dict[str, st
     assert main(["report", str(out)]) == 0
     assert _stamp_free((out / "report.html").read_text()) == _stamp_free(written)
     assert "is not known to this version" not in written
+    PAGES[kind] = tmp_path / "page.html"
+    PAGES[kind].write_text(written)
     assert (out / "report.html").stat().st_mode & 0o044 == 0o044  # shareable, like any file the user writes
 
     # nothing that isn't stealkit's own becomes markup: plant a script in every string the page could show
@@ -114,6 +116,28 @@ def test_report_rerenders_the_page_the_run_wrote(kind: str, models: dict[str, st
 
 
 PLANT = "<script>alert(1)</script>"
+#: the page each kind's run wrote, for the browser check below (filled by the test above)
+PAGES: dict[str, Path] = {}
+#: what a page must not show a reader: Python reprs and float noise
+REPRS = re.compile(r"\{'|\bNone\b|\bTrue\b|\bFalse\b|\d\.\d{9,}")
+
+
+def test_every_page_reads_well_in_chromium() -> None:
+    """Chromium renders every page a run kind wrote at 1280 px: no horizontal overflow, every image loads, no
+    Python repr or float noise in the text (runs after the kinds above, which collect the pages)."""
+    from tests.test_report_browser import CHROMIUM, check_page
+
+    if CHROMIUM is None:
+        pytest.skip("needs Debian's chromium (apt-get install chromium)")
+    if not PAGES:
+        pytest.skip("no run of the kinds above in this session")
+    for kind, path in PAGES.items():
+        result = check_page(path, width=1280)
+        assert result["errors"] == [], kind
+        assert result["images"] and all(i["ok"] for i in result["images"]) or "<img" not in path.read_text(), kind
+        assert not result["overflow"], f"{kind}: the page is wider than 1280 px"
+        found = [result["text"][max(0, m.start() - 80):m.end() + 20] for m in REPRS.finditer(result["text"])]
+        assert not found, f"{kind}: {found[:3]} in the page's text"
 
 
 def _planted(node: object) -> object:

@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         exc.show()
         return exc.exit_code
     except StealkitError as exc:
+        from stealkit.rundir import discard_unfinished_runs
+
+        discard_unfinished_runs()
         click.echo(f"error: {exc}", err=True)
         return 2
     except KeyboardInterrupt:

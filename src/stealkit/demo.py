@@ -77,7 +77,7 @@ def demo_sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) 
         pts = summary.get(key, [])
         series[f"accuracy, {name}"] = ([p["queries"] for p in pts], [p["accuracy"] for p in pts])
         series[f"fidelity, {name}"] = ([p["queries"] for p in pts], [p["fidelity"] for p in pts])
-    uri = line_plot(series, xlabel="victim queries (from the oracle's ledger)", ylabel="on the digits test split",
+    uri = line_plot(series, xlabel="victim queries (from the oracle's ledger)", ylabel="accuracy (solid), fidelity (dashed)",
                     logx=True, hlines={"victim accuracy": summary.get("victim_accuracy", 0)}, ylim=(0, 1.02))
     rows = []
     for key, name in (("extraction", "probs"), ("extraction_label", "label")):
