@@ -138,7 +138,7 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
     app = FastAPI(title="stealkit prediction API", version=__version__,
                   description="A classifier behind a pay-per-query API, as in the model-extraction threat model.")
     app.state.service = service
-    inflight = threading.BoundedSemaphore(max_inflight)
+    inflight = app.state.inflight = threading.BoundedSemaphore(max_inflight)
     scheduler = FairScheduler(compute_slots)
 
     @app.middleware("http")

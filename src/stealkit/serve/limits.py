@@ -88,20 +88,28 @@ class FairScheduler:
         self.slots = max(1, int(slots))
         self.per_key = max(1, min(self.slots, per_key if per_key is not None else self.slots - 1))
         self._running: dict[str, int] = {}
-        self._waiting: OrderedDict[str, deque[asyncio.Future[None]]] = OrderedDict()
+        self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
+        self._served: dict[str, int] = {}  # key -> when it was last granted a slot (a counter)
+        self._clock = 0
         self._total = 0
 
     def _dispatch(self) -> None:
         while self._total < self.slots:
-            key = next((k for k, q in self._waiting.items() if self._running.get(k, 0) < self.per_key and q), None)
-            if key is None:
+            eligible = [k for k, q in self._waiting.items() if q and self._running.get(k, 0) < self.per_key]
+            if not eligible:
                 return
-            queue = self._waiting.pop(key)
+            key = min(eligible, key=lambda k: self._served.get(k, -1))  # the longest unserved key first
+            queue = self._waiting[key]
             fut = queue.popleft()
-            if queue:
-                self._waiting[key] = queue  # back of the rotation
+            if not queue:
+                del self._waiting[key]
             if fut.done():  # cancelled while waiting
                 continue
+            self._clock += 1
+            self._served[key] = self._clock
+            if len(self._served) > 10_000:  # forget the longest-idle keys
+                for old in sorted(self._served, key=self._served.__getitem__)[:5_000]:
+                    del self._served[old]
             fut.set_result(None)
             self._running[key] = self._running.get(key, 0) + 1
             self._total += 1
