@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from stealkit.serve.app import create_app
+from stealkit.serve.limits import AuthThrottle
 from tests.test_serve_support import make_victim, write_keys
 
 KEYS = [
@@ -107,6 +108,8 @@ def make_client(root: Path) -> tuple[TestClient, list[int]]:
     victim = make_victim(root.parent / "fuzz-victim")
     keys = write_keys(root / "keys.toml", KEYS, model={"max_batch": 64, "max_body_mb": 0.5})
     app = create_app(victim, keys, root / "db.sqlite")
+    # the fuzzer sends thousands of wrong keys from one address; throttling them would hide every other path
+    app.state.service.auth_throttle = AuthThrottle(rate=1e6, burst=1e9)
     return TestClient(app, raise_server_exceptions=False), [0]
 
 
@@ -160,6 +163,66 @@ def test_fuzz_quick(app_client):
 @pytest.mark.slow
 def test_fuzz_thousands(app_client):
     fuzz(app_client, requests(), 4000)
+
+
+# -- schema-driven: bodies drawn from the server's own OpenAPI schema, then bent ----------------------------
+
+HUGE = st.sampled_from([float("nan"), float("inf"), -float("inf"), 3e38, -3e38, 1e308, 2**64, -1, 0, 1e-300])
+
+
+def from_schema(schema: dict, max_batch: int = 3) -> st.SearchStrategy:
+    """Values valid under a (small subset of) JSON schema: objects, arrays, numbers, integers, enums, oneOf."""
+    if "oneOf" in schema:
+        return st.one_of([from_schema(s, max_batch) for s in schema["oneOf"]])
+    if "enum" in schema:
+        return st.sampled_from(schema["enum"])
+    kind = schema.get("type")
+    if kind == "object":
+        required = {k: from_schema(v, max_batch) for k, v in schema["properties"].items() if k in schema["required"]}
+        optional = {k: from_schema(v, max_batch) for k, v in schema["properties"].items()
+                    if k not in schema["required"]}
+        return st.fixed_dictionaries(required, optional=optional)
+    if kind == "array":
+        lo = schema.get("minItems", 0)
+        hi = min(schema.get("maxItems", lo + 3), max(lo, max_batch))
+        return st.lists(from_schema(schema["items"], max_batch), min_size=lo, max_size=hi)
+    if kind == "number":
+        return st.floats(schema.get("minimum", -1e6), schema.get("maximum", 1e6))
+    if kind == "integer":
+        return st.integers(schema.get("minimum", -1000), schema.get("maximum", 1000))
+    return st.text(max_size=5)
+
+
+@st.composite
+def schema_requests(draw: st.DrawFn, schemas: dict[str, dict]) -> dict:
+    path = draw(st.sampled_from(sorted(schemas)))
+    body = draw(from_schema(schemas[path]))
+    for _ in range(draw(st.integers(0, 2))):  # bend it: huge/NaN numbers, wrong types, unknown fields
+        field = draw(st.sampled_from(["sigma", "n_samples", "target", "mode", "method", "output", "junk"]))
+        body[field] = draw(HUGE | json_values | OPTION_VALUES)
+    token = draw(st.sampled_from(["probs-key-Zx81QpLw6RtV3mNb7Yc4", "label-key-Zx81QpLw6RtV3mNb7Yc4",
+                                  "logit-key-Zx81QpLw6RtV3mNb7Yc4"]))
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    if draw(st.booleans()):
+        headers["Accept"] = "application/x-npy"
+    return {"method": "POST", "url": path, "headers": headers, "content": json.dumps(body, allow_nan=True).encode()}
+
+
+def openapi_bodies(client: TestClient) -> dict[str, dict]:
+    paths = client.get("/openapi.json").json()["paths"]
+    return {p: paths[p]["post"]["requestBody"]["content"]["application/json"]["schema"]
+            for p in ("/v1/predict", "/v1/explain")}
+
+
+def test_schema_fuzz_quick(app_client):
+    statuses = fuzz(app_client, schema_requests(openapi_bodies(app_client[0])), 200)
+    assert statuses[200] > 0 and statuses[400] > 0
+
+
+@pytest.mark.slow
+def test_schema_fuzz_thousands(app_client):
+    statuses = fuzz(app_client, schema_requests(openapi_bodies(app_client[0])), 3000)
+    assert statuses[200] > 0
 
 
 def test_fuzz_charged_only_answers(app_client):
