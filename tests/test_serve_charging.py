@@ -188,3 +188,9 @@ def test_recover_refunds_reservations_a_crash_left(client):
     assert store.recover() == 1
     assert store.usage("charged").predict == 0 and store.log_rows("charged")[0]["status"] == "refunded"
     assert res.row_id and consistent(client)
+
+
+@pytest.mark.parametrize("query", ["limit=0", "limit=1001", "limit=x", "before=0", "before=99999999999999999999999"])
+def test_charges_listing_refuses_bad_paging(client, query):
+    r = client.get(f"/v1/charges?{query}", headers=auth(KEY))
+    assert r.status_code == 400 and r.json()["error"] == "bad_input"

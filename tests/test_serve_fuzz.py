@@ -26,7 +26,8 @@ KEYS = [
 ]
 TOKENS = ["probs-key-Zx81QpLw6RtV3mNb7Yc4", "label-key-Zx81QpLw6RtV3mNb7Yc4", "logit-key-Zx81QpLw6RtV3mNb7Yc4", "wrong", "", "probs-key-Zx81QpLw6RtV3mNb7Yc4\x00", "é"]
 PATHS = ["/v1/predict", "/v1/explain", "/v1/info", "/healthz", "/metrics", "/openapi.json", "/v1/", "/v2/predict",
-         "/v1/predict/x", "/%00", "/v1/predict?mode=label", "/../etc/passwd"]
+         "/v1/predict/x", "/%00", "/v1/predict?mode=label", "/../etc/passwd", "/v1/charges",
+         "/v1/charges?limit=0", "/v1/charges?before=99999999999999999999999", "/v1/charges?limit=x"]
 CONTENT_TYPES = ["application/x-npy", "application/json", "application/octet-stream", "text/plain", "",
                  "application/json; charset=utf-8", "multipart/form-data", "application/x-npy; q=1"]
 OPTION_KEYS = ["mode", "method", "output", "target", "n_samples", "sigma", "extra"]

@@ -227,6 +227,8 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
             key = service.authenticate(request.headers.get("authorization"), _client(request))
             if not 1 <= limit <= MAX_CHARGES_PAGE:
                 raise ApiError(400, "bad_input", f"limit must lie in [1, {MAX_CHARGES_PAGE}]")
+            if before is not None and not 1 <= before <= 2**62:
+                raise ApiError(400, "bad_input", "before must be a log row id (a positive integer)")
             rows = await run_in_threadpool(service.store.log_rows, key.key_id, limit=limit, before=before)
             usage = await run_in_threadpool(service.store.usage, key.key_id)
             return JSONResponse({"key": key.key_id, "queries_used": usage.as_dict(), "queries_left": usage.left,
