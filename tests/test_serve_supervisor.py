@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -70,3 +72,38 @@ def test_supervisor_sigkill_takes_the_workers_and_the_restart_comes_up(tmp_path:
         print(f"restarted on port {port}: queries_used {info['queries_used']}, audit {audit}")
     finally:
         stop_server(proc)
+
+
+PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1]])
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+CHILD = """
+import os, time
+parent = os.getppid()
+from stealkit.serve.lifeline import exit_with_parent
+exit_with_parent(parent, poll_s=0.1)
+print("armed", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_worker_exits_when_its_parent_is_killed():
+    """The mechanism alone (fast): a process under :func:`exit_with_parent` outlives a SIGKILLed parent by
+    well under a second."""
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, CHILD], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    try:
+        assert parent.stdout.readline().strip() == "armed"
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(child)
+    finally:
+        parent.stdout.close()
+        if alive(child):
+            os.kill(child, signal.SIGKILL)

@@ -14,7 +14,8 @@ from stealkit.errors import InputError
 @click.option("--model", "model_dir", required=True, type=click.Path(), help="Model directory (model.json + "
               "model.safetensors).")
 @click.option("--keys", "keys_path", required=True, type=click.Path(), help="TOML keys file ([[key]] tables: key, "
-              "mode, budget, explain, rate, image_rate, defences, prada).")
+              "name, mode, budget, explain, rate, image_rate, defences, prada; [model] max_batch, max_body_mb, "
+              "metrics_key). Keys must be long random strings.")
 @click.option("--db", required=True, type=click.Path(), help="SQLite file for budgets and the query log "
               "(created if missing; counters survive restarts).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (loopback by default).")
@@ -68,6 +69,8 @@ def serve_cmd(model_dir: str, keys_path: str, db: str, host: str, port: int, wor
         click.echo(f"warning: serving on {host}, reachable beyond this machine", err=True)
     click.echo(f"serving {model_dir} on http://{host}:{port} ({workers} worker(s), {len(config.keys)} key(s))",
                err=True)
+    if config.metrics_digest is None:
+        click.echo("metrics: off (set metrics_key in the keys file's [model] table to scrape /metrics)", err=True)
     try:
         uvicorn.run("stealkit.serve.app:app_from_env", factory=True, host=host, port=port, workers=workers,
                     log_level="warning", access_log=False, timeout_graceful_shutdown=5,
