@@ -68,7 +68,10 @@ def flood(url: str, stop: threading.Event, batch: int, samples: int, sent: list[
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {NOISY}"}, timeout=300) as c:
         while not stop.is_set():
             with contextlib.suppress(httpx.HTTPError):
-                sent.append(c.post("/v1/explain", json=x).status_code)
+                r = c.post("/v1/explain", json=x)
+                sent.append(r.status_code)
+                if r.status_code in (429, 503):  # what a well-behaved client (HttpOracle) does
+                    time.sleep(float(r.headers.get("Retry-After", "1")))
 
 
 def main() -> None:

@@ -164,3 +164,18 @@ def test_openapi_describes_valid_bodies(victim: Path, tmp_path: Path):
     predict = schema["paths"]["/v1/predict"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert set(predict["properties"]) == {"inputs", "mode"}
     assert json.dumps(schema)  # serialisable
+
+
+def test_one_key_cannot_hold_the_whole_in_flight_bound(victim: Path, tmp_path: Path):
+    """max_inflight=2 leaves one key at most 1 request in flight; another key still gets in."""
+    client = app(victim, tmp_path)
+    quota = client.app.state.quota
+    assert quota.per_key == 1 and quota.try_acquire("tenant")  # the tenant has one request in flight
+    try:
+        x = {"inputs": np.zeros((1, 1, 8, 8)).tolist()}
+        r = client.post("/v1/predict", json=x, headers=AUTH)
+        assert r.status_code == 429 and r.json()["error"] == "too_many_in_flight"
+        assert client.post("/v1/predict", json=x, headers={"Authorization": f"Bearer {UNNAMED}"}).status_code == 200
+    finally:
+        quota.release("tenant")
+    assert client.post("/v1/predict", json=x, headers=AUTH).status_code == 200

@@ -39,7 +39,7 @@ from stealkit.oracle.base import MAX_SMOOTHGRAD_SAMPLES, MAX_SMOOTHGRAD_SIGMA
 from stealkit.serve import metrics as prom
 from stealkit.serve import payloads
 from stealkit.serve.keys import KeyConfig, ServerConfig, load_keys
-from stealkit.serve.limits import FairScheduler
+from stealkit.serve.limits import FairScheduler, KeyQuota
 from stealkit.serve.service import ApiError, Service
 from stealkit.serve.store import Store
 
@@ -124,8 +124,9 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
                device: str = "cpu", max_inflight: int = 64, compute_slots: int = 4) -> FastAPI:
     """Build the API over a saved model directory, a keys file (or parsed config) and a SQLite file.
 
-    ``max_inflight`` bounds the requests a worker holds at once (body reads included; more are answered 503);
-    ``compute_slots`` the model computations it runs at once, shared fairly between keys.
+    ``max_inflight`` bounds the requests a worker holds at once (body reads included; more are answered 503),
+    three quarters of it for one key (more are answered 429); ``compute_slots`` bounds the model computations it
+    runs at once, shared fairly between keys.
     """
     from stealkit.models import load_model
 
@@ -139,6 +140,7 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
                   description="A classifier behind a pay-per-query API, as in the model-extraction threat model.")
     app.state.service = service
     inflight = app.state.inflight = threading.BoundedSemaphore(max_inflight)
+    quota = app.state.quota = KeyQuota(max(1, max_inflight * 3 // 4))  # one key never holds the whole bound
     scheduler = FairScheduler(compute_slots)
 
     @app.middleware("http")
@@ -176,7 +178,11 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
         try:
             key = service.authenticate(request.headers.get("authorization"), _client(request))
             service.rate_limit(key, "requests", 1)
+            if not quota.try_acquire(key.key_id):
+                raise ApiError(429, "too_many_in_flight", f"this key already has {quota.per_key} requests in flight; "
+                               "wait for some to finish", {"Retry-After": "1"})
             if not inflight.acquire(blocking=False):
+                quota.release(key.key_id)
                 raise ApiError(503, "busy", "the server is busy; retry shortly", {"Retry-After": "1"})
             try:
                 ctype = request.headers.get("content-type")
@@ -187,6 +193,7 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
                         request.headers.get("accept"), request.headers.get("idempotency-key"))
             finally:
                 inflight.release()
+                quota.release(key.key_id)
         except payloads.UnsupportedMedia as exc:
             error = ApiError(415, "unsupported_media_type", str(exc))
         except payloads.TooLarge as exc:

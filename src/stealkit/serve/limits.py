@@ -76,6 +76,29 @@ class AuthThrottle:
         self._bucket(client).take(1.0)
 
 
+class KeyQuota:
+    """At most ``per_key`` requests of one key in flight at once, so one tenant cannot fill the server's whole
+    in-flight bound (every other tenant would then be answered 503)."""
+
+    def __init__(self, per_key: int) -> None:
+        self.per_key = max(1, int(per_key))
+        self._held: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def try_acquire(self, key: str) -> bool:
+        with self._lock:
+            if self._held.get(key, 0) >= self.per_key:
+                return False
+            self._held[key] = self._held.get(key, 0) + 1
+            return True
+
+    def release(self, key: str) -> None:
+        with self._lock:
+            self._held[key] -= 1
+            if not self._held[key]:
+                del self._held[key]
+
+
 class FairScheduler:
     """Grants ``slots`` concurrent model computations, round-robin across keys, at most ``per_key`` to one key.
 
