@@ -194,3 +194,11 @@ def test_recover_refunds_reservations_a_crash_left(client):
 def test_charges_listing_refuses_bad_paging(client, query):
     r = client.get(f"/v1/charges?{query}", headers=auth(KEY))
     assert r.status_code == 400 and r.json()["error"] == "bad_input"
+
+
+def test_http_oracle_pays_the_servers_smoothgrad_price(client):
+    """Item 9's price (one explain query per SmoothGrad sample) is what the client's ledger counts too."""
+    oracle = HttpOracle("http://testserver", key=KEY, transport=client._transport)
+    out = oracle.explain(torch.from_numpy(images(2)), "smoothgrad", n_samples=3, sigma=0.05)
+    assert out.shape == (2, 1, 8, 8)
+    assert oracle.ledger.as_dict() == used(client) == {"predict": 0, "explain": 6}
