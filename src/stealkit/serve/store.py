@@ -204,8 +204,8 @@ class Store:
         older database knew by the hash of its secret takes over that row (and its log) under its id."""
         with self._write() as conn:
             for k in keys:
-                if k.legacy_id and conn.execute("SELECT 1 FROM keys WHERE key_id=?", (k.key_id,)).fetchone() is None:
-                    conn.execute("UPDATE keys SET key_id=? WHERE key_id=?", (k.key_id, k.legacy_id))
+                if k.legacy_id and conn.execute("SELECT 1 FROM keys WHERE key_id=?", (k.key_id,)).fetchone() is None \
+                        and conn.execute("UPDATE keys SET key_id=? WHERE key_id=?", (k.key_id, k.legacy_id)).rowcount:
                     conn.execute("DROP TRIGGER IF EXISTS query_log_settle_once")  # re-created below
                     conn.execute("UPDATE query_log SET key_id=? WHERE key_id=?", (k.key_id, k.legacy_id))
                 conn.execute(
