@@ -202,3 +202,11 @@ def test_http_oracle_pays_the_servers_smoothgrad_price(client):
     out = oracle.explain(torch.from_numpy(images(2)), "smoothgrad", n_samples=3, sigma=0.05)
     assert out.shape == (2, 1, 8, 8)
     assert oracle.ledger.as_dict() == used(client) == {"predict": 0, "explain": 6}
+
+
+def test_idempotency_key_reused_for_another_request_is_refused(client):
+    headers = auth(KEY) | NPY | {"Idempotency-Key": "req-2"}
+    assert client.post("/v1/predict", content=npy(images(2)), headers=headers).status_code == 200
+    r = client.post("/v1/predict", content=npy(images(3)), headers=headers)
+    assert r.status_code == 400 and "different request" in r.json()["detail"]
+    assert used(client) == {"predict": 2, "explain": 0}

@@ -1,8 +1,9 @@
 """What one worker does for a query: authenticate, parse, limit, reserve, compute, encode, settle.
 
 Order of checks for a query: client address throttled after failed keys (429), key (401), request rate
-(429), in-flight bound (503), body size (413), blocked by PRADA (403), body and options (400/415), mode
-(400/403), image rate (429). Then the charge is **reserved** in the store (402 when the budget cannot cover
+(429), the key's share of the in-flight bound (429), the worker's in-flight bound (503), body size (413), a
+fair compute slot (waits), blocked by PRADA (403), body and options (400/415), mode (400/403), image rate
+(429). Then the charge is **reserved** in the store (402 when the budget cannot cover
 it; a retried idempotency key is answered from the log instead, uncharged), the answer computed and encoded,
 the reservation **settled** (logged as answered) and the answer sent. An answer that cannot be produced or
 encoded (e.g. a non-finite number) is refunded, logged as refunded, and answered 500. Answers are computed

@@ -240,8 +240,12 @@ class Store:
         still being answered raises :class:`InFlight`."""
         with self._write() as conn:
             if request_id is not None:
-                prior = conn.execute("SELECT status FROM query_log WHERE key_id=? AND request_id=? AND "
-                                     "status != 'refunded' ORDER BY id DESC LIMIT 1", (key_id, request_id)).fetchone()
+                prior = conn.execute("SELECT status, kind, n, input_digest FROM query_log WHERE key_id=? AND "
+                                     "request_id=? AND status != 'refunded' ORDER BY id DESC LIMIT 1",
+                                     (key_id, request_id)).fetchone()
+                if prior is not None and tuple(prior[1:]) != (kind, n, input_digest):
+                    raise InputError(f"Idempotency-Key {request_id[:40]!r} was already used for a different request; "
+                                     "use a new key for each distinct request")
                 if prior is not None and prior[0] == "reserved":
                     raise InFlight(request_id)
                 if prior is not None:
