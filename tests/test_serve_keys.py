@@ -44,6 +44,7 @@ def entry(**fields: object) -> dict:
     (entry(budget=True), "'budget'"),
     (entry(top_k=2.0), "'top_k'"),
     (entry(mode=3), "'mode'"),
+    (entry(mode="scores"), "'mode'"),
 ])
 def test_every_field_is_type_checked(data, field):
     with pytest.raises(InputError) as info:

@@ -167,7 +167,10 @@ def _parse_key(entry: Mapping[str, Any], where: str, index: int, model: Mapping[
     secret = kf.secret(entry.get("key"), f"{where}: 'key'")
     name = kf.text(entry.get("name", f"key{index}"), f"{where}: 'name'", pattern_chars=kf.NAME_CHARS)
     where = f"{where} ({name!r})"
-    mode = OutputMode.parse(kf.text(entry.get("mode", "probs"), f"{where}: 'mode'"))
+    try:
+        mode = OutputMode.parse(kf.text(entry.get("mode", "probs"), f"{where}: 'mode'"))
+    except InputError as exc:
+        raise InputError(f"{where}: 'mode': {exc}" if "'mode'" not in str(exc) else str(exc)) from None
     specs = model_defences + kf.string_list(entry.get("defences", []), f"{where}: 'defences'")
     try:
         defences = parse_defences(specs)
