@@ -8,6 +8,7 @@ report`` writes again must be equal but for the time stamp. A kind missing here 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -131,8 +132,10 @@ def test_every_page_reads_well_in_chromium() -> None:
         pytest.skip("needs Debian's chromium (apt-get install chromium)")
     if not PAGES:
         pytest.skip("no run of the kinds above in this session")
+    shots = os.environ.get("STEALKIT_SCREENSHOTS")  # a folder: save each page as PNG (docs/img/ is made so)
     for kind, path in PAGES.items():
-        result = check_page(path, width=1280)
+        shot = Path(shots) / f"report-{kind.replace(' ', '-')}.png" if shots else None
+        result = check_page(path, width=1280, screenshot=shot)
         assert result["errors"] == [], kind
         assert result["images"] and all(i["ok"] for i in result["images"]) or "<img" not in path.read_text(), kind
         assert not result["overflow"], f"{kind}: the page is wider than 1280 px"
