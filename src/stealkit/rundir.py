@@ -69,6 +69,8 @@ def rounded(obj: Any, digits: int = SIGNIFICANT_DIGITS) -> Any:
 
 #: run directories this process created (so a command that fails before writing anything leaves none behind)
 _CREATED: list[Path] = []
+#: every run directory this process wrote a config to (what ``--track`` logs when the command has finished)
+OPENED: list[Path] = []
 
 
 def discard_unfinished_runs() -> list[Path]:
@@ -109,6 +111,7 @@ class RunDir:
                              "writable path") from None
         if not os.access(self.path, os.W_OK):
             raise InputError(f"the run directory --out {self.path} is not writable; choose a writable path")
+        OPENED.append(self.path)
         atomic_write_json(
             self.path / "config.json",
             {"command": command, "seed": seed, "config": config, "created": time.time(), **environment()},
