@@ -82,8 +82,9 @@ def _finish(run: Any, summary: dict[str, Any]) -> None:
 
 def _make_transfer(method: str) -> click.Command:
     @click.command(method, help=f"Transfer {method.upper()}: craft on --substitute, measure success on --victim.")
-    @click.option("--substitute", required=True, type=click.Path(exists=True, file_okay=False),
-                  help="Substitute model directory (e.g. the student/ of a `stealkit extract` run).")
+    @click.option("--substitute", required=True,
+                  help="Substitute to craft on: a `stealkit extract` run directory (its student/ is used), a "
+                       "model directory, or a TorchScript (.pt) file.")
     @_victim_opts
     @click.option("--eps", type=float, default=0.1, show_default=True, help="Perturbation budget (ignored by cw).")
     @click.option("--norm", type=click.Choice(["linf", "l2"]), default="linf", show_default=True)
@@ -101,12 +102,12 @@ def _make_transfer(method: str) -> click.Command:
             steps: int, step: float | None, restarts: int, kappa: float, batch_size: int,
             settings: tuple[str, ...], device: str) -> None:
         from stealkit.extract.common import open_victim
-        from stealkit.models import load_model
+        from stealkit.models.locate import load_substitute
         from stealkit.rundir import RunDir
         from stealkit.settings import apply_settings
 
+        sub = load_substitute(substitute, device=device)
         v = open_victim(victim, mode="label", budget=budget, key=key, dataset=dataset, device=device, seed=seed)
-        sub, _ = load_model(substitute, device=device)
         x, y = _test_sample(v, data_dir, n, seed)
         spec = ATTACKS[method]
         cfg = spec.config(method=method, eps=eps, steps=steps, step=step, norm=norm, targeted=targeted,

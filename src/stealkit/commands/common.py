@@ -48,22 +48,51 @@ def device_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
 
 
-VICTIM_HELP = ("Victim: a model directory, an http(s):// API address, or standard:NAME (a cached standard victim, "
-               "trained on first use, e.g. standard:digits-conv2).")
+VICTIM_HELP = ("Victim: a model directory, an ONNX (.onnx) or TorchScript (.pt) file, an http(s):// API address, "
+               "or standard:NAME (a cached standard victim, trained on first use, e.g. standard:digits-conv2).")
+_FOREIGN_FLAGS = "stealkit.foreign_flags"  # ctx.meta key: what --input-shape etc. said
+FOREIGN_HELP = {
+    "input_shape": "ONNX/TorchScript victim: input shape C,H,W, when its metadata lacks it (e.g. 1,28,28).",
+    "num_classes": "ONNX/TorchScript victim: number of classes (checked against its output).",
+    "value_range": "ONNX/TorchScript victim: pixel range it expects, LO,HI (default 0,1; 0,255 for bytes).",
+    "normalize": "ONNX/TorchScript victim: normalisation before it: none, MEAN,STD or M1,M2,M3/S1,S2,S3.",
+}
+
+
+def _store_foreign_flag(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None and param.name:
+        ctx.meta.setdefault(_FOREIGN_FLAGS, {})[param.name] = value
 
 
 def resolve_victim(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
-    """``standard:NAME`` -> the directory of that cached standard victim (trained on first use); else as given."""
+    """``standard:NAME`` -> the directory of that cached standard victim (trained on first use); an ONNX or
+    TorchScript file with ``--input-shape`` etc. -> ``FILE?input_shape=...`` (read by the loader, recorded in
+    config.json); else as given."""
+    flags = dict(ctx.meta.get(_FOREIGN_FLAGS, {})) if ctx is not None else {}
     if value and value.startswith("standard:"):
+        if flags:
+            raise InputError(f"--{'/--'.join(k.replace('_', '-') for k in flags)} describe an ONNX or TorchScript "
+                             f"victim; {value} is a stealkit model whose model.json already says")
         from stealkit.victims import standard_victim
 
         return str(standard_victim(value.split(":", 1)[1]).path)
+    if value and flags:
+        from stealkit.models.foreign_meta import join_victim
+
+        return join_victim(value, flags)
     return value
 
 
 def victim_option(*, help_text: str = VICTIM_HELP) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """The ``--victim`` option of every command that attacks a victim (``standard:NAME`` resolved here)."""
-    return click.option("--victim", required=True, callback=resolve_victim, help=help_text)
+    """The ``--victim`` option of every command that attacks a victim (``standard:NAME`` resolved here), with
+    ``--input-shape/--num-classes/--value-range/--normalize`` for ONNX/TorchScript files (eager, so they are
+    read before ``--victim`` is resolved)."""
+    opts = [click.option("--victim", required=True, callback=resolve_victim, help=help_text)] + [
+        click.option(f"--{name.replace('_', '-')}", name, default=None, is_eager=True, expose_value=False,
+                     callback=_store_foreign_flag, help=text)
+        for name, text in FOREIGN_HELP.items()
+    ]
+    return lambda fn: functools.reduce(lambda f, o: o(f), reversed(opts), fn)
 
 
 def victim_options(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -55,10 +55,13 @@ def open_victim(
     device: str = "cpu",
     seed: int = 0,
 ) -> Victim:
-    """Open a victim given as a model directory or an ``http(s)://`` API address.
+    """Open a victim given as a model directory, an ONNX or TorchScript file, or an ``http(s)://`` API address.
 
-    (The CLI's ``--victim standard:NAME`` is resolved to a directory by the command layer, which may build
-    victims; this layer only opens them.)
+    A file may carry what its metadata lacks as ``FILE?input_shape=C,H,W&num_classes=K&...`` (see
+    :mod:`stealkit.models.foreign_meta`; the CLI's ``--input-shape`` etc. are folded in this way). It is wrapped
+    as an ``nn.Module`` and answered by the same :class:`~stealkit.oracle.LocalOracle`, so the ledger counts
+    the same. (The CLI's ``--victim standard:NAME`` is resolved to a directory by the command layer, which may
+    build victims; this layer only opens them.)
     """
     victim = str(victim)
     if victim.startswith("standard:"):
@@ -80,9 +83,18 @@ def open_victim(
             location=victim,
         )
     from stealkit.models import load_model
+    from stealkit.models.foreign import is_foreign, load_foreign
     from stealkit.oracle import LocalExplanationOracle, LocalOracle
 
-    model, spec = load_model(victim, device=device)
+    model: nn.Module
+    spec: Any  # a ModelSpec, or a ForeignMeta for an ONNX/TorchScript file
+    if is_foreign(victim):
+        model, spec = load_foreign(victim, device=device)
+        if explain and spec.format == "onnx":
+            raise InputError(f"{spec.path} is an ONNX victim: onnxruntime gives no gradients, so it cannot answer "
+                             "explanations; use a TorchScript (.pt) or stealkit model directory for explanation modes")
+    else:
+        model, spec = load_model(victim, device=device)
     cls = LocalExplanationOracle if explain else LocalOracle
     kwargs: dict[str, Any] = {"seed": seed} if explain else {}
     oracle = cls(

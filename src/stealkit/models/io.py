@@ -26,7 +26,9 @@ from stealkit.models.layers import Classifier
 from stealkit.models.spec import ModelSpec
 from stealkit.models.zoo import build_model
 
-__all__ = ["PICKLE_SUFFIXES", "SPEC_NAME", "WEIGHTS_NAME", "build_from_spec", "load_model", "save_model"]
+__all__ = [
+    "PICKLE_SUFFIXES", "SPEC_NAME", "WEIGHTS_NAME", "build_from_spec", "load_model", "save_model", "write_weights"
+]
 
 WEIGHTS_NAME = "model.safetensors"
 SPEC_NAME = "model.json"
@@ -88,8 +90,9 @@ def _read(path: Path, what: str, *, safetensors: bool) -> bytes:
     return data
 
 
-def _resolve(path: str | os.PathLike[str]) -> tuple[Path, Path]:
-    """(spec path, weights path) for a model directory, its ``.json`` or its ``.safetensors``."""
+def _resolve(path: str | os.PathLike[str]) -> tuple[Path | None, Path]:
+    """(spec path, weights path) for a model directory, its ``.json`` or its ``.safetensors`` (spec path
+    ``None``: a lone ``.safetensors`` whose header holds the spec)."""
     p = Path(path)
     _check_suffix(p)
     if p.is_dir():
@@ -104,7 +107,9 @@ def _resolve(path: str | os.PathLike[str]) -> tuple[Path, Path]:
         return p, weights if weights.exists() else p.parent / WEIGHTS_NAME
     if p.suffix == ".safetensors":
         spec = p.with_suffix(".json")
-        return (spec if spec.exists() else p.parent / SPEC_NAME), p
+        if spec.exists() or p.name == WEIGHTS_NAME:
+            return (spec if spec.exists() else p.parent / SPEC_NAME), p
+        return None, p  # a single file (``stealkit export``): the spec is in its header
     if not p.exists():
         raise InputError(
             f"model path {p} does not exist; pass the directory written by stealkit.models.save_model "
@@ -184,18 +189,31 @@ def save_model(model: nn.Module, spec: ModelSpec, out_dir: str | os.PathLike[str
         raise InputError(
             f"cannot save the model into {out}: it exists and is not a directory; choose a directory"
         )
+    tensors = _checked_tensors(model, spec)
+    with atomic_path(out / WEIGHTS_NAME) as tmp:
+        _write_tensors(tensors, spec, tmp)
+    atomic_write_json(out / SPEC_NAME, spec.to_dict())
+    return out
+
+
+def _checked_tensors(model: nn.Module, spec: ModelSpec) -> dict[str, torch.Tensor]:
     state = model.state_dict()
     _check_state(state, _meta_model(spec).state_dict(), spec, "the model being saved")
     _check_normalization(state, spec, "the model being saved")
-    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
+    return {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
+
+
+def _write_tensors(tensors: dict[str, torch.Tensor], spec: ModelSpec, path: str | os.PathLike[str]) -> None:
     metadata = {"format": "pt", "stealkit_version": __version__, "stealkit_spec": spec.to_json()}
-    weights = out / WEIGHTS_NAME
-    with atomic_path(weights) as tmp:
-        save_file(tensors, str(tmp), metadata=metadata)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-    atomic_write_json(out / SPEC_NAME, spec.to_dict())
-    return out
+    save_file(tensors, str(path), metadata=metadata)
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def write_weights(model: nn.Module, spec: ModelSpec, path: str | os.PathLike[str]) -> None:
+    """Write the model's weights to ``path`` as safetensors, the spec in the header (not atomic: callers
+    write to a temporary path). Such a file loads alone with :func:`load_model`."""
+    _write_tensors(_checked_tensors(model, spec), spec, path)
 
 
 def _header_spec(data: bytes) -> dict | None:
@@ -222,12 +240,19 @@ def load_model(
     except (RuntimeError, TypeError) as exc:
         raise InputError(f"unknown device {device!r}: {exc}; use e.g. 'cpu' or 'cuda'") from exc
     spec_path, weights_path = _resolve(path)
-    spec_bytes = _read(spec_path, "model spec", safetensors=False)
+    data = _read(weights_path, "model weights", safetensors=True) if spec_path is None else b""
+    if spec_path is None:
+        if _header_spec(data) is None:
+            raise InputError(f"{weights_path} has no {weights_path.with_suffix('.json').name} beside it and no "
+                             "stealkit spec in its header; pass the model directory or the spec")
+        spec_path, spec_bytes = weights_path, json.dumps(_header_spec(data)).encode()
+    else:
+        spec_bytes = _read(spec_path, "model spec", safetensors=False)
     try:
         spec = ModelSpec.from_json(spec_bytes)
     except InputError as exc:
         raise InputError(f"{spec_path}: {exc}") from exc
-    data = _read(weights_path, "model weights", safetensors=True)
+    data = data or _read(weights_path, "model weights", safetensors=True)
     try:
         tensors = safetensors_load(data)
     except (SafetensorError, ValueError, OSError) as exc:
