@@ -35,9 +35,9 @@ def zoo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from stealkit.train import TrainConfig, fit
 
     torch.manual_seed(0)
-    model = build_model("conv2", input_shape=SHAPE, num_classes=10)
+    model = build_model("conv2", input_shape=SHAPE, num_classes=10, c1=8, c2=16, hidden=32)
     train = load_splits("digits").victim_train
-    fit(model, train.x, train.y, TrainConfig(epochs=3, batch_size=64, lr=3e-3))
+    fit(model, train.x, train.y, TrainConfig(epochs=4, batch_size=64, lr=1e-2))
     model.eval()
     spec = ModelSpec.from_model(model, extra={"dataset": "digits", "split_seed": 0})
     return save_model(model, spec, tmp_path_factory.mktemp("zoo") / "victim")
@@ -268,6 +268,19 @@ def test_flags_reach_the_loader_and_are_refused_for_model_directories(tmp_path, 
     assert "--input-shape C,H,W" in capsys.readouterr().err
     assert main([*args, "--victim", str(zoo_dir), "--input-shape", "1,8,8", "--out", str(tmp_path / "r2")]) == 2
     assert "describe an ONNX" in capsys.readouterr().err
+    ten = _plain_onnx(tmp_path / "ten.onnx", shape=["batch", 1, "h", "w"], out_dim=10)
+    assert main([*args, "--input-shape", "1,8,8", "--value-range", "0,1", "--normalize", "none",
+                 "--victim", str(ten), "--out", str(tmp_path / "r3")]) == 0
+    assert json.loads((tmp_path / "r3" / "summary.json").read_text())["queries"] == {"predict": 20, "explain": 0}
+    assert f"{ten}?input_shape=1,8,8&value_range=0,1&normalize=none" in (tmp_path / "r3" / "config.json").read_text()
+
+
+def test_a_copy_of_an_onnx_module_shares_its_session(exports):
+    import copy
+
+    model, _ = load_foreign(exports["onnx"])
+    x = _images(3)
+    assert torch.equal(copy.deepcopy(model)(x), model(x))
 
 
 def test_extract_from_onnx_then_attack_with_the_run_directory(tmp_path, exports, capsys):

@@ -112,6 +112,11 @@ class OnnxRunner(nn.Module):
         self.flat = flat
         self.batch = batch  # a fixed batch size baked into the graph, else None
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> OnnxRunner:
+        """A copy sharing the (read-only, thread-safe) session, which cannot be pickled."""
+        return OnnxRunner(self.session, self.path, input_name=self.input_name, output_name=self.output_name,
+                          dtype=self.dtype, flat=self.flat, batch=self.batch)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.requires_grad and torch.is_grad_enabled():
             raise InputError(f"{self.path} is an ONNX victim: onnxruntime gives no gradients, so it cannot explain "
@@ -146,7 +151,7 @@ def _resolve_meta(path: Path, fmt: str, file_meta: dict[str, Any], flags: dict[s
     if shape is None:
         raise InputError(
             f"{path}: its input shape is unknown: neither the file's metadata (input_shape) nor a flag says; "
-            "pass --input-shape C,H,W (e.g. 1,28,28)"
+            "pass --input-shape C,H,W (e.g. 1,28,28), or append ?input_shape=C,H,W to the file name"
         )
     if graph_shape is not None and tuple(shape) != graph_shape:
         raise InputError(f"{path}: the graph takes images of shape {list(graph_shape)} but input_shape says "
