@@ -284,7 +284,7 @@ def test_a_copy_of_an_onnx_module_shares_its_session(exports):
 
 
 def test_extract_from_onnx_then_attack_with_the_run_directory(tmp_path, exports, capsys):
-    run = tmp_path / "steal"
+    run = tmp_path / "steal-from.onnx"  # a directory, whatever its name says
     assert main(["extract", "baseline", "--victim", str(exports["onnx"]), "--mode", "probs", "--budget", "60",
                  "--student", "mlp2", "--epochs", "2", "--out", str(run)]) == 0
     summary = json.loads((run / "summary.json").read_text())
@@ -304,3 +304,22 @@ def test_extract_from_onnx_then_attack_with_the_run_directory(tmp_path, exports,
     assert main(["attack", "pgd", "--substitute", str(exports["onnx"]), "--victim", str(exports["onnx"]),
                  "--n", "5", "--out", str(tmp_path / "pgd3")]) == 2
     assert "no gradients" in capsys.readouterr().err
+
+
+def test_cuda_provider_only_where_onnxruntime_has_it(caplog):
+    from stealkit.models.foreign import _providers
+
+    class FakeOrt:
+        def __init__(self, providers: list[str]) -> None:
+            self.providers = providers
+
+        def get_available_providers(self) -> list[str]:
+            return self.providers
+
+    gpu = FakeOrt(["CUDAExecutionProvider", "CPUExecutionProvider"])
+    cpu = FakeOrt(["CPUExecutionProvider"])
+    assert _providers(gpu, torch.device("cuda")) == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert _providers(gpu, torch.device("cpu")) == ["CPUExecutionProvider"]
+    with caplog.at_level("WARNING"):
+        assert _providers(cpu, torch.device("cuda:0")) == ["CPUExecutionProvider"]
+    assert "no CUDA provider" in caplog.text

@@ -54,8 +54,12 @@ FLAG_KEYS = ("input_shape", "num_classes", "value_range", "normalize")
 
 
 def foreign_format(path: str | Path) -> str | None:
-    """``"onnx"``, ``"torchscript"`` or ``None`` by the file's suffix (options after ``?`` ignored)."""
-    suffix = Path(split_victim(str(path))[0]).suffix.lower()
+    """``"onnx"``, ``"torchscript"`` or ``None`` by the file's suffix (options after ``?`` ignored; a directory,
+    whatever its name, is ``None``)."""
+    file = Path(split_victim(str(path))[0])
+    if file.is_dir():
+        return None
+    suffix = file.suffix.lower()
     if suffix in ONNX_SUFFIXES:
         return "onnx"
     if suffix in TORCHSCRIPT_SUFFIXES:
