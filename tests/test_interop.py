@@ -203,7 +203,7 @@ def test_victim_string_carries_the_flags():
     s = join_victim("m.onnx", {"input_shape": "1,28,28", "normalize": "0.1/0.3"})
     assert split_victim(s) == ("m.onnx", {"input_shape": "1,28,28", "normalize": "0.1/0.3"})
     assert split_victim("http://host:8000/?a=1") == ("http://host:8000/?a=1", {})
-    with pytest.raises(InputError, match="describe an ONNX .* or TorchScript"):
+    with pytest.raises(InputError, match="only apply to an ONNX .* or TorchScript"):
         join_victim("runs/victim", {"num_classes": "10"})
 
 
@@ -237,6 +237,20 @@ def test_export_cli_reports_the_max_difference_and_reloads(tmp_path, zoo_dir, ca
     assert json.loads(meta["stealkit_spec"])["arch"] == "conv2"
 
 
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript", "safetensors"])
+def test_export_of_a_batchnorm_model_stays_in_eval_mode(fmt, tmp_path):
+    torch.manual_seed(0)
+    model = build_model("resnet", input_shape=SHAPE, num_classes=10, depth=8, width=0.125).eval()
+    with torch.no_grad():  # give BatchNorm running statistics unlike any single batch's
+        for bn in (m for m in model.modules() if isinstance(m, nn.BatchNorm2d)):
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2)
+    suffix = {"onnx": ".onnx", "torchscript": ".pt", "safetensors": ".safetensors"}[fmt]
+    res = export_model(model, ModelSpec.from_model(model), tmp_path / f"r{suffix}", batch=16)
+    assert res.max_abs_diff <= TOLERANCE
+    assert not any(m.training for m in model.modules())
+
+
 def test_export_that_does_not_match_writes_nothing(tmp_path, zoo_dir):
     model, spec = load_model(zoo_dir)
     out = tmp_path / "x.pt"
@@ -267,7 +281,7 @@ def test_flags_reach_the_loader_and_are_refused_for_model_directories(tmp_path, 
     assert main([*args, "--victim", str(path), "--out", str(tmp_path / "r1")]) == 2
     assert "--input-shape C,H,W" in capsys.readouterr().err
     assert main([*args, "--victim", str(zoo_dir), "--input-shape", "1,8,8", "--out", str(tmp_path / "r2")]) == 2
-    assert "describe an ONNX" in capsys.readouterr().err
+    assert "only apply to an ONNX" in capsys.readouterr().err
     ten = _plain_onnx(tmp_path / "ten.onnx", shape=["batch", 1, "h", "w"], out_dim=10)
     assert main([*args, "--input-shape", "1,8,8", "--value-range", "0,1", "--normalize", "none",
                  "--victim", str(ten), "--out", str(tmp_path / "r3")]) == 0

@@ -71,7 +71,7 @@ def resolve_victim(ctx: click.Context | None, param: click.Parameter | None, val
     flags = dict(ctx.meta.get(_FOREIGN_FLAGS, {})) if ctx is not None else {}
     if value and value.startswith("standard:"):
         if flags:
-            raise InputError(f"--{'/--'.join(k.replace('_', '-') for k in flags)} describe an ONNX or TorchScript "
+            raise InputError(f"--{'/--'.join(k.replace('_', '-') for k in flags)} only apply to an ONNX or TorchScript "
                              f"victim; {value} is a stealkit model whose model.json already says")
         from stealkit.victims import standard_victim
 

@@ -77,7 +77,9 @@ class _Plain(nn.Module):
 
 
 def _traceable(model: nn.Module) -> nn.Module:
-    return _Plain(model) if isinstance(model, Classifier) else model
+    """What the exporters trace, in eval mode (a fresh wrapper is in training mode, and the ONNX exporter
+    restores the mode it found on the wrapper to everything inside it: BatchNorm would use batch statistics)."""
+    return (_Plain(model) if isinstance(model, Classifier) else model).eval()
 
 
 def _metadata(spec: ModelSpec) -> dict[str, str]:
@@ -150,7 +152,7 @@ def export_model(model: nn.Module, spec: ModelSpec, out: str | Path, fmt: str | 
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmpdir:
         tmp = Path(tmpdir) / out.name
         _WRITERS[fmt](cpu_model, spec, tmp, x[:2])
-        model = cpu_model.to(dev)
+        model = cpu_model.to(dev).eval()
         with torch.no_grad():
             want = model(x.to(dev)).float()
             got = _reload(fmt, tmp, dev)(x.to(dev)).float()

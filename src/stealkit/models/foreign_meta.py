@@ -86,7 +86,7 @@ def join_victim(path: str, options: dict[str, str]) -> str:
     fmt = foreign_format(path)
     if fmt is None:
         raise InputError(
-            f"--{'/--'.join(k.replace('_', '-') for k in options)} describe an ONNX (.onnx) or TorchScript (.pt) "
+            f"--{'/--'.join(k.replace('_', '-') for k in options)} only apply to an ONNX (.onnx) or TorchScript (.pt) "
             f"victim; {path} is neither (a model directory's model.json already says its shape and classes)"
         )
     parse_options(options, where="the command line")  # fail before any work
