@@ -58,13 +58,14 @@ def _images(n: int = 6) -> torch.Tensor:
     return torch.rand(n, *SHAPE, generator=torch.Generator().manual_seed(3))
 
 
-def _plain_onnx(path: Path, *, shape: list, out_dim: int = 4, metadata: dict[str, str] | None = None) -> Path:
+def _plain_onnx(path: Path, *, shape: list, out_dim: int = 4, metadata: dict[str, str] | None = None,
+                softmax: bool = False) -> Path:
     """An ONNX file not written by stealkit: a flatten + linear layer, input of the given (symbolic) shape."""
     import onnx
 
     torch.manual_seed(1)
     flat = int(torch.tensor(SHAPE).prod())
-    net = nn.Sequential(nn.Flatten(), nn.Linear(flat, out_dim)).eval()
+    net = nn.Sequential(nn.Flatten(), nn.Linear(flat, out_dim), *([nn.Softmax(dim=1)] if softmax else [])).eval()
     b = shape[0] if isinstance(shape[0], int) else 2
     example = torch.rand(b, *SHAPE) if len(shape) == 4 else torch.rand(b, flat)
     axes = {"x": {0: "batch"}} if isinstance(shape[0], str) else None
@@ -161,9 +162,12 @@ def test_flat_input_fixed_batch_value_range_and_probs_output(tmp_path):
     sess = ort.InferenceSession(str(flat), providers=["CPUExecutionProvider"])
     want = torch.cat([torch.from_numpy(sess.run(None, {"x": z[i : i + 2]})[0]) for i in (0, 2, 4)])[:5]
     assert torch.allclose(v.oracle.query(x), want, atol=1e-4)
-    probs = _plain_onnx(tmp_path / "probs.onnx", shape=["batch", 1, 8, 8], metadata={"output": "probs"})
-    _, pmeta = load_foreign(probs)
-    assert pmeta.output == "probs"
+    logits = _plain_onnx(tmp_path / "logits.onnx", shape=["batch", 1, 8, 8])
+    probs = _plain_onnx(tmp_path / "probs.onnx", shape=["batch", 1, 8, 8], metadata={"output": "probs"}, softmax=True)
+    assert load_foreign(probs)[1].output == "probs"
+    for mode in ("probs", "label"):  # a softmax output answers like the logits it came from
+        want = open_victim(str(logits), mode=mode).oracle.query(x)
+        assert torch.allclose(open_victim(str(probs), mode=mode).oracle.query(x).float(), want.float(), atol=1e-5)
 
 
 def test_onnx_whose_input_is_not_an_image(tmp_path):
