@@ -133,11 +133,13 @@ def test_torchscript_explains_onnx_says_it_cannot(zoo_dir, exports):
         open_victim(str(exports["onnx"]), explain=True)
 
 
-def test_onnx_without_metadata_needs_the_input_shape(tmp_path):
+def test_onnx_without_metadata_needs_the_input_shape(tmp_path, caplog):
     path = _plain_onnx(tmp_path / "plain.onnx", shape=["batch", 1, "h", "w"])
     with pytest.raises(InputError, match=r"input shape is unknown.*--input-shape C,H,W"):
         open_victim(str(path))
-    v = open_victim(str(path) + "?input_shape=1,8,8", mode="logits")
+    with caplog.at_level("WARNING"):
+        v = open_victim(str(path) + "?input_shape=1,8,8", mode="logits")
+    assert "gives value_range or normalize; assuming pixels in [0, 1]" in caplog.text
     assert v.input_shape == SHAPE and v.num_classes == 4  # classes read from the graph's output
     assert v.oracle.query(_images(2)).shape == (2, 4)
 
