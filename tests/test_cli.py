@@ -72,3 +72,22 @@ def test_end_to_end_train_extract_report(tmp_path, capsys):
     assert main(["report", str(run)]) == 0
     assert (run / "report.html").exists()
     assert not list(run.glob(".*.tmp"))
+
+
+def test_unspent_budget_and_chance_level_are_said_where_the_user_looks(tmp_path, caplog):
+    """A budget the pool can't fill, and a copy at chance, are one warning line each and a note on the page."""
+    from stealkit.extract.common import ExtractionResult, Victim, extraction_notes
+    from stealkit.oracle import QueryLedger
+
+    class Oracle:
+        ledger = QueryLedger(budget=500)
+
+    victim = Victim(oracle=Oracle(), input_shape=(1, 8, 8), num_classes=10, dataset="digits")  # type: ignore[arg-type]
+    result = ExtractionResult(method="dfme", student=None, accuracy=0.1, fidelity=0.1,  # type: ignore[arg-type]
+                              victim_accuracy=0.97, queries={"predict": 449, "explain": 0}, curve=[])
+    notes = extraction_notes(result, victim)
+    assert len(notes) == 2 and "51 of the 500-query budget were not spent" in notes[0]
+    assert "chance level" in notes[1] and "1M" in notes[1]
+    fine = ExtractionResult(method="baseline", student=None, accuracy=0.9, fidelity=0.9,  # type: ignore[arg-type]
+                            victim_accuracy=0.97, queries={"predict": 500, "explain": 0}, curve=[])
+    assert extraction_notes(fine, victim) == []

@@ -204,10 +204,37 @@ def save_extraction(
     )
     student_dir = run.path / "student"
     save_model(result.student, spec, student_dir)
+    notes = extraction_notes(result, victim)
+    for note in notes:
+        log.warning("%s", note)
     summary = result.summary() | {"seed": seed, "student_dir": str(student_dir), "config": config}
+    if notes:
+        summary["notes"] = notes
     run.write_summary(summary)
     run.write_report(build_report(run))
     return student_dir
+
+
+#: queries a data-free method needs before it leaves chance on a 10-class task, from the papers and our runs
+_DATA_FREE_SCALE = {"dfme": "about 1M-2M (DFME Sec. 5; our Fashion-MNIST runs)", "maze": "about 500k-1M",
+                    "dast": "millions (CoDFe Table 3)", "codfe": "a few hundred thousand (CoDFe Table 3)"}
+
+
+def extraction_notes(result: ExtractionResult, victim: Victim) -> list[str]:
+    """One line for each thing the user must not miss: a budget that could not be spent, a chance-level copy."""
+    notes = []
+    ledger = victim.oracle.ledger if victim.oracle is not None else None
+    budget = getattr(ledger, "budget", None)
+    spent = sum(v for v in result.queries.values() if isinstance(v, int))
+    if budget is not None and spent < budget:
+        notes.append(f"{budget - spent:,} of the {budget:,}-query budget were not spent ({spent:,} used): the "
+                     "query source or the method's schedule ran out first (a pool of distinct images is queried "
+                     "once each)")
+    if result.accuracy is not None and victim.num_classes > 1 and result.accuracy <= 1.5 / victim.num_classes:
+        more = _DATA_FREE_SCALE.get(str(result.method).lower())
+        notes.append(f"the copy is at chance level (accuracy {result.accuracy:.3f}, {victim.num_classes} classes)"
+                     + (f": {result.method} typically needs {more} queries" if more else ""))
+    return notes
 
 
 def _norm(model: nn.Module, attr: str, channels: int) -> list[float]:

@@ -29,6 +29,9 @@ def build_sections(run: RunDir) -> list[Section]:
     kind = str(config.get("command", ""))
     builder, known = builder_for(kind)
     sections = builder(run, config, summary)
+    notes = summary.get("notes")
+    if isinstance(notes, list) and notes:  # what the user must not miss (an unspent budget, a chance-level copy)
+        sections = [Section("Notes", paragraphs=[str(n) for n in notes]), *sections]
     if not known:
         note = Section("About this page", paragraphs=[
             f"This run's kind ({kind or 'not recorded'}) is not known to this version of stealkit: the generic "

@@ -264,8 +264,7 @@ Config = StudyConfig
 
 
 def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> list[Section]:
-    """The ASR table (ours, and the paper's value beside each where it has one) and the study's notes."""
+    """The ASR table (ours, and the paper's value beside each where it has one); the notes head every page."""
     from stealkit.evade.report import attack_sections
 
-    notes = [Section("Notes", paragraphs=list(summary["notes"]))] if summary.get("notes") else []
-    return [*attack_sections(run, config, summary), *notes]
+    return attack_sections(run, config, summary)
