@@ -27,7 +27,7 @@ import torch
 from stealkit.errors import StealkitError
 from stealkit.extract.exact import ExactConfig, recover_two_layer
 from stealkit.extract.exact_mq import recover_two_layer_mq
-from stealkit.extract.exact_oracle import Float64ExplanationOracle, TwoLayerReLU
+from stealkit.oracle.float64 import Float64ExplanationOracle, TwoLayerReLU
 
 GOAL = 1e-6
 

@@ -15,10 +15,10 @@ from stealkit.extract.exact import (
     search_line,
 )
 from stealkit.extract.exact_mq import recover_two_layer_mq
-from stealkit.extract.exact_oracle import Float64ExplanationOracle, TwoLayerReLU
 from stealkit.extract.logistic_exact import identify_logistic
 from stealkit.models import build_model
 from stealkit.oracle import LocalExplanationOracle, LocalOracle
+from stealkit.oracle.float64 import Float64ExplanationOracle, TwoLayerReLU
 
 
 def _oracle(d: int, h: int, k: int, *, bias: bool, seed: int = 0, domain: str = "real"):

@@ -43,9 +43,9 @@ from scipy.optimize import linprog
 
 from stealkit.errors import InputError
 from stealkit.extract.exact_access import GradientAccess, RecoveryFailure, SearchLine, prune
-from stealkit.extract.exact_oracle import TwoLayerReLU
 from stealkit.extract.exact_secant import Plan, exact_crossings, fit_output_layer, secant_plans
 from stealkit.oracle import Oracle
+from stealkit.oracle.float64 import TwoLayerReLU
 
 __all__ = ["ExactConfig", "ExactRecovery", "GradientAccess", "RecoveryFailure", "recover_signs",
            "recover_two_layer", "recover_with", "relative_error", "search_line"]
@@ -115,7 +115,7 @@ def recover_two_layer(oracle: Oracle, hidden: int, config: ExactConfig | None = 
     """Recover a network equivalent to the victim behind ``oracle`` from gradient and membership queries.
 
     ``oracle`` must answer logits and explain (an :class:`~stealkit.oracle.ExplanationOracle`); its
-    ``domain`` attribute (``"real"`` for :class:`~stealkit.extract.exact_oracle.Float64ExplanationOracle`
+    ``domain`` attribute (``"real"`` for :class:`~stealkit.oracle.float64.Float64ExplanationOracle`
     over ``R^d``, else the pixel box) decides where the search lines run. ``hidden`` is the victim's hidden
     width ``h`` (the paper's input). ``anchors`` (images the attacker holds, no queries spent on them) seed
     the search lines in the pixel box. Raises :class:`RecoveryFailure` when the answer cannot be certified.

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from stealkit.errors import InputError, StealkitError
-from stealkit.extract.exact_oracle import Domain, TwoLayerReLU
 from stealkit.oracle import Oracle, OutputMode
+from stealkit.oracle.float64 import Domain, TwoLayerReLU
 
 
 class RecoveryFailure(StealkitError):

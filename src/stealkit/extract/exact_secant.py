@@ -33,7 +33,7 @@ import math
 import numpy as np
 
 from stealkit.extract.exact_access import GradientAccess, RecoveryFailure, SearchLine, prune
-from stealkit.extract.exact_oracle import TwoLayerReLU
+from stealkit.oracle.float64 import TwoLayerReLU
 
 #: a bracket ``(a, b)`` to split, the ``t`` to probe inside it, and the crossing those probes would confirm
 Plan = tuple[float, float, list[float], float | None]

@@ -1,4 +1,4 @@
-"""Exact-arithmetic helpers of :mod:`stealkit.extract.exact`: two-layer ReLU networks and a float64 oracle.
+"""The float64 explanation oracle (and the two-layer ReLU networks it answers for) of exact recovery (:mod:`stealkit.extract.exact`).
 
 Milli et al. (FAT* 2019, Sec. 2) study ``f(x) = sum_i w_i ReLU(<A_i, x>)`` over all of ``R^d``. Two things the
 stock :class:`~stealkit.oracle.LocalExplanationOracle` does stand between that setting and exactness to 1e-6:
@@ -21,8 +21,15 @@ import torch
 from torch import nn
 
 from stealkit.errors import InputError
-from stealkit.oracle import OutputMode, QueryKind, QueryLedger, keep_top_k
-from stealkit.oracle.base import RANGE_TOLERANCE, ExplainMethod, ExplainOutput, check_explain_args
+from stealkit.oracle.base import (
+    RANGE_TOLERANCE,
+    ExplainMethod,
+    ExplainOutput,
+    OutputMode,
+    check_explain_args,
+    keep_top_k,
+)
+from stealkit.oracle.ledger import QueryKind, QueryLedger
 
 Domain = Literal["real", "box"]
 
