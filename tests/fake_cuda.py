@@ -85,6 +85,16 @@ class _FakeCudaMode(TorchFunctionMode):
         if func in _TO_HOST and _is_fake(args[0]):
             raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
                             "to host memory first. (simulated by tests/fake_cuda.py)")
+        if func is torch.Tensor.__deepcopy__ and _is_fake(args[0]):  # copy as a plain tensor, then mark it
+            flipped = [t for t in (args[0], args[0].grad) if _is_fake(t)]
+            for t in flipped:
+                t.__class__ = torch.Tensor
+            try:
+                out = _mark(func(*args, **kwargs), OnFakeCuda)
+            finally:
+                for t in flipped:
+                    t.__class__ = OnFakeCuda
+            return out if out.grad is None else (_mark(out.grad, OnFakeCuda), out)[1]
         if func is torch._has_compatible_shallow_copy_type:  # nn.Module._apply asks: never across devices
             return _is_fake(args[0]) == _is_fake(args[1]) and func(*args)
         target = None
