@@ -99,7 +99,7 @@ class _FakeCudaMode(TorchFunctionMode):
             return _is_fake(args[0]) == _is_fake(args[1]) and func(*args)
         target = None
         if func is torch.Tensor.cuda:
-            target, args = FAKE, args[:1]
+            target, args, kwargs = FAKE, args[:1], {}
         elif func is torch.Tensor.cpu:
             target = _CPU
         elif func is torch.Tensor.to:
@@ -113,7 +113,7 @@ class _FakeCudaMode(TorchFunctionMode):
         here = FAKE if any(_is_fake(t) for t in flat) else _CPU
         to = here if target is None else (FAKE if target.type == "cuda" else _CPU)
         if func in (torch.Tensor.cuda, torch.Tensor.cpu, torch.Tensor.to) and to != here:
-            out = func(*args, **kwargs)
+            out = args[0].clone() if func is torch.Tensor.cuda else func(*args, **kwargs)
             if out is args[0] or out.data_ptr() == args[0].data_ptr():
                 out = out.clone()  # a copy to another device never aliases its source
             return _mark(out, OnFakeCuda if to == FAKE else torch.Tensor)
