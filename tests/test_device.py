@@ -34,8 +34,10 @@ EXTRA_RUNS: dict[str, list[str]] = {
                                    "2", "--student", "mlp2", "--student-arg", "hidden=8", "--strategy", "knockoff"],
 }
 #: every command run on the (simulated or real) GPU: name -> (arguments before --out, slow?)
+_SLOW = {"extract maze", "extract dast", "extract codfe"}  # over 10 s on the simulated GPU (2 shared cores)
 DEVICE_RUNS: dict[str, tuple[list[str], bool]] = {
-    **{k: v for k, v in kinds.RUNS.items() if k != "demo"}, **{k: (v, False) for k, v in EXTRA_RUNS.items()}}
+    **{k: (args, slow or k in _SLOW) for k, (args, slow) in kinds.RUNS.items() if k != "demo"},
+    **{k: (v, False) for k, v in EXTRA_RUNS.items()}}
 
 
 def _cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
