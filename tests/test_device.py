@@ -238,3 +238,17 @@ def test_stn_study_every_part_on_a_simulated_gpu(tmp_path: Path, monkeypatch: py
         summary = run_study(cfg, record=rows.append, device="cuda:0",
                             parts=("certify", "ablation", "table1", "empirical", "soundness"))
     assert summary["soundness"]["attacked"] >= 1 and {r["part"] for r in rows} >= {"table1", "empirical"}
+
+
+def test_the_float64_oracle_answers_from_the_device_of_its_model(tiny_model: torch.nn.Module,
+                                                                 tiny_batch: torch.Tensor) -> None:
+    from stealkit.extract.exact_oracle import Float64ExplanationOracle
+
+    on_cpu = Float64ExplanationOracle(tiny_model, (1, 4, 4))
+    expected = on_cpu.query(tiny_batch), on_cpu.explain(tiny_batch, "smoothgrad", target=1, n_samples=2)
+    with fake_cuda():
+        oracle = Float64ExplanationOracle(tiny_model.to("cuda"), (1, 4, 4))
+        answers = oracle.query(tiny_batch), oracle.explain(tiny_batch, "smoothgrad", target=1, n_samples=2)
+    for got, want in zip(answers, expected, strict=True):
+        assert not on_fake_cuda(got) and torch.equal(got, want)
+    tiny_model.cpu()
