@@ -34,6 +34,7 @@ from stealkit.oracle.http import HttpOracle
 from stealkit.victims import standard_victim
 
 ROOT = Path(__file__).resolve().parents[1]
+BENCH_KEY = "bench-Zx81QpLw6RtV3mNb7Yc4"  # a key of enough entropy (the server refuses guessable ones)
 
 
 def free_port() -> int:
@@ -45,7 +46,7 @@ def free_port() -> int:
 @contextlib.contextmanager
 def server(model_dir: Path, workers: int, threads: int, tmp: Path):
     keys = tmp / "keys.toml"
-    keys.write_text('[[key]]\nkey = "bench"\nmode = "probs"\n')
+    keys.write_text(f"[[key]]\nkey = \"{BENCH_KEY}\"\nmode = \"probs\"\n")
     port = free_port()
     env = os.environ | {"OMP_NUM_THREADS": str(threads)}
     proc = subprocess.Popen([sys.executable, "-m", "stealkit.cli", "-q", "serve", "--model", str(model_dir), "--keys",
@@ -129,7 +130,7 @@ def main() -> None:
                 for b in batches:
                     calls = max(100, args.images // b) if b > 1 else max(200, args.images // 16)
                     clients = args.clients * w
-                    res = run_clients(lambda url=url: HttpOracle(url, key="bench", batch_size=4096).query,
+                    res = run_clients(lambda url=url: HttpOracle(url, key=BENCH_KEY, batch_size=4096).query,
                                       x, b, calls, clients)
                     rows.append({"transport": "http", "workers": w, "clients": clients, "batch": b, **res})
                     print(json.dumps(rows[-1]), file=sys.stderr)

@@ -97,6 +97,18 @@ def test_sweep_local_and_ray_identical(tiny_config, tmp_path):
         rb = (tmp_path / "ray" / b["dir"].split("/")[-1] / "steal" / "records.jsonl").read_text()
         assert ra == rb and ra.strip()
     assert local[0]["final"]["queries"] == {"predict": 60, "explain": 0}
+    assert (tmp_path / "local" / "report.html").exists() and (tmp_path / "ray" / "report.html").exists()
+
+
+def test_sweep_report_has_a_row_and_a_line_per_trial(tiny_config):
+    from stealkit.experiments.sweep import sweep_report
+
+    curve = [{"queries": 30, "accuracy": 0.4}, {"queries": 60, "accuracy": 0.5}]
+    trials = [{"values": {"steal.mode": m}, "dir": m, "final": {"accuracy": 0.5, "curve": curve}}
+              for m in ("probs", "label")]
+    page = sweep_report(load_config(tiny_config), {"steal.mode": ["probs", "label"]}, trials)
+    assert page.count("<td>probs</td>") == 1 and page.count("<td>label</td>") == 1
+    assert "Every trial&#x27;s curve" in page and page.count("<img") == 1
 
 
 @pytest.mark.parametrize("scale", ["small", "full"])

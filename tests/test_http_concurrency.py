@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from stealkit.oracle.ledger import digest_tensor
-from stealkit.serve.keys import hash_key
 from stealkit.serve.store import Store
 from tests.test_serve_support import live_server, make_victim, start_server, stop_server, write_keys
 
@@ -38,10 +37,13 @@ def victim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_victim(tmp_path_factory.mktemp("victim") / "model")
 
 
+METRICS_KEY = "metrics-Ab3dE6gH9jK2mN5p"
+
+
 def test_sixteen_clients_spend_exactly_the_budget(victim: Path, tmp_path: Path):
     budget = 400
-    keys = write_keys(tmp_path / "keys.toml", [{"key": "shared", "name": "shared", "mode": "label",
-                                                "budget": budget}])
+    keys = write_keys(tmp_path / "keys.toml", [{"key": "shared-Zx81QpLw6RtV3mNb7Yc4", "name": "shared", "mode": "label",
+                                                "budget": budget}], model={"metrics_key": METRICS_KEY})
     answered: list[tuple[str, int]] = []
     refused_after_zero: list[int] = []
     errors: list[str] = []
@@ -66,7 +68,7 @@ def test_sixteen_clients_spend_exactly_the_budget(victim: Path, tmp_path: Path):
     def run_client(url: str, seed: int) -> None:
         rng = np.random.default_rng(seed)
         cap = 8
-        with httpx.Client(base_url=url, headers={"Authorization": "Bearer shared"}, timeout=120) as c:
+        with httpx.Client(base_url=url, headers={"Authorization": "Bearer shared-Zx81QpLw6RtV3mNb7Yc4"}, timeout=120) as c:
             while True:
                 x = rng.random((int(rng.integers(1, cap + 1)), 1, 8, 8), dtype=np.float32)
                 r = post(c, x)
@@ -89,22 +91,22 @@ def test_sixteen_clients_spend_exactly_the_budget(victim: Path, tmp_path: Path):
             t.start()
         for t in threads:
             t.join(timeout=600)
-        info = httpx.get(url + "/v1/info", headers={"Authorization": "Bearer shared"}).json()
-        metrics = httpx.get(url + "/metrics").text
+        info = httpx.get(url + "/v1/info", headers={"Authorization": "Bearer shared-Zx81QpLw6RtV3mNb7Yc4"}).json()
+        metrics = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {METRICS_KEY}"}).text
 
     assert errors == []
     assert sum(n for _, n in answered) == budget
     assert refused_after_zero == [402] * 16
     assert info["queries_left"] == 0 and info["queries_used"] == {"predict": budget, "explain": 0}
-    assert f'stealkit_queries_served_total{{key="shared",kind="predict"}} {budget}' in metrics
+    assert f'stealkit_queries_served_total{{key="shared",kind="predict"}} {budget}.0' in metrics
     store = Store(tmp_path / "db.sqlite")
-    rows = store.log_rows(hash_key("shared"))
+    rows = store.log_rows("shared")
     assert Counter((r["input_digest"], r["n"]) for r in rows) == Counter(answered)
     assert store.audit()["shared"]["consistent"]
 
 
 def test_sigkill_mid_load_keeps_log_and_counters_in_agreement(victim: Path, tmp_path: Path):
-    keys = write_keys(tmp_path / "keys.toml", [{"key": "k", "name": "k", "mode": "probs", "budget": 10**6}])
+    keys = write_keys(tmp_path / "keys.toml", [{"key": "k-Zx81QpLw6RtV3mNb7Yc4", "name": "k", "mode": "probs", "budget": 10**6}])
     db = tmp_path / "db.sqlite"
     proc, url = start_server(victim, keys, db, workers=2)
     answered: list[str] = []
@@ -114,7 +116,7 @@ def test_sigkill_mid_load_keeps_log_and_counters_in_agreement(victim: Path, tmp_
 
     def client(seed: int) -> None:
         rng = np.random.default_rng(seed)
-        with httpx.Client(base_url=url, headers={"Authorization": "Bearer k"}, timeout=30) as c:
+        with httpx.Client(base_url=url, headers={"Authorization": "Bearer k-Zx81QpLw6RtV3mNb7Yc4"}, timeout=30) as c:
             while not stop.is_set():
                 x = rng.random((4, 1, 8, 8), dtype=np.float32)
                 try:
@@ -141,10 +143,10 @@ def test_sigkill_mid_load_keeps_log_and_counters_in_agreement(victim: Path, tmp_
 
     proc, url = start_server(victim, keys, db, workers=1)  # restart on the same database
     try:
-        info = httpx.get(url + "/v1/info", headers={"Authorization": "Bearer k"}).json()
+        info = httpx.get(url + "/v1/info", headers={"Authorization": "Bearer k-Zx81QpLw6RtV3mNb7Yc4"}).json()
         store = Store(db)
         audit = store.audit()["k"]
-        rows = store.log_rows(hash_key("k"))
+        rows = [r for r in store.log_rows("k") if r["status"] != "refunded"]
         logged = Counter(r["input_digest"] for r in rows)
         assert audit["consistent"]  # counters == sums over the log
         assert all(logged[d] == 1 for d in answered)  # every answered query logged, once
@@ -152,7 +154,7 @@ def test_sigkill_mid_load_keeps_log_and_counters_in_agreement(victim: Path, tmp_
         assert len(rows) - len(answered) <= failed[0]  # extra rows only for requests cut off by the kill
         assert info["queries_used"]["predict"] == 4 * len(rows)
         r = httpx.post(url + "/v1/predict", content=body(np.zeros((2, 1, 8, 8), np.float32)),
-                       headers=HEADERS | {"Authorization": "Bearer k"})
+                       headers=HEADERS | {"Authorization": "Bearer k-Zx81QpLw6RtV3mNb7Yc4"})
         assert r.status_code == 200 and int(r.headers["x-stealkit-queries-left"]) == 10**6 - 4 * len(rows) - 2
     finally:
         stop_server(proc)

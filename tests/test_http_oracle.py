@@ -15,7 +15,6 @@ from stealkit.extract.common import make_evaluator, student_factory, victim_spli
 from stealkit.models import load_model
 from stealkit.oracle import ExplanationOracle, LocalExplanationOracle, LocalOracle, Oracle
 from stealkit.oracle.http import HttpOracle
-from stealkit.serve.keys import hash_key
 from stealkit.serve.store import Store
 from stealkit.train import TrainConfig
 from tests.test_serve_support import live_server, make_victim, write_keys
@@ -23,10 +22,10 @@ from tests.test_serve_support import live_server, make_victim, write_keys
 pytestmark = pytest.mark.slow
 
 KEYS = [
-    {"key": "probs-key", "name": "probs", "mode": "probs", "explain": True},
-    {"key": "small-key", "name": "small", "mode": "probs", "budget": 30},
-    {"key": "label-key", "name": "labels", "mode": "label", "budget": 1000},
-    {"key": "cli-key", "name": "cli", "mode": "probs", "budget": 1000},
+    {"key": "probs-key-Zx81QpLw6RtV3mNb7Yc4", "name": "probs", "mode": "probs", "explain": True},
+    {"key": "small-key-Zx81QpLw6RtV3mNb7Yc4", "name": "small", "mode": "probs", "budget": 30},
+    {"key": "label-key-Zx81QpLw6RtV3mNb7Yc4", "name": "labels", "mode": "label", "budget": 1000},
+    {"key": "cli-key-Zx81QpLw6RtV3mNb7Yc4", "name": "cli", "mode": "probs", "budget": 1000},
 ]
 
 
@@ -41,14 +40,14 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 
 def test_protocols_and_info(server):
     url, victim, _ = server
-    oracle = HttpOracle(url, key="probs-key")
+    oracle = HttpOracle(url, key="probs-key-Zx81QpLw6RtV3mNb7Yc4")
     _, spec = load_model(victim)
     assert isinstance(oracle, Oracle) and isinstance(oracle, ExplanationOracle)
     assert oracle.input_shape == (1, 8, 8) and oracle.num_classes == 10 and oracle.dataset == "digits"
     assert oracle.mode.value == "probs" and oracle.ledger.remaining() is None
     assert oracle.classes == spec.class_names
     with pytest.raises(InputError, match="may ask for modes"):
-        HttpOracle(url, key="probs-key", mode="logits")
+        HttpOracle(url, key="probs-key-Zx81QpLw6RtV3mNb7Yc4", mode="logits")
     with pytest.raises(InputError, match="refused the API key"):
         HttpOracle(url, key="wrong")
 
@@ -58,12 +57,12 @@ def test_answers_equal_local_oracle(server):
     model, spec = load_model(victim)
     x = torch.rand(300, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     for mode in ("probs", "topk", "label"):
-        remote = HttpOracle(url, key="probs-key", mode=mode, batch_size=128)
+        remote = HttpOracle(url, key="probs-key-Zx81QpLw6RtV3mNb7Yc4", mode=mode, batch_size=128)
         local = LocalOracle(model, spec.input_shape, mode=mode, batch_size=128)
         got, want = remote.query(x), local.query(x)
         assert got.dtype == want.dtype and torch.allclose(got.double(), want.double(), atol=1e-6)
         assert remote.ledger.as_dict() == local.ledger.as_dict() == {"predict": 300, "explain": 0}
-    remote = HttpOracle(url, key="probs-key")
+    remote = HttpOracle(url, key="probs-key-Zx81QpLw6RtV3mNb7Yc4")
     g = remote.explain(x[:5], "gradient", target=torch.tensor([0, 1, 2, 3, 4]))
     want = LocalExplanationOracle(model, spec.input_shape).explain(x[:5], target=torch.tensor([0, 1, 2, 3, 4]))
     assert torch.allclose(g, want, atol=1e-6) and remote.ledger.as_dict() == {"predict": 0, "explain": 5}
@@ -71,9 +70,9 @@ def test_answers_equal_local_oracle(server):
 
 def test_ledger_mirrors_server_budget(server):
     url, _, db = server
-    a = HttpOracle(url, key="small-key", budget=100)
+    a = HttpOracle(url, key="small-key-Zx81QpLw6RtV3mNb7Yc4", budget=100)
     assert a.ledger.remaining() == 30  # the key's budget is smaller than the one asked for
-    b = HttpOracle(url, key="small-key")
+    b = HttpOracle(url, key="small-key-Zx81QpLw6RtV3mNb7Yc4")
     b.query(torch.rand(20, 1, 8, 8))  # another client spends the same key
     a.query(torch.rand(4, 1, 8, 8))  # the server's answer shrinks a's ledger
     assert a.ledger.remaining() == 6
@@ -84,7 +83,7 @@ def test_ledger_mirrors_server_budget(server):
     with pytest.raises(BudgetExhausted):
         b.query(torch.rand(7, 1, 8, 8))
     assert b.ledger.as_dict()["predict"] == 20 and b.ledger.remaining() == 6
-    usage = Store(db).usage(hash_key("small-key"))
+    usage = Store(db).usage("small")
     assert usage.predict == 24
 
 
@@ -93,7 +92,7 @@ def test_extraction_over_http_equals_local(server):
     url, victim, _ = server
     model, spec = load_model(victim)
     local = LocalOracle(model, spec.input_shape, mode="label", budget=200)
-    remote = HttpOracle(url, key="label-key", mode="label", budget=200)
+    remote = HttpOracle(url, key="label-key-Zx81QpLw6RtV3mNb7Yc4", mode="label", budget=200)
     from stealkit.extract.common import Victim
 
     v = Victim(oracle=local, input_shape=(1, 8, 8), num_classes=10, dataset="digits", model=model, spec=spec)
@@ -119,7 +118,7 @@ def test_cli_extraction_over_http(server, tmp_path: Path):
     args = ["-q", "extract", "baseline", "--budget", "150", "--mode", "probs", "--student", "mlp2", "--epochs", "5",
             "--seed", "1"]
     assert main([*args, "--victim", str(victim), "--out", str(tmp_path / "local")]) == 0
-    assert main([*args, "--victim", url, "--key", "cli-key", "--out", str(tmp_path / "http")]) == 0
+    assert main([*args, "--victim", url, "--key", "cli-key-Zx81QpLw6RtV3mNb7Yc4", "--out", str(tmp_path / "http")]) == 0
     local = json.loads((tmp_path / "local" / "summary.json").read_text())
     remote = json.loads((tmp_path / "http" / "summary.json").read_text())
     assert local["queries"] == remote["queries"] == {"predict": 150, "explain": 0}

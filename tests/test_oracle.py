@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from stealkit.errors import BudgetExhausted, InputError
-from stealkit.oracle import LocalExplanationOracle, LocalOracle, OutputMode, QueryLedger
+from stealkit.oracle import LocalExplanationOracle, LocalOracle, OutputMode, QueryLedger, check_explain_args
+from stealkit.oracle.ledger import budget_left
 
 
 def make(model, mode="probs", **kw):
@@ -87,7 +88,8 @@ class TestValidation:
 
     def test_rounding_noise_clipped(self, tiny_model):
         x = torch.full((1, 1, 4, 4), 1.0 + 1e-7)
-        make(tiny_model).query(x)
+        oracle = make(tiny_model, mode="logits")
+        assert torch.equal(oracle.query(x), oracle.query(torch.ones(1, 1, 4, 4)))  # answered as exactly 1.0
 
 
 class TestLedger:
@@ -210,3 +212,40 @@ class TestExplanations:
             oracle.explain(tiny_batch[:6])
         oracle.explain(tiny_batch[:5])
         assert oracle.ledger.as_dict() == {"predict": 12, "explain": 5}
+
+
+class TestOneRule:
+    """Issue 14.3: one explanation-argument check, one budget rule, public answer path."""
+
+    @pytest.mark.parametrize("args,name", [
+        (("saliency", "logit", 10, 0.1), "method"),
+        (("smoothgrad", "probs", 10, 0.1), "output"),
+        (("smoothgrad", "logit", 0, 0.1), "n_samples"),
+        (("smoothgrad", "logit", 257, 0.1), "n_samples"),
+        (("smoothgrad", "logit", 2.0, 0.1), "n_samples"),
+        (("smoothgrad", "logit", 10, 3e38), "sigma"),
+        (("smoothgrad", "logit", 10, float("nan")), "sigma"),
+        (("smoothgrad", "logit", 10, -0.1), "sigma"),
+    ])
+    def test_explain_args_checked_in_one_place(self, tiny_model, args, name):
+        with pytest.raises(InputError, match=name):
+            check_explain_args(*args)
+        oracle = LocalExplanationOracle(tiny_model, (1, 4, 4), budget=10)
+        with pytest.raises(InputError, match=name):
+            oracle.explain(torch.rand(2, 1, 4, 4), args[0], output=args[1], n_samples=args[2], sigma=args[3])
+        assert oracle.ledger.total == 0
+
+    def test_budget_left_is_the_ledgers_rule(self):
+        assert budget_left({"predict": 3, "explain": 2}, 10, {"explain": 4}, "explain") == 2
+        assert budget_left({"predict": 3, "explain": 2}, 10, {"explain": 4}, "predict") == 5
+        assert budget_left({"predict": 3}, None, {}, None) is None
+        ledger = QueryLedger(budget=100)
+        ledger.charge("predict", 10)
+        ledger.cap_budget(5, pending=2)  # a remote ledger has 5 left after the 2 still in flight here
+        assert ledger.remaining() == 3 and ledger.budget == 13
+        ledger.cap_budget(1000)
+        assert ledger.budget == 13  # never raised
+
+    def test_answer_from_logits_is_what_query_answers(self, tiny_model, tiny_batch):
+        oracle = make(tiny_model, mode="topk", top_k=2)
+        assert torch.equal(oracle.answer_from_logits(oracle.logits(tiny_batch)), oracle.query(tiny_batch))

@@ -12,7 +12,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
 
 
-def check_page(path) -> dict:
+def check_page(path, width: int = 1366, screenshot=None) -> dict:
     sync_api = pytest.importorskip("playwright.sync_api")
     errors: list[str] = []
     with sync_api.sync_playwright() as p:
@@ -21,7 +21,7 @@ def check_page(path) -> dict:
             args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                   "--disable-sync", "--no-first-run"],
         )
-        page = browser.new_page(viewport={"width": 1366, "height": 800})
+        page = browser.new_page(viewport={"width": width, "height": 800})
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.on("requestfailed", lambda r: errors.append(f"request failed: {r.url}"))
@@ -31,8 +31,13 @@ def check_page(path) -> dict:
             "Array.from(document.images).map(i => ({ok: i.complete && i.naturalWidth > 0, w: i.naturalWidth}))"
         )
         overflow = page.evaluate("document.documentElement.scrollWidth > window.innerWidth + 1")
+        # the text a reader sees: the raw config.json is folded away in <details>, so leave it out
+        if screenshot is not None:
+            page.screenshot(path=str(screenshot), full_page=True)
+        text = page.evaluate("(() => { document.querySelectorAll('details').forEach(d => d.remove()); "
+                             "return document.body.innerText; })()")
         browser.close()
-    return {"errors": errors, "images": images, "overflow": overflow}
+    return {"errors": errors, "images": images, "overflow": overflow, "text": text}
 
 
 def test_report_renders_in_chromium(tmp_path):

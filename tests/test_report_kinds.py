@@ -8,6 +8,7 @@ report`` writes again must be equal but for the time stamp. A kind missing here 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -98,6 +99,8 @@ def test_report_rerenders_the_page_the_run_wrote(kind: str, models: dict[str, st
     assert main(["report", str(out)]) == 0
     assert _stamp_free((out / "report.html").read_text()) == _stamp_free(written)
     assert "is not known to this version" not in written
+    PAGES[kind] = tmp_path / "page.html"
+    PAGES[kind].write_text(written)
     assert (out / "report.html").stat().st_mode & 0o044 == 0o044  # shareable, like any file the user writes
 
     # nothing that isn't stealkit's own becomes markup: plant a script in every string the page could show
@@ -114,6 +117,30 @@ def test_report_rerenders_the_page_the_run_wrote(kind: str, models: dict[str, st
 
 
 PLANT = "<script>alert(1)</script>"
+#: the page each kind's run wrote, for the browser check below (filled by the test above)
+PAGES: dict[str, Path] = {}
+#: what a page must not show a reader: Python reprs and float noise
+REPRS = re.compile(r"\{'|\bNone\b|\bTrue\b|\bFalse\b|\d\.\d{9,}")
+
+
+def test_every_page_reads_well_in_chromium() -> None:
+    """Chromium renders every page a run kind wrote at 1280 px: no horizontal overflow, every image loads, no
+    Python repr or float noise in the text (runs after the kinds above, which collect the pages)."""
+    from tests.test_report_browser import CHROMIUM, check_page
+
+    if CHROMIUM is None:
+        pytest.skip("needs Debian's chromium (apt-get install chromium)")
+    if not PAGES:
+        pytest.skip("no run of the kinds above in this session")
+    shots = os.environ.get("STEALKIT_SCREENSHOTS")  # a folder: save each page as PNG (docs/img/ is made so)
+    for kind, path in PAGES.items():
+        shot = Path(shots) / f"report-{kind.replace(' ', '-')}.png" if shots else None
+        result = check_page(path, width=1280, screenshot=shot)
+        assert result["errors"] == [], kind
+        assert result["images"] and all(i["ok"] for i in result["images"]) or "<img" not in path.read_text(), kind
+        assert not result["overflow"], f"{kind}: the page is wider than 1280 px"
+        found = [result["text"][max(0, m.start() - 80):m.end() + 20] for m in REPRS.finditer(result["text"])]
+        assert not found, f"{kind}: {found[:3]} in the page's text"
 
 
 def _planted(node: object) -> object:

@@ -16,16 +16,18 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from stealkit.serve.app import create_app
+from stealkit.serve.limits import AuthThrottle
 from tests.test_serve_support import make_victim, write_keys
 
 KEYS = [
-    {"key": "probs-key", "name": "probs", "mode": "probs", "budget": 300, "explain": True},
-    {"key": "label-key", "name": "labels", "mode": "label", "prada": {"delta": 0.95, "min_samples": 10}},
-    {"key": "logit-key", "name": "logits", "mode": "logits", "explain": True, "explain_budget": 50},
+    {"key": "probs-key-Zx81QpLw6RtV3mNb7Yc4", "name": "probs", "mode": "probs", "budget": 300, "explain": True},
+    {"key": "label-key-Zx81QpLw6RtV3mNb7Yc4", "name": "labels", "mode": "label", "prada": {"delta": 0.95, "min_samples": 10}},
+    {"key": "logit-key-Zx81QpLw6RtV3mNb7Yc4", "name": "logits", "mode": "logits", "explain": True, "explain_budget": 50},
 ]
-TOKENS = ["probs-key", "label-key", "logit-key", "wrong", "", "probs-key\x00", "é"]
+TOKENS = ["probs-key-Zx81QpLw6RtV3mNb7Yc4", "label-key-Zx81QpLw6RtV3mNb7Yc4", "logit-key-Zx81QpLw6RtV3mNb7Yc4", "wrong", "", "probs-key-Zx81QpLw6RtV3mNb7Yc4\x00", "é"]
 PATHS = ["/v1/predict", "/v1/explain", "/v1/info", "/healthz", "/metrics", "/openapi.json", "/v1/", "/v2/predict",
-         "/v1/predict/x", "/%00", "/v1/predict?mode=label", "/../etc/passwd"]
+         "/v1/predict/x", "/%00", "/v1/predict?mode=label", "/../etc/passwd", "/v1/charges",
+         "/v1/charges?limit=0", "/v1/charges?before=99999999999999999999999", "/v1/charges?limit=x"]
 CONTENT_TYPES = ["application/x-npy", "application/json", "application/octet-stream", "text/plain", "",
                  "application/json; charset=utf-8", "multipart/form-data", "application/x-npy; q=1"]
 OPTION_KEYS = ["mode", "method", "output", "target", "n_samples", "sigma", "extra"]
@@ -103,28 +105,33 @@ def requests(draw: st.DrawFn) -> dict:
     }
 
 
-@pytest.fixture(scope="module")
-def app_client(tmp_path_factory: pytest.TempPathFactory) -> tuple[TestClient, list[int]]:
-    root = tmp_path_factory.mktemp("fuzz")
-    victim = make_victim(root / "victim")
+def make_client(root: Path) -> tuple[TestClient, list[int]]:
+    victim = make_victim(root.parent / "fuzz-victim")
     keys = write_keys(root / "keys.toml", KEYS, model={"max_batch": 64, "max_body_mb": 0.5})
     app = create_app(victim, keys, root / "db.sqlite")
+    # the fuzzer sends thousands of wrong keys from one address; throttling them would hide every other path
+    app.state.service.auth_throttle = AuthThrottle(rate=1e6, burst=1e9)
     return TestClient(app, raise_server_exceptions=False), [0]
 
 
-STATUSES: Counter[int] = Counter()
+@pytest.fixture()
+def app_client(tmp_path: Path) -> tuple[TestClient, list[int]]:
+    """A fresh server per test: no test depends on what another one sent."""
+    return make_client(tmp_path)
 
 
-def check(client: TestClient, answered: list[int], req: dict) -> None:
+def check(client: TestClient, answered: list[int], req: dict, statuses: Counter[int]) -> None:
     r = client.request(**req)
-    STATUSES[r.status_code] += 1
+    statuses[r.status_code] += 1
     assert r.status_code < 500, (req, r.status_code, r.text[:500])
     if r.status_code >= 400:
         err = r.json()
         assert isinstance(err.get("error"), str) and err.get("detail")
     elif req["url"].startswith(("/v1/predict", "/v1/explain")):
-        n = int(r.headers["x-stealkit-n"]) if "x-stealkit-n" in r.headers else r.json()["n"]
-        answered[0] += n
+        if "x-stealkit-cost" in r.headers:
+            answered[0] += int(r.headers["x-stealkit-cost"])
+        else:
+            answered[0] += r.json()["cost"]
 
 
 def assert_nothing_refused_was_charged(client: TestClient, answered: list[int]) -> None:
@@ -132,37 +139,105 @@ def assert_nothing_refused_was_charged(client: TestClient, answered: list[int]) 
     audit = store.audit()
     assert all(a["consistent"] for a in audit.values())
     assert sum(a["predict_used"] + a["explain_used"] for a in audit.values()) == answered[0]
+    assert not [r for r in store.log_rows() if r["status"] == "reserved"]
 
 
-@given(requests())
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
-def test_fuzz_quick(app_client, req):
-    check(*app_client, req)
+def fuzz(app_client: tuple[TestClient, list[int]], strategy: st.SearchStrategy, n: int) -> Counter[int]:
+    """Send ``n`` drawn requests, then check that exactly the answered ones were charged."""
+    statuses: Counter[int] = Counter()
+
+    @given(strategy)
+    @settings(max_examples=n, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    def run(req: dict) -> None:
+        check(*app_client, req, statuses)
+
+    run()
+    print(f"fuzz statuses: {dict(sorted(statuses.items()))}, queries charged {app_client[1][0]}")
+    assert_nothing_refused_was_charged(*app_client)
+    return statuses
+
+
+def test_fuzz_quick(app_client):
+    fuzz(app_client, requests(), 300)
 
 
 @pytest.mark.slow
-@given(requests())
-@settings(max_examples=4000, deadline=None, suppress_health_check=list(HealthCheck))
-def test_fuzz_thousands(app_client, req):
-    check(*app_client, req)
+def test_fuzz_thousands(app_client):
+    fuzz(app_client, requests(), 4000)
+
+
+# -- schema-driven: bodies drawn from the server's own OpenAPI schema, then bent ----------------------------
+
+HUGE = st.sampled_from([float("nan"), float("inf"), -float("inf"), 3e38, -3e38, 1e308, 2**64, -1, 0, 1e-300])
+
+
+def from_schema(schema: dict, max_batch: int = 3) -> st.SearchStrategy:
+    """Values valid under a (small subset of) JSON schema: objects, arrays, numbers, integers, enums, oneOf."""
+    if "oneOf" in schema:
+        return st.one_of([from_schema(s, max_batch) for s in schema["oneOf"]])
+    if "enum" in schema:
+        return st.sampled_from(schema["enum"])
+    kind = schema.get("type")
+    if kind == "object":
+        required = {k: from_schema(v, max_batch) for k, v in schema["properties"].items() if k in schema["required"]}
+        optional = {k: from_schema(v, max_batch) for k, v in schema["properties"].items()
+                    if k not in schema["required"]}
+        return st.fixed_dictionaries(required, optional=optional)
+    if kind == "array":
+        lo = schema.get("minItems", 0)
+        hi = min(schema.get("maxItems", lo + 3), max(lo, max_batch))
+        return st.lists(from_schema(schema["items"], max_batch), min_size=lo, max_size=hi)
+    if kind == "number":
+        return st.floats(schema.get("minimum", -1e6), schema.get("maximum", 1e6))
+    if kind == "integer":
+        return st.integers(schema.get("minimum", -1000), schema.get("maximum", 1000))
+    return st.text(max_size=5)
+
+
+@st.composite
+def schema_requests(draw: st.DrawFn, schemas: dict[str, dict]) -> dict:
+    path = draw(st.sampled_from(sorted(schemas)))
+    body = draw(from_schema(schemas[path]))
+    for _ in range(draw(st.integers(0, 2))):  # bend it: huge/NaN numbers, wrong types, unknown fields
+        field = draw(st.sampled_from(["sigma", "n_samples", "target", "mode", "method", "output", "junk"]))
+        body[field] = draw(HUGE | json_values | OPTION_VALUES)
+    token = draw(st.sampled_from(["probs-key-Zx81QpLw6RtV3mNb7Yc4", "label-key-Zx81QpLw6RtV3mNb7Yc4",
+                                  "logit-key-Zx81QpLw6RtV3mNb7Yc4"]))
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    if draw(st.booleans()):
+        headers["Accept"] = "application/x-npy"
+    return {"method": "POST", "url": path, "headers": headers, "content": json.dumps(body, allow_nan=True).encode()}
+
+
+def openapi_bodies(client: TestClient) -> dict[str, dict]:
+    paths = client.get("/openapi.json").json()["paths"]
+    return {p: paths[p]["post"]["requestBody"]["content"]["application/json"]["schema"]
+            for p in ("/v1/predict", "/v1/explain")}
+
+
+def test_schema_fuzz_quick(app_client):
+    statuses = fuzz(app_client, schema_requests(openapi_bodies(app_client[0])), 200)
+    assert statuses[200] > 0 and statuses[400] > 0
+
+
+@pytest.mark.slow
+def test_schema_fuzz_thousands(app_client):
+    statuses = fuzz(app_client, schema_requests(openapi_bodies(app_client[0])), 3000)
+    assert statuses[200] > 0
 
 
 def test_fuzz_charged_only_answers(app_client):
-    """Runs after the fuzzers (same module fixture): the budget counters equal the images answered 200.
-
-    Random requests rarely form a valid batch, so two known-good requests make sure the charging path is
-    exercised whatever the fuzzer happened to draw.
-    """
+    """The budget counters equal the queries answered 200 (on a server of its own: no order dependence)."""
     valid = {"inputs": np.full((3, 1, 8, 8), 0.5).tolist()}
-    for token in ("probs-key", "label-key"):
+    statuses: Counter[int] = Counter()
+    for token in ("probs-key-Zx81QpLw6RtV3mNb7Yc4", "label-key-Zx81QpLw6RtV3mNb7Yc4"):
         check(*app_client, {"method": "POST", "url": "/v1/predict", "json": valid,
-                            "headers": {"Authorization": f"Bearer {token}"}})
-    print(f"fuzz statuses: {dict(sorted(STATUSES.items()))}, images answered {app_client[1][0]}")
-    assert STATUSES[200] > 0 and app_client[1][0] >= 3  # the label key has no budget
+                            "headers": {"Authorization": f"Bearer {token}"}}, statuses)
+    assert statuses == {200: 2} and app_client[1][0] == 6
     assert_nothing_refused_was_charged(*app_client)
 
 
 def test_oversized_body_refused_without_reading(app_client, tmp_path: Path):
     client, _ = app_client
-    r = client.post("/v1/predict", content=b"\x00" * (2**20), headers={"Authorization": "Bearer probs-key"})
+    r = client.post("/v1/predict", content=b"\x00" * (2**20), headers={"Authorization": "Bearer probs-key-Zx81QpLw6RtV3mNb7Yc4"})
     assert r.status_code == 413 and "limit" in r.json()["detail"]

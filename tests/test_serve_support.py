@@ -59,9 +59,9 @@ def free_port() -> int:
 
 
 def start_server(model: Path, keys: Path, db: Path, *, workers: int = 1, log: Path | None = None,
-                 timeout: float = 180.0) -> tuple[subprocess.Popen[bytes], str]:
-    """Start ``stealkit serve`` on a free loopback port and wait until /healthz answers."""
-    port = free_port()
+                 timeout: float = 180.0, port: int | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``stealkit serve`` on ``port`` (default: a free loopback port) and wait until /healthz answers."""
+    port = port or free_port()
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(

@@ -24,7 +24,7 @@ from stealkit.serve.defences import (
     top_k,
 )
 from stealkit.serve.detection import Prada
-from stealkit.serve.keys import PradaConfig, hash_key, load_keys, parse_keys
+from stealkit.serve.keys import PradaConfig, load_keys, parse_keys
 from stealkit.serve.store import Store
 
 # -- defences -------------------------------------------------------------------------------------------
@@ -97,28 +97,30 @@ def test_defences_work_as_local_oracle_defences(tiny_model, tiny_batch):
 
 # -- keys -----------------------------------------------------------------------------------------------
 
+K = "a-secret-Zx81QpLw6RtV3mNb7Yc4"  # a key of enough entropy
+
 
 def test_keys_file_minimal_form(tmp_path: Path):
     p = tmp_path / "keys.toml"
-    p.write_text('[[key]]\nkey = "a-secret"\nmode = "probs"\nbudget = 5000\nexplain = true\n')
+    p.write_text(f'[[key]]\nkey = "{K}"\nmode = "probs"\nbudget = 5000\nexplain = true\n')
     cfg = load_keys(p)
     (key,) = cfg.keys.values()
-    assert key.key_hash == hash_key("a-secret") and "a-secret" not in repr(key)
+    assert key.key_id == "key1" and K not in repr(key) and K not in repr(cfg) and cfg.lookup(K) is key
     assert key.budget == 5000 and key.explain and [m.value for m in key.allowed_modes] == ["probs", "topk", "label"]
 
 
 @pytest.mark.parametrize("data,match", [
     ({}, "no keys"),
     ({"key": [{"mode": "probs"}]}, "'key' must be"),
-    ({"key": [{"key": "a", "mode": "scores"}]}, "unknown output mode"),
-    ({"key": [{"key": "a", "budget": -1}]}, "budget"),
-    ({"key": [{"key": "a", "budget": 1.5}]}, "budget"),
-    ({"key": [{"key": "a", "colour": 1}]}, "unknown fields"),
-    ({"key": [{"key": "a"}, {"key": "a"}]}, "twice"),
-    ({"key": [{"key": "a", "mode": "logits", "defences": ["round"]}]}, "defences act on probabilities"),
-    ({"key": [{"key": "a", "prada": {"delta": 2}}]}, "prada"),
-    ({"model": {"max_batch": 0}, "key": [{"key": "a"}]}, "positive"),
-    ({"keys": [], "key": [{"key": "a"}]}, "unknown sections"),
+    ({"key": [{"key": K, "mode": "scores"}]}, "unknown output mode"),
+    ({"key": [{"key": K, "budget": -1}]}, "budget"),
+    ({"key": [{"key": K, "budget": 1.5}]}, "budget"),
+    ({"key": [{"key": K, "colour": 1}]}, "unknown fields"),
+    ({"key": [{"key": K}, {"key": K}]}, "twice"),
+    ({"key": [{"key": K, "mode": "logits", "defences": ["round"]}]}, "defences act on probabilities"),
+    ({"key": [{"key": K, "prada": {"delta": 2}}]}, "prada"),
+    ({"model": {"max_batch": 0}, "key": [{"key": K}]}, "max_batch"),
+    ({"keys": [], "key": [{"key": K}]}, "unknown sections"),
 ])
 def test_keys_file_errors(data, match):
     with pytest.raises(InputError, match=match):
@@ -138,11 +140,11 @@ def test_keys_file_not_toml(tmp_path: Path):
 
 
 def store_with_key(path: Path, budget: int | None, explain_budget: int | None = None) -> tuple[Store, str]:
-    cfg = parse_keys({"key": [{"key": "k", "budget": budget, "explain_budget": explain_budget}
-                              if explain_budget is not None else {"key": "k", "budget": budget}]})
+    cfg = parse_keys({"key": [{"key": K, "budget": budget, "explain_budget": explain_budget}
+                              if explain_budget is not None else {"key": K, "budget": budget}]})
     store = Store(path)
     store.sync_keys(cfg.keys.values())
-    return store, hash_key("k")
+    return store, "key1"
 
 
 def test_store_charges_atomically_across_threads(tmp_path: Path):
@@ -165,7 +167,7 @@ def test_store_charges_atomically_across_threads(tmp_path: Path):
     assert sum(ok) == 99 and len(refused) == 16 * 20 - 33
     u = store.usage(h)
     assert u.predict == 99 and u.left == 1
-    assert sum(r["n"] for r in store.log_rows(h)) == 99 and store.audit()["key-" + h[:8]]["consistent"]
+    assert sum(r["n"] for r in store.log_rows(h)) == 99 and store.audit()[h]["consistent"]
 
 
 def _charge_many(path: str, h: str, n: int) -> int:

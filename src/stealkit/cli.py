@@ -33,8 +33,12 @@ class JsonFormatter(logging.Formatter):
 @click.option("--threads", type=int, default=None, envvar="STEALKIT_THREADS", show_envvar=True,
               help="Intra-op CPU threads per process (default 1: best for the zoo's small models, and robust when "
                    "cores are shared; 0 = one per core).")
+@click.option("--track", type=click.Choice(["tensorboard", "mlflow"]), default=None, envvar="STEALKIT_TRACK",
+              show_envvar=True, help="Also log every run this command writes to TensorBoard (RUN/tensorboard) or "
+                                     "MLflow (settings, ledger counts, curves); the 'track' extra.")
 @click.pass_context
-def cli(ctx: click.Context, verbose: int, quiet: bool, log_json: bool, threads: int | None) -> None:
+def cli(ctx: click.Context, verbose: int, quiet: bool, log_json: bool, threads: int | None,
+        track: str | None) -> None:
     """stealkit: model extraction, transfer attacks and certified robustness for deployed classifiers.
 
     Every command writes a run directory (config.json, records.jsonl, summary.json, report.html).
@@ -50,6 +54,11 @@ def cli(ctx: click.Context, verbose: int, quiet: bool, log_json: bool, threads: 
 
     apply_threads(resolve_threads(threads))
     ctx.ensure_object(dict)
+    _TRACK[:] = [track] if track else []
+    if track:  # commands run in-process by this one (reproduce, run) inherit it
+        import os
+
+        os.environ["STEALKIT_TRACK"] = track
     ctx.obj["quiet"] = quiet
     if quiet:
         import os
@@ -80,10 +89,29 @@ def _discover() -> None:
 _discover()
 
 
+#: the --track back end of the current invocation (empty: none)
+_TRACK: list[str] = []
+
+
+def _track_runs() -> None:
+    """After a command succeeded: log every run directory it wrote to the --track back end."""
+    from stealkit.rundir import OPENED, RunDir
+    from stealkit.tracking import log_run
+
+    for path in dict.fromkeys(OPENED):
+        click.echo(f"tracked {path}: {log_run(RunDir(path), _TRACK[0])}", err=True)
+    OPENED.clear()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; user errors become one clear line on stderr and exit code 2."""
     try:
+        from stealkit.rundir import OPENED
+
+        OPENED.clear()
         rv = cli.main(args=argv, prog_name="stealkit", standalone_mode=False)
+        if _TRACK:
+            _track_runs()
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         return 130
@@ -91,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         exc.show()
         return exc.exit_code
     except StealkitError as exc:
+        from stealkit.rundir import discard_unfinished_runs
+
+        discard_unfinished_runs()
         click.echo(f"error: {exc}", err=True)
         return 2
     except KeyboardInterrupt:

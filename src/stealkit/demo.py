@@ -40,6 +40,7 @@ def run_demo(out: str | Path, *, seed: int = 0, budgets: tuple[int, ...] = DEFAU
               "victim_train": victim_cfg.to_dict(), "student_train": student_cfg.to_dict()}
     run = RunDir(out).create(command="demo", seed=seed, config=config)
 
+    log.info("training the victim (%s on digits, %d epochs)", arch, victim_epochs)
     victim = train_victim("digits", arch, victim_cfg, out=out / "victim", split_seed=seed, device=device)
     splits = load_splits("digits", seed=seed)
     evaluator = Evaluator(splits.test.x, splits.test.y, predict_labels(victim.model, splits.test.x))
@@ -54,6 +55,8 @@ def run_demo(out: str | Path, *, seed: int = 0, budgets: tuple[int, ...] = DEFAU
             torch.manual_seed(seed)
             return build_model(arch, input_shape=victim.spec.input_shape, num_classes=victim.spec.num_classes)
 
+        log.info("stealing through the %s oracle at %s queries", "probability" if mode == "probs" else "label-only",
+                 ", ".join(f"{b:,}" for b in budgets))
         result = extract_baseline(
             oracle, splits.attacker_pool.x, make_student=make_student, evaluator=evaluator,
             config=BaselineConfig(checkpoints=budgets, train=student_cfg, seed=seed),
@@ -66,7 +69,7 @@ def run_demo(out: str | Path, *, seed: int = 0, budgets: tuple[int, ...] = DEFAU
     summary["wall_seconds"] = round(time.perf_counter() - t0, 1)
     run.write_summary(summary)
     run.write_report(build_report(run))
-    log.info("demo finished in %.1f s; report: %s", summary["wall_seconds"], run.report_path)
+    log.debug("demo finished in %.1f s; report: %s", summary["wall_seconds"], run.report_path)
     return summary
 
 
@@ -78,7 +81,7 @@ def demo_sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) 
         pts = summary.get(key, [])
         series[f"accuracy, {name}"] = ([p["queries"] for p in pts], [p["accuracy"] for p in pts])
         series[f"fidelity, {name}"] = ([p["queries"] for p in pts], [p["fidelity"] for p in pts])
-    uri = line_plot(series, xlabel="victim queries (from the oracle's ledger)", ylabel="on the digits test split",
+    uri = line_plot(series, xlabel="victim queries (from the oracle's ledger)", ylabel="accuracy (solid), fidelity (dashed)",
                     logx=True, hlines={"victim accuracy": summary.get("victim_accuracy", 0)}, ylim=(0, 1.02))
     rows = []
     for key, name in (("extraction", "probs"), ("extraction_label", "label")):

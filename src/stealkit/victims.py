@@ -22,7 +22,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,7 @@ class TrainedModel:
     spec: Any
     metrics: dict[str, Any]
     path: Path | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)  # per-epoch training log (freshly trained only)
 
 
 def train_victim(
@@ -99,7 +100,7 @@ def train_victim(
         path = save_model(model, spec, out)
         atomic_write_json(Path(out) / "metrics.json", metrics | {"history": history})
     log.info("%s on %s: test accuracy %.4f", arch, dataset, metrics["test_accuracy"])
-    return TrainedModel(model=model, spec=spec, metrics=metrics, path=path)
+    return TrainedModel(model=model, spec=spec, metrics=metrics, path=path, history=history)
 
 
 # -- the cache ----------------------------------------------------------------------------------------------------

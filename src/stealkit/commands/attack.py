@@ -62,8 +62,20 @@ def _save_npz(path: Path, arrays: dict[str, Any]) -> None:
 
 
 def _finish(run: Any, summary: dict[str, Any]) -> None:
+    """Per-example records (from ``adversarial.npz``), the summary, the report."""
     from stealkit.report.builders import build_report
 
+    npz = run.path / "adversarial.npz"
+    if npz.exists():
+        import numpy as np
+
+        with np.load(npz) as data:
+            delta = (data["x_adv"] - data["x"]).reshape(len(data["x"]), -1)
+            l2, linf = np.linalg.norm(delta, axis=1), np.abs(delta).max(axis=1)
+            for i in range(len(delta)):
+                run.append_record({"index": i, "label": int(data["y"][i]),
+                                   **{k: bool(data[k][i]) for k in ("attempted", "success") if k in data},
+                                   "l2": float(l2[i]), "linf": float(linf[i])})
     run.write_summary(summary)
     run.write_report(build_report(run))
 

@@ -17,10 +17,21 @@ def demo_cmd(out: str, seed: int, budgets: str, device: str) -> None:
     from stealkit.demo import run_demo
 
     summary = run_demo(out, seed=seed, budgets=parse_int_list(budgets), device=device)
-    click.echo(f"victim accuracy {summary['victim_accuracy']:.4f}")
-    for p in summary["extraction"]:
-        click.echo(f"  probs oracle, {p['queries']:>4} queries: accuracy {p['accuracy']:.4f} fidelity {p['fidelity']:.4f}")
+    click.echo(summary_table(summary))
     click.echo(f"report: {out}/report.html ({summary['wall_seconds']} s)")
+
+
+def summary_table(summary: dict) -> str:
+    """The demo's results as one short table: both oracles, accuracy and fidelity at every budget."""
+    lines = [f"victim (digits conv2) test accuracy {summary['victim_accuracy']:.3f}; the student copied through:",
+             f"{'queries':>8}  {'probabilities':>21}  {'labels only':>21}",
+             f"{'':>8}  {'accuracy':>10} {'fidelity':>10}  {'accuracy':>10} {'fidelity':>10}"]
+    label = {p["queries"]: p for p in summary.get("extraction_label", [])}
+    for p in summary["extraction"]:
+        q = label.get(p["queries"], {})
+        lines.append(f"{p['queries']:>8,}  {p['accuracy']:>10.3f} {p['fidelity']:>10.3f}  "
+                     f"{q.get('accuracy', float('nan')):>10.3f} {q.get('fidelity', float('nan')):>10.3f}")
+    return "\n".join(lines)
 
 
 def register(cli: click.Group) -> None:

@@ -15,7 +15,8 @@ from stealkit.errors import InputError
 @click.option("--model", "model_dir", required=True, type=click.Path(), help="Model directory (model.json + "
               "model.safetensors).")
 @click.option("--keys", "keys_path", required=True, type=click.Path(), help="TOML keys file ([[key]] tables: key, "
-              "mode, budget, explain, rate, image_rate, defences, prada).")
+              "name, mode, budget, explain, rate, image_rate, defences, prada; [model] max_batch, max_body_mb, "
+              "metrics_key). Keys must be long random strings.")
 @click.option("--db", required=True, type=click.Path(), help="SQLite file for budgets and the query log "
               "(created if missing; counters survive restarts).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (loopback by default).")
@@ -24,14 +25,20 @@ from stealkit.errors import InputError
 @click.option("--threads", type=int, default=None, help="torch threads per worker (default: torch's choice).")
 @device_option
 @click.option("--max-inflight", type=int, default=64, show_default=True,
-              help="Concurrent queries per worker before answering 503.")
+              help="Concurrent queries per worker (body reads included) before answering 503.")
+@click.option("--compute-slots", type=int, default=4, show_default=True,
+              help="Model computations per worker at once, shared fairly between keys (one key holds at most "
+                   "all but one).")
 def serve_cmd(model_dir: str, keys_path: str, db: str, host: str, port: int, workers: int, threads: int | None,
-              device: str, max_inflight: int) -> None:
+              device: str, max_inflight: int, compute_slots: int) -> None:
     """Serve MODEL over HTTP: POST /v1/predict, POST /v1/explain, GET /v1/info, /healthz, /metrics.
 
     Clients authenticate with 'Authorization: Bearer KEY'. Attack it with any extraction command:
     stealkit extract baseline --victim http://HOST:PORT --key KEY --budget N ...
     """
+    import shutil
+    import tempfile
+
     import uvicorn
 
     from stealkit.models import load_model
@@ -39,27 +46,41 @@ def serve_cmd(model_dir: str, keys_path: str, db: str, host: str, port: int, wor
     from stealkit.serve.keys import load_keys
     from stealkit.serve.store import Store
 
-    if workers < 1 or not 0 < port < 65536 or max_inflight < 1:
-        raise InputError("--workers and --max-inflight must be >= 1 and --port in 1..65535")
+    if workers < 1 or not 0 < port < 65536 or max_inflight < 1 or compute_slots < 1:
+        raise InputError("--workers, --max-inflight and --compute-slots must be >= 1 and --port in 1..65535")
     # fail fast, in this process, on a bad model, keys file or database (one clear line instead of N workers'
     # tracebacks), and create the schema once before the workers race to
     load_model(model_dir, device=device)
     config = load_keys(keys_path)
     store = Store(db)
     store.sync_keys(config.keys.values())
+    refunded = store.recover()  # requests in flight when a previous server died were never delivered
     store.close()
+    if refunded:
+        click.echo(f"refunded {refunded} request(s) left in flight by the previous run (never delivered)", err=True)
     os.environ[ENV] = json.dumps({"model": os.path.abspath(model_dir), "keys": os.path.abspath(keys_path),
                                   "db": os.path.abspath(db), "workers": workers, "threads": threads,
-                                  "device": device, "max_inflight": max_inflight})
+                                  "device": device, "max_inflight": max_inflight, "compute_slots": compute_slots,
+                                  "supervisor_pid": os.getpid() if workers > 1 else None})
+    metrics_dir = None
+    if workers > 1:  # prometheus_client's multiprocess mode: one aggregated series per metric
+        metrics_dir = tempfile.mkdtemp(prefix="stealkit-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     if host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(f"warning: serving on {host}, reachable beyond this machine", err=True)
     click.echo(f"serving {model_dir} on http://{host}:{port} ({workers} worker(s), {len(config.keys)} key(s))",
                err=True)
-    uvicorn.run("stealkit.serve.app:app_from_env", factory=True, host=host, port=port, workers=workers,
-                log_level="warning", access_log=False, timeout_graceful_shutdown=5,
-                # a worker imports torch and loads the model before it answers the supervisor's health
-                # checks; uvicorn's 5 s default kills and restarts slow starters forever on a busy machine
-                timeout_worker_healthcheck=120)
+    if config.metrics_digest is None:
+        click.echo("metrics: off (set metrics_key in the keys file's [model] table to scrape /metrics)", err=True)
+    try:
+        uvicorn.run("stealkit.serve.app:app_from_env", factory=True, host=host, port=port, workers=workers,
+                    log_level="warning", access_log=False, timeout_graceful_shutdown=5,
+                    # a worker imports torch and loads the model before it answers the supervisor's health
+                    # checks; uvicorn's 5 s default kills and restarts slow starters forever on a busy machine
+                    timeout_worker_healthcheck=120)
+    finally:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 def register(cli: click.Group) -> None:

@@ -45,7 +45,10 @@ def train_cmd(dataset: str, arch: str, arch_args: tuple[str, ...], epochs: int, 
         "dataset": dataset, "arch": arch, "arch_kwargs": kwargs, "split_seed": split_seed, "train": config.to_dict()})
     trained = train_victim(dataset, arch, config, out=out, arch_kwargs=kwargs, data_dir=data_dir,
                            split_seed=split_seed, device=device)
-    run.write_summary({"test_accuracy": trained.metrics["test_accuracy"], "seed": seed, **trained.metrics})
+    for epoch in trained.history:
+        run.append_record(epoch)
+    run.write_summary({"test_accuracy": trained.metrics["test_accuracy"], "seed": seed, **trained.metrics,
+                       "history": trained.history})
     run.write_report(build_report(run))
     click.echo(f"test accuracy {trained.metrics['test_accuracy']:.4f}; model saved to {out}")
 

@@ -84,7 +84,7 @@ def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force:
         configs = [c for c in configs if c.name in only]
     if jobs < 1:
         raise InputError(f"--jobs must be at least 1, got {jobs}")
-    t0 = time.perf_counter()
+    t0, env = time.perf_counter(), environment()  # the load average is the machine's when the run began
     if jobs == 1 or len(configs) == 1:
         studies = [run_study(cfg, out, force, device) for cfg in configs]
     else:
@@ -95,10 +95,10 @@ def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             n = len(configs)
             studies = list(pool.map(run_study, configs, [out] * n, [force] * n, [device] * n))
-    summary = {"scale": scale, "wall_seconds": round(time.perf_counter() - t0, 1),
+    summary = {"scale": scale, "wall_seconds": round(time.perf_counter() - t0, 1), **env,
                "compute_seconds": round(sum(s["seconds"] for s in studies), 1), "jobs": jobs,
                "failed": [s["name"] for s in studies if s.get("error")], "studies": studies,
-               "stealkit_version": __version__, **environment(), "device": device}
+               "stealkit_version": __version__, "device": device}
     atomic_write_json(out / "summary.json", summary)
     atomic_write_text(out / "report.html", render(summary, configs))
     atomic_write_text(out / "results.md", markdown(summary))
@@ -200,10 +200,14 @@ def render(summary: dict[str, Any], configs: list[ExperimentConfig]) -> str:
         except Exception as exc:  # a study's own report must not break the combined one
             log.warning("could not build the sections of %s: %s", study["name"], exc)
     overview = Section("Overview", paragraphs=[markup(
-        "Scale <b>{}</b>, total time of the studies {} s (this invocation {} s; steps finished by an earlier "
-        "invocation count their own time), failed studies: {}, commit <code>{}</code>, torch {}, {} threads.",
-        summary["scale"], summary.get("compute_seconds"), summary["wall_seconds"], summary.get("failed") or "none",
-        summary.get("git_commit"), summary.get("torch"), summary.get("threads"))],
+        "Scale <b>{}</b>: the studies' own times add up to {} s; this invocation took {} s of wall time with {} "
+        "studies at a time (steps finished by an earlier invocation keep their own time). A study's time includes "
+        "training any victim it needed that was not cached yet, and the start-up of its commands. Failed "
+        "studies: {}. Commit <code>{}</code>, torch {}, {} intra-op thread(s) per process, {} cores, load average "
+        "{} at the start.",
+        summary["scale"], summary.get("compute_seconds"), summary["wall_seconds"], summary.get("jobs", 1),
+        summary.get("failed") or "none", summary.get("git_commit"), summary.get("torch"), summary.get("threads"),
+        summary.get("cpus"), summary.get("load_average"))],
         tables=[("Every paper result beside ours", top_rows)])
     headline = {"studies": len(summary["studies"]), "compute_seconds": summary.get("compute_seconds"),
                 "failed": len(summary.get("failed", [])),

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from stealkit.errors import InputError, StealkitError
 from stealkit.experiments.config import ExperimentConfig, parse_config
-from stealkit.fsutil import atomic_write_json
+from stealkit.fsutil import atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
 Backend = Literal["local", "ray"]
@@ -93,7 +93,34 @@ def run_sweep(config: ExperimentConfig, grid: dict[str, list[Any]], out: str | P
         raise InputError(f"unknown backend {backend!r}; expected local or ray")
     atomic_write_json(out / "sweep.json", {"config": config.to_dict(), "grid": grid, "backend": backend,
                                            "device": device, "trials": results})
+    atomic_write_text(out / "report.html", sweep_report(config, grid, results))
     return results
+
+
+def sweep_report(config: ExperimentConfig, grid: dict[str, list[Any]], trials: list[dict[str, Any]]) -> str:
+    """One page for a sweep: a row per trial (its grid values and final scalar results) and, for every curve
+    the trials' final summaries hold, all trials on one plot."""
+    from stealkit.report.html import Figure, Section, render_report
+    from stealkit.report.plots import line_plot
+
+    rows = [{**{f"{k}": v for k, v in t["values"].items()},
+             **{k: v for k, v in t["final"].items() if isinstance(v, int | float | str) and not isinstance(v, bool)}}
+            for t in trials]
+    sections = [Section("Trials", tables=[("one row per grid point (final step's summary)", rows)])]
+    for key in ("curve", "extraction", "extraction_label"):
+        series = {}
+        for t in trials:
+            pts = t["final"].get(key)
+            if isinstance(pts, list) and pts and isinstance(pts[0], dict) and "queries" in pts[0]:
+                label = ", ".join(f"{k}={v}" for k, v in t["values"].items())
+                series[f"accuracy {label}"] = ([p["queries"] for p in pts], [p["accuracy"] for p in pts])
+        if series:
+            xs = [x for v in series.values() for x in v[0]]
+            uri = line_plot(series, xlabel="victim queries (from the ledger)", ylabel="accuracy on the test split",
+                            logx=len(set(xs)) > 2 and max(xs) / max(min(xs), 1) >= 10, ylim=(0, 1.02))
+            sections.append(Section(f"Every trial's {key}", figures=[Figure(uri, f"{key}, one line per trial")]))
+    return render_report(f"stealkit sweep {config.name}", {"trials": len(trials), "grid": grid}, sections,
+                         config={"config": {"grid": grid, "experiment": config.to_dict()}})
 
 
 def _run_on_ray(jobs: list[tuple[Any, ...]], *, address: str | None, workers: int,

@@ -80,7 +80,8 @@ def extract_baseline(
         fit(student, pool[:n_done], y, config.train, loss_fn=loss_fn, desc=f"student@{n_done}", device=device)
         point = curve_point(oracle, evaluator, student, n_train=n_done)
         curve.append(point)
-        log.info("queries %s: accuracy %.4f fidelity %s", point["queries"], point["accuracy"], point["fidelity"])
+        fid = "-" if point["fidelity"] is None else f"{point['fidelity']:.3f}"
+        log.info("%s queries: accuracy %.3f, fidelity %s", f"{point['queries']:,}", point["accuracy"], fid)
         if on_point is not None:
             on_point(point)
     assert student is not None

@@ -22,7 +22,7 @@ from torch import nn
 
 from stealkit.errors import InputError
 from stealkit.oracle import OutputMode, QueryKind, QueryLedger, keep_top_k
-from stealkit.oracle.base import RANGE_TOLERANCE, ExplainMethod, ExplainOutput
+from stealkit.oracle.base import RANGE_TOLERANCE, ExplainMethod, ExplainOutput, check_explain_args
 
 Domain = Literal["real", "box"]
 
@@ -188,10 +188,8 @@ class Float64ExplanationOracle:
                 target: int | torch.Tensor | None = None, output: ExplainOutput = "logit", n_samples: int = 10,
                 sigma: float = 0.1) -> torch.Tensor:
         """Input gradient (or SmoothGrad map) of the ``target`` logit/probability; charges B ``explain``."""
-        if method not in ("gradient", "smoothgrad"):
-            raise InputError(f"unknown explanation method {method!r}; expected 'gradient' or 'smoothgrad'")
-        if output not in ("logit", "prob"):
-            raise InputError(f"unknown explanation output {output!r}; expected 'logit' or 'prob'")
+        args = check_explain_args(method, output, n_samples, sigma)
+        method, output, n_samples, sigma = args.method, args.output, args.n_samples, args.sigma
         t = self._check(x)
         b = t.shape[0]
         with torch.no_grad():

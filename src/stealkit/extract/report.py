@@ -60,7 +60,7 @@ def surrogate_sections(run: RunDir, config: dict[str, Any], summary: dict[str, A
         if all(p.get("fidelity") is not None for p in curve):
             series["fidelity"] = (xs, [p["fidelity"] for p in curve])
         va = summary.get("victim_accuracy")
-        uri = line_plot(series, xlabel="epoch", ylabel="test split", ylim=(0, 1.02),
+        uri = line_plot(series, xlabel="epoch", ylabel="accuracy / fidelity on the test split", ylim=(0, 1.02),
                         hlines={"victim accuracy": va} if va is not None else None)
         sections.append(Section("Training", tables=[("", curve)],
                                 figures=[Figure(uri, "Student accuracy and fidelity by epoch (queries fixed)")]))

@@ -1,10 +1,13 @@
 """Oracles: the metered interface between a victim and every attack (local or over HTTP)."""
 
 from stealkit.oracle.base import (
+    ExplainArgs,
     ExplanationOracle,
     Oracle,
     OutputMode,
     answer_from_logits,
+    check_explain_args,
+    explain_price,
     keep_top_k,
     labels_from_answer,
     validate_images,
@@ -14,6 +17,7 @@ from stealkit.oracle.local import Defence, LocalExplanationOracle, LocalOracle
 
 __all__ = [
     "Defence",
+    "ExplainArgs",
     "ExplanationOracle",
     "LocalExplanationOracle",
     "LocalOracle",
@@ -23,6 +27,8 @@ __all__ = [
     "QueryLedger",
     "QueryRecord",
     "answer_from_logits",
+    "check_explain_args",
+    "explain_price",
     "keep_top_k",
     "labels_from_answer",
     "validate_images",

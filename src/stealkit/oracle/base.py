@@ -15,6 +15,8 @@ mode         answer
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -29,6 +31,12 @@ ExplainOutput = Literal["logit", "prob"]
 
 #: pixels may sit this far outside [0, 1] (float rounding) before a batch is refused; they are then clipped.
 RANGE_TOLERANCE = 1e-5
+EXPLAIN_METHODS: tuple[str, ...] = ("gradient", "smoothgrad")
+EXPLAIN_OUTPUTS: tuple[str, ...] = ("logit", "prob")
+#: SmoothGrad noise draws allowed per image (each is one gradient computation)
+MAX_SMOOTHGRAD_SAMPLES = 256
+#: the largest SmoothGrad noise level; pixels live in [0, 1], so sigma above this is pure noise
+MAX_SMOOTHGRAD_SIGMA = 10.0
 
 
 class OutputMode(StrEnum):
@@ -79,6 +87,43 @@ class ExplanationOracle(Oracle, Protocol):
         n_samples: int = 10,
         sigma: float = 0.1,
     ) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class ExplainArgs:
+    """Validated explanation arguments (see :func:`check_explain_args`)."""
+
+    method: ExplainMethod
+    output: ExplainOutput
+    n_samples: int
+    sigma: float
+
+
+def check_explain_args(method: Any = "gradient", output: Any = "logit", n_samples: Any = 10,
+                       sigma: Any = 0.1) -> ExplainArgs:
+    """The one check of explanation arguments, used by every oracle and by the server.
+
+    ``method`` is ``gradient`` or ``smoothgrad``; ``output`` is ``logit`` or ``prob``; ``n_samples`` an integer
+    in ``[1, MAX_SMOOTHGRAD_SAMPLES]``; ``sigma`` a finite number in ``[0, MAX_SMOOTHGRAD_SIGMA]``. Anything else
+    is an :class:`InputError` naming the argument and its legal range.
+    """
+    if method not in EXPLAIN_METHODS:
+        raise InputError(f"unknown explanation method {method!r}; expected one of {list(EXPLAIN_METHODS)}")
+    if output not in EXPLAIN_OUTPUTS:
+        raise InputError(f"unknown explanation output {output!r}; expected one of {list(EXPLAIN_OUTPUTS)}")
+    if isinstance(n_samples, bool) or not isinstance(n_samples, int | np.integer) \
+            or not 1 <= n_samples <= MAX_SMOOTHGRAD_SAMPLES:
+        raise InputError(f"n_samples must be an integer in [1, {MAX_SMOOTHGRAD_SAMPLES}], got {n_samples!r}")
+    if isinstance(sigma, bool) or not isinstance(sigma, int | float | np.floating) \
+            or not math.isfinite(sigma) or not 0 <= sigma <= MAX_SMOOTHGRAD_SIGMA:
+        raise InputError(f"sigma must be a finite number in [0, {MAX_SMOOTHGRAD_SIGMA:g}], got {sigma!r}")
+    return ExplainArgs(method=method, output=output, n_samples=int(n_samples), sigma=float(sigma))
+
+
+def explain_price(args: ExplainArgs) -> int:
+    """What one image's explanation costs on a served API, in ``explain`` queries: 1 for a gradient, one per
+    noise sample for SmoothGrad (each sample is a full gradient computation, so the price follows the work)."""
+    return args.n_samples if args.method == "smoothgrad" else 1
 
 
 def validate_images(x: Any, input_shape: tuple[int, ...], *, what: str = "inputs") -> torch.Tensor:

@@ -8,8 +8,10 @@ charged to the ledger before it is sent and refunded if the server refuses it, s
 what the server answered to this oracle.
 
 Retries: 429 and 503 (and connections that never opened) are retried with exponential backoff, honouring
-``Retry-After``; they were not charged. A timeout after the request was sent is not retried (the server may
-have answered and charged it); it raises :class:`~stealkit.errors.StealkitError`.
+``Retry-After``; they were not charged. Every query carries an ``Idempotency-Key``, so a dropped connection,
+a timeout or a 5xx is retried too: the server answers a repeat from its log without charging it again. If
+the retries run out, :meth:`HttpOracle.charges` tells whether the server billed the request, and the ledger
+keeps exactly what was billed, so its count always equals the server's.
 
 Fidelity: an HTTP victim has no local model, so ``make_evaluator`` reports fidelity as ``None``. To measure it,
 run the same attack against the model directory (same seed, same answers) or compare the student with the
@@ -23,6 +25,7 @@ import io
 import json
 import logging
 import time
+import uuid
 from typing import Any
 
 import httpx
@@ -30,12 +33,20 @@ import numpy as np
 import torch
 
 from stealkit.errors import BudgetExhausted, InputError, StealkitError
-from stealkit.oracle.base import ExplainMethod, ExplainOutput, OutputMode, validate_images
+from stealkit.oracle.base import (
+    ExplainMethod,
+    ExplainOutput,
+    OutputMode,
+    check_explain_args,
+    explain_price,
+    validate_images,
+)
 from stealkit.oracle.ledger import QueryKind, QueryLedger
 
 log = logging.getLogger(__name__)
 
 NPY = "application/x-npy"
+JSON = "application/json"
 
 
 class HttpOracle:
@@ -103,46 +114,65 @@ class HttpOracle:
 
     def explain(self, x: torch.Tensor, method: ExplainMethod = "gradient", *, target: int | torch.Tensor | None = None,
                 output: ExplainOutput = "logit", n_samples: int = 10, sigma: float = 0.1) -> torch.Tensor:
-        """Input gradients or SmoothGrad maps from the server; one ``explain`` query per image."""
+        """Input gradients or SmoothGrad maps from the server, charged at the server's price
+        (:func:`~stealkit.oracle.explain_price`: one ``explain`` query per image, ``n_samples`` for SmoothGrad)."""
         if not self.info.get("explain", False):
             raise InputError("this API key may not ask for explanations (the server says explain = false)")
-        if method not in ("gradient", "smoothgrad") or output not in ("logit", "prob"):
-            raise InputError(f"unknown explanation method/output {method!r}/{output!r}")
+        args = check_explain_args(method, output, n_samples, sigma)
         x = validate_images(x, self.input_shape)
-        params: dict[str, Any] = {"method": method, "output": output, "n_samples": n_samples, "sigma": sigma}
+        price = explain_price(args)
+        params: dict[str, Any] = {"method": args.method, "output": args.output, "n_samples": args.n_samples,
+                                  "sigma": args.sigma}
         if target is None or isinstance(target, int) or torch.as_tensor(target).numel() == 1:
             if target is not None:
                 params["target"] = int(torch.as_tensor(target).reshape(-1)[0])
-            return self._batched(x, QueryKind.EXPLAIN, "/v1/explain", params)
+            return self._batched(x, QueryKind.EXPLAIN, "/v1/explain", params, price=price)
         t = torch.as_tensor(target).long().reshape(-1)
         if t.numel() != x.shape[0]:
             raise InputError(f"target must be one class or one per image ({x.shape[0]}), got {t.numel()}")
         bodies = [{"inputs": x[i : i + self.batch_size].tolist(), **params, "target": t[i : i + self.batch_size].tolist()}
                   for i in range(0, x.shape[0], self.batch_size)]
-        return self._send(QueryKind.EXPLAIN, "/v1/explain", [(len(b["inputs"]), b) for b in bodies])
+        return self._send(QueryKind.EXPLAIN, "/v1/explain", [(len(b["inputs"]) * price, b) for b in bodies])
+
+    def charges(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The server's log of this key's recent charges (newest last), to reconcile with :attr:`ledger`."""
+        return list(self._request("GET", "/v1/charges", params={"limit": limit}).json()["charges"])
 
     # -- plumbing --------------------------------------------------------------------------------------
-    def _batched(self, x: torch.Tensor, kind: QueryKind, path: str, params: dict[str, Any]) -> torch.Tensor:
+    def _batched(self, x: torch.Tensor, kind: QueryKind, path: str, params: dict[str, Any],
+                 price: int = 1) -> torch.Tensor:
         chunks = [x[i : i + self.batch_size] for i in range(0, x.shape[0], self.batch_size)]
-        return self._send(kind, path, [(int(c.shape[0]), c) for c in chunks], params)
+        return self._send(kind, path, [(int(c.shape[0]) * price, c) for c in chunks], params)
 
     def _send(self, kind: QueryKind, path: str, chunks: list[tuple[int, Any]],
               params: dict[str, Any] | None = None) -> torch.Tensor:
-        """Charge the whole batch, send it chunk by chunk, refund what was not answered."""
+        """Charge the whole batch (``chunks`` are ``(cost, body)``), send it chunk by chunk, refund what the
+        server did not bill. Each chunk carries its own ``Idempotency-Key``, so a retry after a dropped
+        connection is answered from the server's log and never paid twice."""
         n = sum(size for size, _ in chunks)
         self._ledger.charge(kind, n)  # refused whole, nothing sent, if over this oracle's budget
         done = 0
         try:
             outs = []
             for size, chunk in chunks:
+                request_id = uuid.uuid4().hex
+                headers = {"Accept": NPY, "Idempotency-Key": request_id}
                 if isinstance(chunk, torch.Tensor):
                     buf = io.BytesIO()
                     np.save(buf, chunk.numpy(), allow_pickle=False)
-                    resp = self._request("POST", path, content=buf.getvalue(), params=params,
-                                         headers={"Content-Type": NPY, "Accept": NPY})
+                    kw: dict[str, Any] = {"content": buf.getvalue(), "params": params,
+                                          "headers": headers | {"Content-Type": NPY}}
                 else:
-                    resp = self._request("POST", path, content=json.dumps(chunk).encode(),
-                                         headers={"Content-Type": "application/json", "Accept": NPY})
+                    kw = {"content": json.dumps(chunk).encode(), "headers": headers | {"Content-Type": JSON}}
+                try:
+                    resp = self._request("POST", path, idempotent=True, **kw)
+                except StealkitError as exc:
+                    if not isinstance(exc, BudgetExhausted | InputError) and self._billed(request_id):
+                        done += size  # the server billed it, the answer never arrived: count what was billed
+                        raise StealkitError(f"{exc}; the server billed {size} {kind.value} queries for it "
+                                            f"(Idempotency-Key {request_id}), counted in this oracle's ledger") \
+                            from None
+                    raise
                 outs.append(torch.from_numpy(np.array(np.load(io.BytesIO(resp.content), allow_pickle=False))))
                 done += size
                 left = resp.headers.get("X-Stealkit-Queries-Left")
@@ -158,16 +188,24 @@ class HttpOracle:
             if done < n:
                 self._ledger.refund(kind, n - done)
 
+    def _billed(self, request_id: str) -> bool:
+        """Whether the server's log holds an answered charge for this request (after a failed delivery)."""
+        try:
+            return any(c.get("request_id") == request_id and c.get("status") == "answered"
+                       for c in self.charges(limit=1000))
+        except StealkitError:
+            log.warning("cannot reconcile request %s with the server; assuming it was billed", request_id)
+            return True
+
     def _mirror(self, server_left: int, *, pending: int) -> None:
         """Shrink the ledger's budget if the server has less left than the ledger thinks (``pending``: images
         charged to the ledger but not yet answered by the server)."""
-        ledger = self._ledger
-        with ledger._lock:
-            cap = ledger.total - pending + server_left
-            if ledger.budget is None or cap < ledger.budget:
-                ledger.budget = cap
+        self._ledger.cap_budget(server_left, pending=pending)
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _request(self, method: str, path: str, *, idempotent: bool = False, **kwargs: Any) -> httpx.Response:
+        """Send with retries: 429/503 and refused connections always (nothing was charged); with
+        ``idempotent`` (the request carries an Idempotency-Key) also dropped connections, timeouts and 5xx
+        (the server answers a repeat from its log, uncharged)."""
         attempt = 0
         while True:
             try:
@@ -179,9 +217,13 @@ class HttpOracle:
                 attempt += 1
                 continue
             except httpx.HTTPError as exc:
-                raise StealkitError(f"request to {self.url}{path} failed: {exc!r} (not retried: the server may "
-                                    "have answered and charged it)") from None
-            if resp.status_code in (429, 503) and attempt < self.retries:
+                if idempotent and attempt < self.retries:
+                    self._sleep(attempt, None)
+                    attempt += 1
+                    continue
+                raise StealkitError(f"request to {self.url}{path} failed: {exc!r}") from None
+            retry = (429, 503) + ((409, 500, 502, 504) if idempotent else ())
+            if resp.status_code in retry and attempt < self.retries:
                 self._sleep(attempt, resp.headers.get("Retry-After"))
                 attempt += 1
                 continue

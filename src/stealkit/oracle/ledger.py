@@ -78,12 +78,15 @@ class QueryLedger:
             return self._remaining(_kind(kind) if kind is not None else None)
 
     def _remaining(self, kind: str | None) -> int | None:
-        left: list[int] = []
-        if self.budget is not None:
-            left.append(self.budget - self.total)
-        if kind is not None and kind in self.budgets:
-            left.append(self.budgets[kind] - self.counts.get(kind, 0))
-        return max(0, min(left)) if left else None
+        return budget_left(self.counts, self.budget, self.budgets, kind)
+
+    def cap_budget(self, other_left: int, *, pending: int = 0) -> None:
+        """Lower the total budget so that at most ``other_left`` more queries follow the ``pending`` ones
+        already charged here (a remote ledger reported less left than this one thinks); never raises it."""
+        with self._lock:
+            cap = self.total - pending + max(0, int(other_left))
+            if self.budget is None or cap < self.budget:
+                self.budget = max(0, cap)
 
     def as_dict(self) -> dict[str, int]:
         """The counts by kind, e.g. ``{"predict": 1000, "explain": 0}`` (the ``queries`` of summary.json)."""
@@ -142,6 +145,18 @@ class QueryLedger:
         """Restore counts from a checkpoint so a resumed run does not spend a query twice."""
         with self._lock:
             self.counts = {k.value: 0 for k in QueryKind} | {str(k): int(v) for k, v in state["counts"].items()}
+
+
+def budget_left(counts: Mapping[str, int], budget: int | None, budgets: Mapping[str, int | None],
+                kind: str | None = None) -> int | None:
+    """The budget rule: queries still allowed (for ``kind``, or overall) given the counts by kind, the total
+    ``budget`` and per-kind ``budgets`` (``None``: unlimited). Every ledger and the server's store use it."""
+    left: list[int] = []
+    if budget is not None:
+        left.append(budget - sum(counts.values()))
+    if kind is not None and budgets.get(kind) is not None:
+        left.append(int(budgets[kind]) - counts.get(kind, 0))  # type: ignore[arg-type]
+    return max(0, min(left)) if left else None
 
 
 def digest_tensor(x: Any) -> str:

@@ -15,6 +15,7 @@ from stealkit.oracle.base import (
     ExplainOutput,
     OutputMode,
     answer_from_logits,
+    check_explain_args,
     keep_top_k,
     validate_images,
 )
@@ -101,9 +102,12 @@ class LocalOracle:
         x = validate_images(x, self.input_shape)
         digest = digest_tensor(x) if self._log_queries else ""
         with self._ledger.reserve(QueryKind.PREDICT, x.shape[0], digest=digest):
-            return self._answer(self.logits(x))
+            return self.answer_from_logits(self.logits(x))
 
-    def _answer(self, logits: torch.Tensor) -> torch.Tensor:
+    def answer_from_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """This oracle's answer (mode, temperature, top-k, defences) to raw ``logits``; charges nothing.
+
+        The server uses it to answer exactly as :meth:`query` does after charging its own store."""
         if self.defences and self.mode is not OutputMode.LOGITS:
             probs = torch.softmax(logits / self.temperature, dim=1)
             for defence in self.defences:
@@ -142,22 +146,17 @@ class LocalExplanationOracle(LocalOracle):
         ``n_samples`` points x + N(0, sigma^2 I) (Smilkov et al. 2017; Milli et al. App. D), the class fixed
         at the clean prediction. Returns float32 ``[B, C, H, W]``.
         """
-        if method not in ("gradient", "smoothgrad"):
-            raise InputError(f"unknown explanation method {method!r}; expected 'gradient' or 'smoothgrad'")
-        if output not in ("logit", "prob"):
-            raise InputError(f"unknown explanation output {output!r}; expected 'logit' or 'prob'")
-        if method == "smoothgrad" and (n_samples < 1 or sigma < 0 or not math.isfinite(sigma)):
-            raise InputError(f"smoothgrad needs n_samples >= 1 and sigma >= 0, got {n_samples}, {sigma}")
+        args = check_explain_args(method, output, n_samples, sigma)
         x = validate_images(x, self.input_shape)
         targets = self._targets(x, target)
         with self._ledger.reserve(QueryKind.EXPLAIN, x.shape[0]):
-            if method == "gradient":
-                return self._gradient(x, targets, output)
+            if args.method == "gradient":
+                return self._gradient(x, targets, args.output)
             total = torch.zeros_like(x)
-            for _ in range(n_samples):
-                noise = torch.randn(x.shape, generator=self._gen) * sigma
-                total += self._gradient(x + noise, targets, output)
-            return total / n_samples
+            for _ in range(args.n_samples):
+                noise = torch.randn(x.shape, generator=self._gen) * args.sigma
+                total += self._gradient(x + noise, targets, args.output)
+            return total / args.n_samples
 
     def _targets(self, x: torch.Tensor, target: int | torch.Tensor | None) -> torch.Tensor:
         b = x.shape[0]

@@ -17,8 +17,8 @@ GENERIC = "stealkit.report.builders:generic_sections"
 #: run kind -> its section builder
 BUILDERS: dict[str, str] = {
     "demo": "stealkit.demo:demo_sections",
-    "train": GENERIC,
-    "train-robust": GENERIC,
+    "train": "stealkit.report.builders:train_sections",
+    "train-robust": "stealkit.report.builders:train_sections",
     "extract baseline": "stealkit.extract.report:extraction_sections",
     "extract gradient-matching": "stealkit.extract.report:extraction_sections",
     "extract surrogate": "stealkit.extract.report:surrogate_sections",

@@ -14,7 +14,7 @@ from stealkit.serve.defences import (
     top_k,
 )
 from stealkit.serve.detection import Prada
-from stealkit.serve.keys import KeyConfig, PradaConfig, ServerConfig, hash_key, load_keys, parse_keys
+from stealkit.serve.keys import KeyConfig, PradaConfig, ServerConfig, load_keys, parse_keys
 from stealkit.serve.store import Store
 
 __all__ = [
@@ -25,7 +25,6 @@ __all__ = [
     "Store",
     "create_app",
     "gaussian_noise",
-    "hash_key",
     "label_only",
     "load_keys",
     "parse_defence",

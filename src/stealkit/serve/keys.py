@@ -7,9 +7,12 @@ max_batch = 4096              # images per request
 max_body_mb = 64              # request body limit
 prada = { delta = 0.9, block = false }   # PRADA detection for every key (Juuti et al. 2019)
 
+metrics_key = "..."           # the credential of GET /metrics (without it /metrics answers 403)
+
 [[key]]
-key = "a-secret"              # the secret itself; only its SHA-256 is kept by the server
-name = "alice"                # shown in logs and /metrics (default: "key-" + first 8 hex digits of the hash)
+key = "Zk3...random..."       # the secret (>= 16 characters, >= 96 bits); only an HMAC of it is kept in memory
+name = "alice"                # the key's stable id: budget, log and /metrics series (default: "key<N>", N = its
+                              # position in the file); rotating the secret under the same name keeps the budget
 mode = "probs"                # label | topk | probs | logits: the most the key may see
 budget = 5000                 # images, all kinds together (omit for unlimited)
 explain = true                # may call /v1/explain
@@ -22,13 +25,17 @@ defences = ["reverse_sigmoid:beta=1.0,gamma=0.1"]
 prada = { delta = 0.9, block = true }
 ```
 
-Keys should be long random strings (``python -c "import secrets; print(secrets.token_urlsafe(24))"``): they
-are stored as unsalted SHA-256 digests, which is safe for high-entropy secrets only.
+Keys must be long random strings (``python -c "import secrets; print(secrets.token_urlsafe(24))"``); a
+guessable one is refused at start-up, saying why. The server keeps only an HMAC of each secret under a random
+per-process key and never writes key material to the database, logs or metrics. Every field is type-checked
+strictly (:mod:`stealkit.serve.keyfields`); a problem is one line naming the key entry and the field.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import secrets
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,6 +44,7 @@ from typing import Any
 
 from stealkit.errors import InputError
 from stealkit.oracle import OutputMode
+from stealkit.serve import keyfields as kf
 from stealkit.serve.defences import Defence, parse_defences
 
 #: the modes each key mode may also ask for (each is computable from the one before it)
@@ -49,11 +57,17 @@ ALLOWED: dict[OutputMode, tuple[OutputMode, ...]] = {
 
 _KEY_FIELDS = {"key", "name", "mode", "budget", "explain", "explain_budget", "top_k", "temperature", "rate",
                "image_rate", "defences", "prada", "seed"}
-_MODEL_FIELDS = {"defences", "max_batch", "max_body_mb", "prada", "rate", "image_rate"}
+_MODEL_FIELDS = {"defences", "max_batch", "max_body_mb", "prada", "rate", "image_rate", "metrics_key"}
+#: settings the server can honour: beyond these a number is a typo or an attack on the server
+MAX_BUDGET = 2**62
+MAX_RATE = 1e9
+TEMPERATURE_RANGE = (0.01, 100.0)  # softmax(logits / T) stays finite in float32 inside this range
+MAX_BATCH = 1_000_000
+MAX_BODY_MB = 4096.0
 
 
-def hash_key(secret: str) -> str:
-    """The stored form of an API key."""
+def legacy_hash(secret: str) -> str:
+    """The unsalted SHA-256 older databases used as a key's id (only to migrate them to :attr:`KeyConfig.key_id`)."""
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
 
 
@@ -77,17 +91,20 @@ class PradaConfig:
         unknown = set(value) - {"delta", "min_samples", "block", "max_growing"}
         if unknown:
             raise InputError(f"{where}: unknown prada fields {sorted(unknown)}")
-        cfg = cls(**dict(value))
-        if not 0 < cfg.delta < 1 or cfg.min_samples < 3 or cfg.max_growing < 1:
-            raise InputError(f"{where}: prada needs 0 < delta < 1, min_samples >= 3, max_growing >= 1")
-        return cfg
+        d = cls()
+        return cls(delta=kf.number(value.get("delta", d.delta), f"{where}: 'prada.delta'", 0.0, 1.0, lo_open=True),
+                   min_samples=kf.integer(value.get("min_samples", d.min_samples), f"{where}: 'prada.min_samples'",
+                                          3, 10**7),
+                   block=kf.boolean(value.get("block", d.block), f"{where}: 'prada.block'"),
+                   max_growing=kf.integer(value.get("max_growing", d.max_growing), f"{where}: 'prada.max_growing'",
+                                          1, 10**8))
 
 
 @dataclass(frozen=True)
 class KeyConfig:
-    """One API key's permissions. ``key_hash`` identifies it; the secret itself is never kept."""
+    """One API key's permissions. ``key_id`` (its name) identifies it; the secret itself is never kept."""
 
-    key_hash: str
+    key_id: str
     name: str
     mode: OutputMode = OutputMode.PROBS
     budget: int | None = None
@@ -101,6 +118,7 @@ class KeyConfig:
     defence_specs: tuple[Any, ...] = ()
     prada: PradaConfig | None = None
     seed: int = 0
+    legacy_id: str = field(default="", repr=False)
 
     @property
     def allowed_modes(self) -> tuple[OutputMode, ...]:
@@ -109,22 +127,77 @@ class KeyConfig:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """The whole keys file: keys by hash plus model-wide limits."""
+    """The whole keys file: keys by id, the HMAC digests that authenticate them, and model-wide limits.
+
+    ``max_body_bytes`` is ``None`` when the file sets no ``max_body_mb``: the server then derives the limit
+    from its model's largest legal batch.
+    """
 
     keys: dict[str, KeyConfig]
     max_batch: int = 4096
-    max_body_bytes: int = 64 * 2**20
+    max_body_bytes: int | None = None
     model_defences: tuple[Any, ...] = field(default=())
+    metrics_digest: str | None = field(default=None, repr=False)
+    _digests: dict[str, str] = field(default_factory=dict, repr=False)
+    _secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
+
+    def digest(self, token: str) -> str:
+        """HMAC-SHA256 of a presented secret under this process's random key."""
+        return hmac.new(self._secret, token.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+
+    def lookup(self, token: str) -> KeyConfig | None:
+        """The key whose secret is ``token``, or ``None``."""
+        key_id = self._digests.get(self.digest(token))
+        return None if key_id is None else self.keys[key_id]
+
+    def is_metrics_key(self, token: str) -> bool:
+        return self.metrics_digest is not None and hmac.compare_digest(self.digest(token), self.metrics_digest)
 
 
-def _positive(value: Any, what: str, *, allow_none: bool = True, integer: bool = False) -> Any:
-    if value is None and allow_none:
-        return None
-    ok = isinstance(value, int) if integer else isinstance(value, int | float)
-    if isinstance(value, bool) or not ok or value < 0 or value != value:
-        kind = "a non-negative integer" if integer else "a non-negative number"
-        raise InputError(f"{what} must be {kind}, got {value!r}")
-    return value
+def _optional(value: Any, read: Any, *args: Any) -> Any:
+    return None if value is None else read(value, *args)
+
+
+def _parse_key(entry: Mapping[str, Any], where: str, index: int, model: Mapping[str, Any],
+               model_defences: tuple[Any, ...]) -> tuple[KeyConfig, str]:
+    """One ``[[key]]`` table: the key's config and its secret."""
+    unknown = set(entry) - _KEY_FIELDS
+    if unknown:
+        raise InputError(f"{where}: unknown fields {sorted(unknown)}; expected some of {sorted(_KEY_FIELDS)}")
+    secret = kf.secret(entry.get("key"), f"{where}: 'key'")
+    name = kf.text(entry.get("name", f"key{index}"), f"{where}: 'name'", pattern_chars=kf.NAME_CHARS)
+    where = f"{where} ({name!r})"
+    try:
+        mode = OutputMode.parse(kf.text(entry.get("mode", "probs"), f"{where}: 'mode'"))
+    except InputError as exc:
+        raise InputError(f"{where}: 'mode': {exc}" if "'mode'" not in str(exc) else str(exc)) from None
+    specs = model_defences + kf.string_list(entry.get("defences", []), f"{where}: 'defences'")
+    try:
+        defences = parse_defences(specs)
+    except InputError as exc:
+        raise InputError(f"{where}: defences: {exc}") from None
+    if defences and mode is OutputMode.LOGITS:
+        raise InputError(f"{where}: defences act on probabilities; give this key mode probs, topk or label")
+    lo, hi = TEMPERATURE_RANGE
+    key = KeyConfig(
+        key_id=name,
+        name=name,
+        mode=mode,
+        budget=_optional(entry.get("budget"), kf.integer, f"{where}: 'budget'", 0, MAX_BUDGET),
+        explain=kf.boolean(entry.get("explain", False), f"{where}: 'explain'"),
+        explain_budget=_optional(entry.get("explain_budget"), kf.integer, f"{where}: 'explain_budget'", 0, MAX_BUDGET),
+        top_k=kf.integer(entry.get("top_k", 1), f"{where}: 'top_k'", 1, 100_000),
+        temperature=kf.number(entry.get("temperature", 1.0), f"{where}: 'temperature'", lo, hi),
+        rate=_optional(entry.get("rate", model.get("rate")), kf.number, f"{where}: 'rate'", 0.0, MAX_RATE),
+        image_rate=_optional(entry.get("image_rate", model.get("image_rate")), kf.number, f"{where}: 'image_rate'",
+                             0.0, MAX_RATE),
+        defences=defences,
+        defence_specs=specs,
+        prada=PradaConfig.parse(entry.get("prada", model.get("prada")), where),
+        seed=kf.integer(entry.get("seed", 0), f"{where}: 'seed'", 0, 2**63 - 1),
+        legacy_id=legacy_hash(secret),
+    )
+    return key, secret
 
 
 def parse_keys(data: Mapping[str, Any], *, source: str = "keys file") -> ServerConfig:
@@ -138,62 +211,41 @@ def parse_keys(data: Mapping[str, Any], *, source: str = "keys file") -> ServerC
     top_unknown = set(data) - {"model", "key"}
     if top_unknown:
         raise InputError(f"{source}: unknown sections {sorted(top_unknown)}; expected [model] and [[key]]")
-    model_defences = tuple(model.get("defences", ()))
-    parse_defences(model_defences)  # validate early
+    model_defences = kf.string_list(model.get("defences", []), f"{source}: [model] 'defences'")
+    try:
+        parse_defences(model_defences)  # validate early
+    except InputError as exc:
+        raise InputError(f"{source}: [model] defences: {exc}") from None
     entries = data.get("key", [])
     if not isinstance(entries, list) or not entries:
         raise InputError(f"{source}: no keys; add at least one [[key]] table with key = \"...\"")
-    keys: dict[str, KeyConfig] = {}
-    names: set[str] = set()
+    config = ServerConfig(keys={})
     for i, entry in enumerate(entries):
         where = f"{source}: key #{i + 1}"
         if not isinstance(entry, Mapping):
             raise InputError(f"{where} must be a table")
-        unknown = set(entry) - _KEY_FIELDS
-        if unknown:
-            raise InputError(f"{where}: unknown fields {sorted(unknown)}; expected some of {sorted(_KEY_FIELDS)}")
-        secret = entry.get("key")
-        if not isinstance(secret, str) or not secret.strip():
-            raise InputError(f"{where}: 'key' must be a non-empty string")
-        h = hash_key(secret)
-        if h in keys:
-            raise InputError(f"{where}: the same key appears twice")
-        name = str(entry.get("name", f"key-{h[:8]}"))
-        if name in names:
-            raise InputError(f"{where}: name {name!r} is used twice")
-        names.add(name)
-        mode = OutputMode.parse(entry.get("mode", "probs"))
-        specs = model_defences + tuple(entry.get("defences", ()))
-        defences = parse_defences(specs)
-        if defences and mode is OutputMode.LOGITS:
-            raise InputError(f"{where}: defences act on probabilities; give this key mode probs, topk or label")
-        top_k = _positive(entry.get("top_k", 1), f"{where}: top_k", allow_none=False, integer=True)
-        temperature = _positive(entry.get("temperature", 1.0), f"{where}: temperature", allow_none=False)
-        if top_k < 1 or temperature <= 0:
-            raise InputError(f"{where}: top_k must be >= 1 and temperature > 0")
-        prada = PradaConfig.parse(entry.get("prada", model.get("prada")), where)
-        keys[h] = KeyConfig(
-            key_hash=h,
-            name=name,
-            mode=mode,
-            budget=_positive(entry.get("budget"), f"{where}: budget", integer=True),
-            explain=bool(entry.get("explain", False)),
-            explain_budget=_positive(entry.get("explain_budget"), f"{where}: explain_budget", integer=True),
-            top_k=top_k,
-            temperature=float(temperature),
-            rate=_positive(entry.get("rate", model.get("rate")), f"{where}: rate"),
-            image_rate=_positive(entry.get("image_rate", model.get("image_rate")), f"{where}: image_rate"),
-            defences=defences,
-            defence_specs=specs,
-            prada=prada,
-            seed=int(entry.get("seed", 0)),
-        )
-    max_batch = _positive(model.get("max_batch", 4096), f"{source}: max_batch", allow_none=False, integer=True)
-    body_mb = _positive(model.get("max_body_mb", 64), f"{source}: max_body_mb", allow_none=False)
-    if max_batch < 1 or body_mb <= 0:
-        raise InputError(f"{source}: max_batch and max_body_mb must be positive")
-    return ServerConfig(keys=keys, max_batch=int(max_batch), max_body_bytes=int(body_mb * 2**20),
-                        model_defences=model_defences)
+        key, secret = _parse_key(entry, where, i + 1, model, model_defences)
+        digest = config.digest(secret)
+        if digest in config._digests:
+            raise InputError(f"{where}: the same secret appears twice")
+        if key.key_id in config.keys:
+            raise InputError(f"{where}: name {key.name!r} is used twice")
+        config.keys[key.key_id] = key
+        config._digests[digest] = key.key_id
+    max_batch = kf.integer(model.get("max_batch", 4096), f"{source}: [model] 'max_batch'", 1, MAX_BATCH)
+    body_mb = _optional(model.get("max_body_mb"), kf.number, f"{source}: [model] 'max_body_mb'", 0.0, MAX_BODY_MB)
+    if body_mb is not None and body_mb <= 0:
+        raise InputError(f"{source}: [model] max_body_mb must be positive, got {body_mb:g}")
+    metrics_key = model.get("metrics_key")
+    metrics_digest = None
+    if metrics_key is not None:
+        metrics_digest = config.digest(kf.secret(metrics_key, f"{source}: [model] 'metrics_key'"))
+        if metrics_digest in config._digests:
+            raise InputError(f"{source}: [model] metrics_key must differ from every [[key]] secret")
+    return ServerConfig(keys=config.keys, max_batch=max_batch,
+                        max_body_bytes=None if body_mb is None else int(body_mb * 2**20),
+                        model_defences=model_defences, metrics_digest=metrics_digest,
+                        _digests=config._digests, _secret=config._secret)
 
 
 def load_keys(path: str | Path) -> ServerConfig:

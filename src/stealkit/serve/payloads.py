@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -72,9 +73,11 @@ def decode_npy(body: bytes, input_shape: tuple[int, ...], *, max_batch: int) -> 
     return _images(arr, input_shape)
 
 
-def decode_json(body: bytes, input_shape: tuple[int, ...], *, max_batch: int) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Parse ``{"inputs": ..., options...}``; returns the images and the other fields."""
-    obj = parse_json_object(body)
+def decode_json(body: bytes, input_shape: tuple[int, ...], *, max_batch: int,
+                fields: frozenset[str] | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Parse ``{"inputs": ..., options...}``; returns the images and the other fields. A field outside
+    ``fields`` (plus ``inputs``) is refused before any later value is parsed."""
+    obj = parse_json_object(body, None if fields is None else fields | {"inputs"})
     if "inputs" not in obj:
         raise InputError('the JSON body needs "inputs": a nested list [B][C][H][W] of pixels in [0, 1]')
     inputs = obj.pop("inputs")
@@ -92,15 +95,59 @@ def decode_json(body: bytes, input_shape: tuple[int, ...], *, max_batch: int) ->
     return _images(arr, input_shape), obj
 
 
-def parse_json_object(body: bytes) -> dict[str, Any]:
+_DECODER = json.JSONDecoder()
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def parse_json_object(body: bytes, fields: frozenset[str] | None = None) -> dict[str, Any]:
+    """Parse a JSON object field by field, refusing a name outside ``fields`` before its value is parsed (so a
+    body padded with a huge unknown array costs nothing). ``fields=None`` accepts any name."""
     if not body:
         return {}
     try:
-        obj = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise InputError(f"the body is not valid JSON: {str(exc)[:200]}") from None
-    if not isinstance(obj, dict):
-        raise InputError(f"the JSON body must be an object, got {type(obj).__name__}")
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError("the body is not UTF-8 JSON") from None
+
+    def skip(pos: int) -> int:
+        return _WS.match(text, pos).end()  # type: ignore[union-attr]
+
+    def bad(what: str, pos: int) -> InputError:
+        return InputError(f"the body is not valid JSON: {what} at character {pos}")
+
+    pos = skip(0)
+    if not text.startswith("{", pos):
+        raise InputError("the JSON body must be an object like {\"inputs\": [...]}")
+    obj: dict[str, Any] = {}
+    pos = skip(pos + 1)
+    if text.startswith("}", pos):
+        pos += 1
+    else:
+        while True:
+            if not text.startswith('"', pos):
+                raise bad("expected a field name", pos)
+            try:
+                name, pos = _DECODER.raw_decode(text, pos)
+                if fields is not None and name not in fields:
+                    raise InputError(f"unknown field {name[:40]!r} in the JSON body; expected some of {sorted(fields)}")
+                pos = skip(pos)
+                if not text.startswith(":", pos):
+                    raise bad("expected ':'", pos)
+                obj[name], pos = _DECODER.raw_decode(text, skip(pos + 1))
+            except (ValueError, RecursionError) as exc:
+                if isinstance(exc, InputError):
+                    raise
+                raise InputError(f"the body is not valid JSON: {str(exc)[:200]}") from None
+            pos = skip(pos)
+            if text.startswith(",", pos):
+                pos = skip(pos + 1)
+                continue
+            if text.startswith("}", pos):
+                pos += 1
+                break
+            raise bad("expected ',' or '}'", pos)
+    if skip(pos) != len(text):
+        raise bad("extra data after the object", pos)
     return obj
 
 

@@ -288,6 +288,23 @@ def _acc_plot(series: dict[str, tuple[list[float], list[float]]], xlabel: str, y
     return line_plot(series, xlabel=xlabel, ylabel=ylabel, ylim=(0, 1.02))
 
 
+def _flat_row(record: dict[str, Any]) -> dict[str, Any]:
+    """A record as one table row: nested dicts become columns (``certified r=0.5``), never dicts in cells."""
+    row: dict[str, Any] = {}
+    for k, v in record.items():
+        if k == "part":
+            continue
+        if isinstance(v, dict):
+            for kk, vv in v.items():
+                if isinstance(vv, dict):
+                    row.update({f"{k} {kk} {k3}": v3 for k3, v3 in vv.items()})
+                else:
+                    row[f"{k} {kk}"] = vv
+        else:
+            row[k] = v
+    return row
+
+
 def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> list[Section]:
     records = run.records()
     by_part: dict[str, list[dict[str, Any]]] = {}
@@ -310,8 +327,10 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
     if cert:
         series: dict[str, tuple[list[float], list[float]]] = {}
         rows = []
+        top = max([r for rec in cert for b in ("renyi", "cohen", "pixeldp")
+                   for r in rec["radii_per_image"][b] if r is not None] or [0.5])
+        grid = np.linspace(0.0, top * 1.05, 60)  # the axis ends where the last certificate does
         for rec in cert:
-            grid = np.linspace(0.0, 2.5, 60)
             n = rec["num_images"]
             for b in ("renyi", "cohen", "pixeldp"):
                 radii = [r for r in rec["radii_per_image"][b] if r is not None]
@@ -326,10 +345,10 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
                                 figures=[Figure(_acc_plot(series, "L2 radius", "certified accuracy"),
                                                 "certified accuracy (lower bound on accuracy under any L2 attack)")]))
     if by_part.get("ablation"):
-        rows = [{k: v for k, v in r.items() if k != "part"} for r in by_part["ablation"]]
+        rows = [_flat_row(r) for r in by_part["ablation"]]
         sections.append(Section("Stability-training ablation", tables=[("certified accuracy by radius", rows)]))
     if by_part.get("table1"):
-        rows = [{k: v for k, v in r.items() if k != "part"} for r in by_part["table1"]]
+        rows = [_flat_row(r) for r in by_part["table1"]]
         sections.append(Section("Table 1 analogue", tables=[("", rows)]))
     emp = by_part.get("empirical", [])
     if emp:

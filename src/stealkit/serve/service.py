@@ -1,0 +1,328 @@
+"""What one worker does for a query: authenticate, parse, limit, reserve, compute, encode, settle.
+
+Order of checks for a query: client address throttled after failed keys (429), key (401), request rate
+(429), the key's share of the in-flight bound (429), the worker's in-flight bound (503), body size (413), a
+fair compute slot (waits), blocked by PRADA (403), body and options (400/415), mode (400/403), image rate
+(429). Then the charge is **reserved** in the store (402 when the budget cannot cover
+it; a retried idempotency key is answered from the log instead, uncharged), the answer computed and encoded,
+the reservation **settled** (logged as answered) and the answer sent. An answer that cannot be produced or
+encoded (e.g. a non-finite number) is refunded, logged as refunded, and answered 500. Answers are computed
+exactly as :class:`~stealkit.oracle.LocalOracle` computes them (same code, same chunking).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from fastapi.responses import Response
+
+from stealkit import __version__
+from stealkit.errors import BudgetExhausted, InputError
+from stealkit.oracle import (
+    ExplainArgs,
+    LocalExplanationOracle,
+    OutputMode,
+    check_explain_args,
+    explain_price,
+)
+from stealkit.oracle.ledger import digest_tensor
+from stealkit.serve import payloads
+from stealkit.serve.detection import Prada
+from stealkit.serve.keys import KeyConfig, ServerConfig
+from stealkit.serve.limits import AuthThrottle, TokenBucket
+from stealkit.serve.metrics import Metrics
+from stealkit.serve.store import InFlight, Replay, Reservation, Store
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1"
+PREDICT_FIELDS = frozenset({"mode"})
+EXPLAIN_FIELDS = frozenset({"method", "target", "output", "n_samples", "sigma"})
+#: bytes one pixel may take in a request body: 8 in .npy (float64), up to 24 in JSON ("0.12345678901234567, ")
+NPY_BYTES_PER_VALUE, JSON_BYTES_PER_VALUE, BODY_SLACK = 8, 24, 64 * 1024
+MAX_REQUEST_ID = 128
+
+
+class ApiError(Exception):
+    """An answer other than 200: status, a short code and a message saying what to do."""
+
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None,
+                 **extra: Any) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+        self.headers = headers or {}
+        self.extra = extra
+
+    def response(self) -> Response:
+        body = json.dumps({"error": self.code, "detail": self.message, **self.extra})
+        return Response(body, status_code=self.status, headers=self.headers, media_type=payloads.JSON)
+
+
+@dataclass(frozen=True)
+class Query:
+    """A parsed, validated request: images, mode or explanation arguments, and what it costs."""
+
+    endpoint: str
+    x: torch.Tensor
+    mode: OutputMode
+    explain: ExplainArgs | None = None
+    target: torch.Tensor | None = None
+
+    @property
+    def n(self) -> int:
+        return int(self.x.shape[0])
+
+    @property
+    def cost(self) -> int:
+        """Queries charged: one per image, times the explanation's price per image."""
+        return self.n * (explain_price(self.explain) if self.explain is not None else 1)
+
+
+@dataclass
+class Service:
+    """Everything one worker process holds: the model, the keys, the store, oracles, limiters, detectors."""
+
+    model: torch.nn.Module
+    spec: Any
+    config: ServerConfig
+    store: Store
+    workers: int = 1
+    device: str = "cpu"
+    metrics: Metrics = field(default_factory=Metrics)
+    auth_throttle: AuthThrottle = field(default_factory=AuthThrottle)
+
+    def __post_init__(self) -> None:
+        self.input_shape = tuple(int(s) for s in self.spec.input_shape)
+        self.num_classes = int(self.spec.num_classes)
+        self._oracles: dict[tuple[str, OutputMode], LocalExplanationOracle] = {}
+        self._buckets: dict[tuple[str, str], TokenBucket] = {}
+        self._prada: dict[str, Prada] = {}
+        self._lock = threading.Lock()
+        self.store.sync_keys(self.config.keys.values())
+
+    def body_limit(self, content_type: str | None) -> int:
+        """The largest body a request may send: the keys file's ``max_body_mb``, or what the largest legal
+        batch takes in this content type."""
+        if self.config.max_body_bytes is not None:
+            return self.config.max_body_bytes
+        per = NPY_BYTES_PER_VALUE if payloads.content_kind(content_type) == "npy" else JSON_BYTES_PER_VALUE
+        return self.config.max_batch * math.prod(self.input_shape) * per + BODY_SLACK
+
+    # -- per-key helpers ---------------------------------------------------------------------------------
+    def authenticate(self, header: str | None, client: str) -> KeyConfig:
+        wait = self.auth_throttle.blocked_for(client)
+        if wait > 0:
+            retry = str(max(1, math.ceil(wait)))
+            raise ApiError(429, "auth_throttled", f"too many failed API keys from this address; retry after {retry} s",
+                           {"Retry-After": retry})
+        if not header:
+            raise ApiError(401, "unauthorized", "missing API key: send the header 'Authorization: Bearer <key>'",
+                           {"WWW-Authenticate": "Bearer"})
+        scheme, _, token = header.strip().partition(" ")
+        key = self.config.lookup(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
+        if key is None:
+            self.auth_throttle.failed(client)
+            raise ApiError(401, "unauthorized", "unknown API key; check the 'Authorization: Bearer <key>' header",
+                           {"WWW-Authenticate": "Bearer"})
+        return key
+
+    def oracle(self, key: KeyConfig, mode: OutputMode) -> LocalExplanationOracle:
+        with self._lock:
+            o = self._oracles.get((key.key_id, mode))
+            if o is None:
+                o = LocalExplanationOracle(self.model, self.input_shape, num_classes=self.num_classes, mode=mode,
+                                           temperature=key.temperature, top_k=key.top_k, defences=key.defences,
+                                           device=self.device, seed=key.seed)
+                self._oracles[(key.key_id, mode)] = o
+            return o
+
+    def rate_limit(self, key: KeyConfig, what: str, n: float) -> None:
+        rate = key.rate if what == "requests" else key.image_rate
+        if rate is None:
+            return
+        with self._lock:
+            bucket = self._buckets.setdefault((key.key_id, what), TokenBucket(rate / self.workers))
+        wait = bucket.take(n)
+        if wait > 0:
+            retry = "3600" if math.isinf(wait) else str(max(1, min(3600, math.ceil(wait))))
+            raise ApiError(429, "rate_limited", f"rate limit of {rate:g} {what}/s exceeded; retry after {retry} s",
+                           {"Retry-After": retry})
+
+    def check_blocked(self, key: KeyConfig) -> None:
+        if key.prada is not None and key.prada.block and self.store.usage(key.key_id).flagged:
+            raise ApiError(403, "blocked", "this key was flagged as a model-extraction attack (PRADA) and is "
+                           "blocked; contact the API owner")
+
+    def choose_mode(self, key: KeyConfig, requested: Any) -> OutputMode:
+        if requested is None or requested == "":
+            return key.mode
+        if not isinstance(requested, str):
+            raise InputError(f"mode must be a string, got {requested!r}")
+        mode = OutputMode.parse(requested)
+        if mode not in key.allowed_modes:
+            raise ApiError(403, "mode_not_allowed", f"this key may ask for {[m.value for m in key.allowed_modes]}, "
+                           f"not {mode.value!r}")
+        return mode
+
+    def detect(self, key: KeyConfig, x: torch.Tensor, labels: torch.Tensor) -> None:
+        if key.prada is None:
+            return
+        with self._lock:
+            det = self._prada.setdefault(key.key_id, Prada(key.prada))
+        was = det.flagged
+        state = det.update(x, labels)
+        if state.statistic is not None:
+            self.metrics.prada_statistic(key.key_id, state.statistic)
+        if state.flagged and not was:
+            log.warning("PRADA flagged key %s (W=%.4f after %d distances)", key.key_id, state.statistic,
+                        state.n_distances)
+            self.store.set_flagged(key.key_id, True)
+
+    # -- a query, in the thread pool -----------------------------------------------------------------------
+    def parse(self, key: KeyConfig, endpoint: str, body: bytes, content_type: str | None,
+              params: dict[str, str]) -> Query:
+        """Every check that needs the body; raises :class:`InputError` / :class:`ApiError`, charges nothing."""
+        if endpoint == "explain" and not key.explain:
+            raise ApiError(403, "explain_not_allowed", "this key may not call /v1/explain (explain = false)")
+        self.check_blocked(key)
+        fields = PREDICT_FIELDS if endpoint == "predict" else EXPLAIN_FIELDS
+        unknown = set(params) - fields
+        if unknown:
+            raise InputError(f"unknown {endpoint} options {sorted(unknown)}; expected some of {sorted(fields)}")
+        opts: dict[str, Any] = payloads.query_options(params)
+        if payloads.content_kind(content_type) == "npy":
+            x = payloads.decode_npy(body, self.input_shape, max_batch=self.config.max_batch)
+        else:
+            x, more = payloads.decode_json(body, self.input_shape, max_batch=self.config.max_batch, fields=fields)
+            opts |= more
+        if endpoint == "predict":
+            return Query("predict", x, self.choose_mode(key, opts.get("mode")))
+        args = check_explain_args(opts.get("method", "gradient"), opts.get("output", "logit"),
+                                  opts.get("n_samples", 10), opts.get("sigma", 0.1))
+        target = _target(opts.get("target"), int(x.shape[0]), self.num_classes)
+        return Query("explain", x, key.mode, explain=args, target=target)
+
+    def reserve(self, key: KeyConfig, q: Query, request_id: str | None) -> Reservation | Replay:
+        mode = q.mode.value if q.explain is None else q.explain.method
+        try:
+            return self.store.reserve(key.key_id, q.endpoint, q.cost, mode=mode, input_digest=digest_tensor(q.x),
+                                      request_id=request_id)
+        except BudgetExhausted as exc:
+            raise ApiError(402, "budget_exhausted", str(exc), queries_left=exc.remaining) from None
+        except InFlight:
+            raise ApiError(409, "in_progress", f"a request with Idempotency-Key {request_id!r} is being answered; "
+                           "retry shortly", {"Retry-After": "1"}) from None
+
+    def answer(self, key: KeyConfig, q: Query) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The model work: outputs, and the top-1 labels of a prediction (for PRADA)."""
+        if q.explain is None:
+            oracle = self.oracle(key, q.mode)
+            logits = oracle.logits(q.x)
+            return oracle.answer_from_logits(logits), logits.argmax(1)
+        a = q.explain
+        oracle = self.oracle(key, key.mode)
+        return oracle.explain(q.x, a.method, target=q.target, output=a.output, n_samples=a.n_samples,
+                              sigma=a.sigma), None
+
+    def query(self, key: KeyConfig, endpoint: str, body: bytes, content_type: str | None, params: dict[str, str],
+              accept: str | None, request_id: str | None) -> Response:
+        """One query from parse to settled answer (see the module docstring)."""
+        if request_id is not None and (not request_id or len(request_id) > MAX_REQUEST_ID
+                                       or not request_id.isprintable()):
+            raise InputError(f"Idempotency-Key must be 1 to {MAX_REQUEST_ID} printable characters")
+        q = self.parse(key, endpoint, body, content_type, params)
+        self.rate_limit(key, "images", q.cost)
+        res = self.reserve(key, q, request_id)
+        if isinstance(res, Replay):
+            return Response(res.body, media_type=res.media_type,
+                            headers=json.loads(res.headers) | {"X-Stealkit-Replayed": "1"})
+        try:
+            out, labels = self.answer(key, q)
+            response = encode(q, out, res, accept)
+            kept = Replay(response.media_type or payloads.JSON, json.dumps(_replay_headers(response)), response.body) \
+                if request_id is not None else None
+            self.store.settle(res, digest_tensor(out), answer=kept)
+        except BaseException as exc:
+            self.store.refund(res, f"not delivered: {type(exc).__name__}: {str(exc)[:200]}")
+            log.error("refunded %d %s queries of key %s: the answer could not be produced (%r)", q.cost, endpoint,
+                      key.key_id, exc)
+            if isinstance(exc, InputError | ApiError):
+                raise
+            raise ApiError(500, "internal_error", "the answer could not be produced; it was not charged (refunded)"
+                           " and the failure is logged; retry or report it to the API owner") from None
+        if labels is not None:
+            self.detect(key, q.x, labels)
+        return response
+
+    def info(self, key: KeyConfig) -> dict[str, Any]:
+        usage = self.store.usage(key.key_id)
+        extra = self.spec.extra or {}
+        return {
+            "api_version": API_VERSION,
+            "stealkit_version": __version__,
+            "input_shape": list(self.input_shape),
+            "num_classes": self.num_classes,
+            "classes": list(self.spec.class_names or []),
+            "dataset": extra.get("dataset"),
+            "split_seed": extra.get("split_seed", 0),
+            "arch": self.spec.arch,
+            "key": key.key_id,
+            "mode": key.mode.value,
+            "allowed_modes": [m.value for m in key.allowed_modes],
+            "top_k": key.top_k,
+            "explain": key.explain,
+            "explain_price": "1 explain query per image for gradient; n_samples per image for smoothgrad",
+            "queries_left": usage.left,
+            "explain_left": usage.explain_left,
+            "queries_used": usage.as_dict(),
+            "budget": key.budget,
+            "max_batch": self.config.max_batch,
+            "max_body_bytes": self.body_limit(payloads.NPY),
+            "rate_limits": {"requests_per_s": key.rate, "images_per_s": key.image_rate},
+        }
+
+
+def encode(q: Query, out: torch.Tensor, res: Reservation, accept: str | None) -> Response:
+    """The response body and headers, built before the charge is settled; a non-finite output raises."""
+    if out.dtype.is_floating_point and not bool(torch.isfinite(out).all()):
+        raise ValueError("the model produced a non-finite number (NaN or Inf) for this request")
+    usage = res.usage
+    used = usage.as_dict()
+    arr = payloads.to_numpy(out)
+    mode = q.mode.value if q.explain is None else q.explain.method
+    if accept and payloads.NPY in accept:
+        headers = {"X-Stealkit-Mode": mode, "X-Stealkit-N": str(q.n), "X-Stealkit-Cost": str(q.cost),
+                   "X-Stealkit-Queries-Used": json.dumps(used)}
+        if usage.left is not None:
+            headers["X-Stealkit-Queries-Left"] = str(usage.left)
+        if usage.explain_left is not None:
+            headers["X-Stealkit-Explain-Left"] = str(usage.explain_left)
+        return Response(payloads.encode_npy(arr), media_type=payloads.NPY, headers=headers)
+    doc: dict[str, Any] = {"mode": mode, "outputs": arr.tolist(), "queries_left": usage.left,
+                           "queries_used": used, "n": q.n, "cost": q.cost}
+    if q.explain is not None:
+        doc["explain_left"] = usage.explain_left
+    return Response(json.dumps(doc, allow_nan=False), media_type=payloads.JSON)
+
+
+def _replay_headers(response: Response) -> dict[str, str]:
+    return {k: v for k, v in response.headers.items() if k.lower().startswith("x-stealkit-")}
+
+
+def _target(value: Any, n: int, num_classes: int) -> torch.Tensor | None:
+    if value is None:
+        return None
+    vals = value if isinstance(value, list) else [value]
+    if not vals or any(isinstance(v, bool) or not isinstance(v, int) for v in vals):
+        raise InputError("target must be a class index or a list of one per image")
+    if len(vals) not in (1, n):
+        raise InputError(f"target must be one class or one per image ({n}), got {len(vals)}")
+    if min(vals) < 0 or max(vals) >= num_classes:
+        raise InputError(f"target classes must lie in [0, {num_classes - 1}]")
+    return torch.tensor(vals, dtype=torch.long)
