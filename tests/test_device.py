@@ -151,6 +151,29 @@ def test_runner_passes_the_device_to_every_step_that_takes_one(tmp_path: Path,
     assert calls == []  # the device is no part of a step's fingerprint: finished steps stay finished
 
 
+def test_reproduce_and_sweep_trials_hand_the_device_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stealkit.experiments import reproduce, runner, sweep
+    from stealkit.experiments.config import parse_config
+
+    seen: list[str] = []
+
+    def record(argv: list[str], step_id: str, command: str) -> None:
+        seen.append(argv[argv.index("--device") + 1])
+        out = Path(argv[argv.index("--out") + 1])
+        out.mkdir(parents=True)
+        (out / "summary.json").write_text("{}")
+
+    monkeypatch.setattr(runner, "_invoke", record)
+    toml = tmp_path / "tiny.toml"
+    toml.write_text('name = "tiny"\n[[step]]\nid = "a"\ncommand = "train"\nargs = { dataset = "digits" }\n')
+    monkeypatch.setattr(reproduce, "config_paths", lambda scale: [toml])
+    summary = reproduce.reproduce("full", tmp_path / "rep", device="cuda:2")
+    assert summary["device"] == "cuda:2" and not summary["failed"]
+    sweep.run_trial(parse_config({"name": "t", "step": [{"command": "train", "args": {"dataset": "digits"}}]})
+                    .to_dict(), {"seed": 1}, str(tmp_path / "trial"), "cuda:1")
+    assert seen == ["cuda:2", "cuda:1"]
+
+
 def test_full_scale_configs_take_the_device_from_the_command_line() -> None:
     from stealkit.experiments.reproduce import config_paths
 
