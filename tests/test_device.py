@@ -231,13 +231,18 @@ def test_relative_error_feeds_each_model_on_its_own_device(tiny_model: torch.nn.
     tiny_model.cpu().float()
 
 
+def command_args(kind: str, models: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The arguments of ``DEVICE_RUNS[kind]`` (before ``--out``), run from the checkout's root, where the
+    standard victims are cached (runs/victims)."""
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    return [a.format(**models) for a in DEVICE_RUNS[kind][0]]
+
+
 @pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow) if slow else k
                                   for k, (_, slow) in DEVICE_RUNS.items()])
 def test_every_command_runs_on_a_simulated_gpu(kind: str, models: dict[str, str], tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(Path(__file__).resolve().parent.parent)  # standard victims are cached in runs/victims
-    args = [a.format(**models) for a in DEVICE_RUNS[kind][0]]
-    out = tmp_path / "run"
+    args, out = command_args(kind, models, monkeypatch), tmp_path / "run"
     with fake_cuda():
         assert cli.main(args=["-q", *args, "--out", str(out), "--device", "cuda"], prog_name="stealkit",
                         standalone_mode=False) in (None, 0)

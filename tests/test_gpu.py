@@ -19,7 +19,7 @@ import torch
 
 from stealkit.cli import cli
 from tests import test_device
-from tests.test_device import DEVICE_RUNS
+from tests.test_device import DEVICE_RUNS, command_args
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the gpu tier)")]
@@ -54,8 +54,7 @@ def test_auto_picks_the_gpu_and_records_its_name() -> None:
 @pytest.mark.parametrize("kind", list(DEVICE_RUNS))
 def test_every_command_agrees_on_cpu_and_gpu(kind: str, models: dict[str, str], tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(Path(__file__).resolve().parent.parent)  # standard victims are cached in runs/victims
-    args = [a.format(**models) for a in DEVICE_RUNS[kind][0]]
+    args = command_args(kind, models, monkeypatch)
     cpu = _run(args, tmp_path / "cpu", "cpu")
     gpu = _run(args, tmp_path / "gpu", "cuda")
     assert _queries(gpu) == _queries(cpu), f"{kind}: the GPU run spent other queries"
