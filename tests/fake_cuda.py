@@ -158,10 +158,9 @@ class _FakeCudaMode(TorchFunctionMode):
 @contextlib.contextmanager
 def fake_cuda() -> Iterator[None]:
     """Simulate one GPU, ``cuda:0``, for the duration (see the module docstring)."""
-    patches = contextlib.ExitStack()
-    with patches:
-        import unittest.mock as mock
+    import unittest.mock as mock
 
+    with contextlib.ExitStack() as patches:
         patches.enter_context(mock.patch("torch.cuda.is_available", lambda: True))
         patches.enter_context(mock.patch("torch.cuda.device_count", lambda: 1))
         patches.enter_context(mock.patch("torch.cuda.get_device_name", lambda *a: "fake GPU (tests/fake_cuda.py)"))
