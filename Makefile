@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint venv clean
+.PHONY: demo test test-fast test-gpu lint venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m 'not slow'
+
+# the GPU tier (tests marked gpu; skipped where torch sees no CUDA device): see docs/gpu.md
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q -m gpu -rs
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks

@@ -183,10 +183,10 @@ def test_reproduce_survives_an_internal_error(tiny_config, tmp_path, monkeypatch
 
     real = rp.run_experiment
 
-    def flaky(cfg, out, force=False):
+    def flaky(cfg, out, force=False, device=None):
         if cfg.name == "tiny" and "boom" in str(out):
             raise RuntimeError("deep inside torch")
-        return real(cfg, out, force=force)
+        return real(cfg, out, force=force, device=device)
 
     monkeypatch.setattr(rp, "run_experiment", flaky)
     monkeypatch.setattr(rp, "config_paths", lambda scale: [tiny_config])

@@ -21,7 +21,8 @@ DEFAULT_BUDGETS = (20, 50, 100, 200, 400)
 
 
 def run_demo(out: str | Path, *, seed: int = 0, budgets: tuple[int, ...] = DEFAULT_BUDGETS,
-             victim_epochs: int = 40, student_epochs: int = 60, arch: str = "conv2") -> dict[str, Any]:
+             victim_epochs: int = 40, student_epochs: int = 60, arch: str = "conv2",
+             device: str = "cpu") -> dict[str, Any]:
     from stealkit.data import load_splits
     from stealkit.extract.baseline import BaselineConfig, extract_baseline
     from stealkit.metrics import Evaluator, predict_labels
@@ -40,13 +41,13 @@ def run_demo(out: str | Path, *, seed: int = 0, budgets: tuple[int, ...] = DEFAU
     run = RunDir(out).create(command="demo", seed=seed, config=config)
 
     log.info("training the victim (%s on digits, %d epochs)", arch, victim_epochs)
-    victim = train_victim("digits", arch, victim_cfg, out=out / "victim", split_seed=seed)
+    victim = train_victim("digits", arch, victim_cfg, out=out / "victim", split_seed=seed, device=device)
     splits = load_splits("digits", seed=seed)
     evaluator = Evaluator(splits.test.x, splits.test.y, predict_labels(victim.model, splits.test.x))
     summary: dict[str, Any] = {"victim_accuracy": evaluator.victim_accuracy, "stealkit_version": __version__,
                                "seed": seed}
     for mode in ("probs", "label"):
-        oracle = LocalOracle(victim.model, victim.spec.input_shape, mode=mode, budget=max(budgets))
+        oracle = LocalOracle(victim.model, victim.spec.input_shape, mode=mode, budget=max(budgets), device=device)
 
         def make_student() -> Any:
             import torch
@@ -59,7 +60,7 @@ def run_demo(out: str | Path, *, seed: int = 0, budgets: tuple[int, ...] = DEFAU
         result = extract_baseline(
             oracle, splits.attacker_pool.x, make_student=make_student, evaluator=evaluator,
             config=BaselineConfig(checkpoints=budgets, train=student_cfg, seed=seed),
-            on_point=lambda p, m=mode: run.append_record({"mode": m, **p}),
+            on_point=lambda p, m=mode: run.append_record({"mode": m, **p}), device=device,
         )
         key = "extraction" if mode == "probs" else "extraction_label"
         summary[key] = [{"queries": p["queries"], "accuracy": p["accuracy"], "fidelity": p["fidelity"]}

@@ -1,13 +1,23 @@
-"""Evaluation: accuracy on labelled data and fidelity (top-1 agreement) with the victim."""
+"""Evaluation: accuracy on labelled data and fidelity (top-1 agreement) with the victim.
+
+Inputs follow the model: each batch goes to the device of the model's parameters (wherever the caller keeps
+the data), and the results come back on the CPU, where the labels they are compared with live.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from stealkit.device import module_device
 
-def predict_logits(model: nn.Module, x: torch.Tensor, *, batch_size: int = 1024, device: str = "cpu") -> torch.Tensor:
-    """Logits of ``model`` on ``x`` in eval mode, in chunks, without gradients."""
+
+def predict_logits(model: nn.Module, x: torch.Tensor, *, batch_size: int = 1024,
+                   device: str | torch.device | None = None) -> torch.Tensor:
+    """Logits of ``model`` on ``x`` in eval mode, in chunks, without gradients, on the CPU.
+
+    Each chunk runs on the model's own device; ``device`` is used only for a model without parameters."""
+    device = module_device(model, default=str(device or "cpu"))
     was_training = model.training
     model.eval()
     outs = []
@@ -19,11 +29,12 @@ def predict_logits(model: nn.Module, x: torch.Tensor, *, batch_size: int = 1024,
     return torch.cat(outs) if outs else torch.empty(0)
 
 
-def predict_labels(model: nn.Module, x: torch.Tensor, *, batch_size: int = 1024, device: str = "cpu") -> torch.Tensor:
+def predict_labels(model: nn.Module, x: torch.Tensor, *, batch_size: int = 1024,
+                   device: str | torch.device | None = None) -> torch.Tensor:
     return predict_logits(model, x, batch_size=batch_size, device=device).argmax(1)
 
 
-def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, device: str = "cpu") -> float:
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, device: str | torch.device | None = None) -> float:
     """Fraction of ``x`` that ``model`` labels as ``y``."""
     return agreement(predict_labels(model, x, device=device), y)
 
@@ -32,14 +43,15 @@ def agreement(a: torch.Tensor, b: torch.Tensor) -> float:
     """Fraction of positions where two label vectors agree (fidelity when one is the victim's)."""
     if a.numel() == 0:
         return float("nan")
-    return float((a.long() == b.long()).float().mean())
+    return float((a.long().cpu() == b.long().cpu()).float().mean())
 
 
 class Evaluator:
     """Scores a student on the test split: accuracy against the truth, fidelity against the victim.
 
     ``victim_labels`` are the victim's top-1 labels on the same test images, computed once by the
-    experimenter (from the local model, unmetered) so evaluation never spends the attacker's budget.
+    experimenter (from the local model, unmetered) so evaluation never spends the attacker's budget. The
+    student is scored on its own device (``device`` only matters for a student without parameters).
     """
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, victim_labels: torch.Tensor | None, *, device: str = "cpu"):

@@ -32,8 +32,11 @@ def git_commit() -> str | None:
 
 
 def environment() -> dict[str, Any]:
-    """Where a result was made: versions, commit, torch's intra-op threads and the machine's load when it began."""
+    """Where a result was made: versions, commit, torch's intra-op threads, the machine's load when it began, and
+    the device (with the GPU's name) that the command resolved (:func:`stealkit.device.device_info`)."""
     import torch
+
+    from stealkit.device import device_info
 
     try:
         load = [round(v, 2) for v in os.getloadavg()]
@@ -48,6 +51,7 @@ def environment() -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "load_average": load,
         "cpus": os.cpu_count(),
+        **device_info(),
     }
 
 

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from stealkit.certify.smoothing import ABSTAIN, Certificate, noisy_counts, predict
+from stealkit.device import module_device
 from stealkit.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -86,10 +87,11 @@ class SmoothedLabels(nn.Module):
 
 
 def _smoothed_labels(model: nn.Module, x: torch.Tensor, sigma: float, n: int, seed: int) -> torch.Tensor:
+    """The (smoothed) labels of ``x``, computed on the model's device, returned on the CPU."""
     if sigma <= 0:
         with torch.no_grad():
-            return model(x).argmax(1)
-    return predict(model, x, sigma, n, seed=seed)[0]
+            return model(x.to(module_device(model))).argmax(1).cpu()
+    return predict(model, x, sigma, n, seed=seed)[0].cpu()
 
 
 def empirical_robust_accuracy(
@@ -129,18 +131,20 @@ def empirical_robust_accuracy(
     if attack not in ATTACKS:
         raise InputError(f"unknown attack {attack!r}; expected one of {', '.join(ATTACKS)}")
     model.eval()
+    dev = module_device(model)
+    y_cpu, x, y = y.cpu(), x.to(dev), y.to(dev)  # attacks run where the model is; labels are compared on the CPU
     clean = _smoothed_labels(model, x, sigma, n_predict, seed + 1)
     rows: list[dict[str, Any]] = []
     if attack.startswith("pgd"):
         norm = "linf" if attack == "pgd-linf" else "l2"
         for e in eps:
             if e <= 0:
-                rows.append({"eps": e, "accuracy": float((clean == y).float().mean())})
+                rows.append({"eps": e, "accuracy": float((clean == y_cpu).float().mean())})
                 continue
             res = pgd(model, x, y, eps=float(e), steps=steps, norm=norm, eot_samples=eot_samples if sigma > 0 else 1,
                       eot_sigma=sigma, seed=seed)
             labels = _smoothed_labels(model, res.x_adv, sigma, n_predict, seed + 2)
-            rows.append({"eps": e, "accuracy": float((labels == y).float().mean())})
+            rows.append({"eps": e, "accuracy": float((labels == y_cpu).float().mean())})
         return rows
     if attack == "cw-l2":
         from stealkit.evade.cw import carlini_wagner_l2
@@ -149,20 +153,23 @@ def empirical_robust_accuracy(
         res = carlini_wagner_l2(target, x, y, steps=cw_steps, binary_search_steps=5, initial_const=1.0,
                                 kappa=cw_kappa if sigma > 0 else 0.0, lr=cw_lr)
         adv_labels = _smoothed_labels(model, res.x_adv, sigma, n_predict, seed + 2)
-        norms = res.norms
+        norms = res.norms.cpu()
     else:
         from stealkit.evade.boundary import BoundaryConfig, boundary_attack
         from stealkit.oracle import LocalOracle
 
         k = int(getattr(model, "num_classes", 0) or model(x[:1]).shape[1])
         wrapped = SmoothedLabels(model, sigma, boundary_n, num_classes=k, seed=seed) if sigma > 0 else model
-        oracle = LocalOracle(wrapped, tuple(x.shape[1:]), num_classes=k, mode="label")
-        res = boundary_attack(oracle, x, y, config=BoundaryConfig(steps=boundary_steps, seed=seed))
+        # the oracle keeps the model on its device (LocalOracle moves its model to ``device``); the label-only
+        # attack works on host tensors and the oracle sends each query to the model
+        oracle = LocalOracle(wrapped, tuple(x.shape[1:]), num_classes=k, mode="label", device=dev)
+        res = boundary_attack(oracle, x.cpu(), y_cpu, config=BoundaryConfig(steps=boundary_steps, seed=seed))
         adv_labels = _smoothed_labels(model, res.x_adv, sigma, n_predict, seed + 2)
-        norms = torch.where(res.success, res.norms, torch.full_like(res.norms, math.inf))
-    fooled = adv_labels != y
+        success, dist = res.success.cpu(), res.norms.cpu()
+        norms = torch.where(success, dist, torch.full_like(dist, math.inf))
+    fooled = adv_labels != y_cpu
     for e in eps:
-        broken = (clean != y) | (fooled & (norms <= e + 1e-6))
+        broken = (clean != y_cpu) | (fooled & (norms <= e + 1e-6))
         rows.append({"eps": e, "accuracy": float((~broken).float().mean())})
     return rows
 
@@ -189,13 +196,14 @@ def soundness_check(
 
     rows: list[dict[str, Any]] = []
     sigma = certs[0].sigma if certs else 1.0
+    dev = module_device(model)
     for i, cert in enumerate(certs):
         for b in bounds:
             r = cert.radius.get(b)
             if r is None or r <= 0 or not math.isfinite(r):
                 continue
-            xi = x[i : i + 1]
-            label = torch.tensor([cert.label])
+            xi = x[i : i + 1].to(dev)
+            label = torch.tensor([cert.label], device=dev)
             res = pgd(model, xi, label, eps=float(r), steps=steps, norm="l2", eot_samples=eot_samples,
                       eot_sigma=sigma, seed=seed + i)
             lab, counts = predict(model, res.x_adv, sigma, n_predict, alpha=alpha, seed=seed + 10_000 + i)

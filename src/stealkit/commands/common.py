@@ -42,9 +42,20 @@ def set_option(example: str) -> Callable[[Callable[..., Any]], Callable[..., Any
                         help=f"Any setting of the config, e.g. {example} (repeat; a.b=v sets a nested one).")
 
 
+def _resolve_device(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str:
+    from stealkit.device import ENV_VAR, resolve_device
+
+    from_env = ctx is not None and ctx.get_parameter_source("device") == click.core.ParameterSource.ENVIRONMENT
+    return resolve_device(value, source=f"${ENV_VAR}" if from_env else "--device")
+
+
 def device_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--device auto|cpu|cuda|cuda:N|mps`` (else ``$STEALKIT_DEVICE``, else auto), resolved and checked by
+    :func:`stealkit.device.resolve_device`: the command receives a canonical device (``cpu``, ``cuda:0``)."""
     return click.option(
-        "--device", default="cpu", show_default=True, help="torch device: cpu, cuda, cuda:1 (GPU runs at full scale)."
+        "--device", default="auto", show_default=True, envvar="STEALKIT_DEVICE", callback=_resolve_device,
+        help="torch device: auto (cuda when available, else cpu), cpu, cuda, cuda:N, mps; default "
+             "$STEALKIT_DEVICE, else auto.",
     )(fn)
 
 

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import click
 
+from stealkit.commands.common import device_option
+
 
 @click.command("run")
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("--out", default=None, type=click.Path(), help="Run directory (default: runs/<config name>).")
 @click.option("--force", is_flag=True, help="Re-run steps that are already finished.")
-def run_cmd(config: str, out: str | None, force: bool) -> None:
-    """Run the experiment CONFIG (a TOML file of steps); finished steps are not redone."""
+@device_option
+def run_cmd(config: str, out: str | None, force: bool, device: str) -> None:
+    """Run the experiment CONFIG (a TOML file of steps); finished steps are not redone. --device goes to every
+    step that takes one and does not set its own."""
     from stealkit.experiments.config import load_config
     from stealkit.experiments.runner import run_experiment
 
     cfg = load_config(config)
     out = out or f"runs/{cfg.name}"
-    for o in run_experiment(cfg, out, force=force):
+    for o in run_experiment(cfg, out, force=force, device=device):
         click.echo(f"{o.id:>12}  {'skipped (finished)' if o.skipped else f'{o.seconds:.1f} s'}  {o.out}")
 
 
@@ -29,13 +33,15 @@ def run_cmd(config: str, out: str | None, force: bool) -> None:
 @click.option("--workers", type=int, default=2, show_default=True, help="Concurrent trials (local processes or "
               "CPUs of a local Ray instance).")
 @click.option("--out", required=True, type=click.Path(), help="Sweep directory; one sub-directory per trial.")
-def sweep_cmd(config: str, grid: tuple[str, ...], backend: str, address: str | None, workers: int, out: str) -> None:
+@device_option
+def sweep_cmd(config: str, grid: tuple[str, ...], backend: str, address: str | None, workers: int, out: str,
+              device: str) -> None:
     """Run CONFIG at every point of a grid, as local processes or Ray tasks."""
     from stealkit.experiments.config import load_config
     from stealkit.experiments.sweep import parse_grid, run_sweep
 
     trials = run_sweep(load_config(config), parse_grid(grid), out, backend=backend,  # type: ignore[arg-type]
-                       address=address, workers=workers)
+                       address=address, workers=workers, device=device)
     for t in trials:
         final = t["final"]
         shown = {k: final[k] for k in ("accuracy", "fidelity", "asr", "test_accuracy") if k in final}

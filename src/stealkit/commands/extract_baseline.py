@@ -65,7 +65,7 @@ def baseline_cmd(victim: str, key: str | None, mode: str, temperature: float, to
     run = RunDir(out).create(command="extract baseline", seed=seed, config=cfg)
     result = method.run(v.oracle, x_pool, make_student=student_factory(student, v, seed, **kwargs),
                         evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
-                        config=config, on_point=run.append_record)
+                        config=config, on_point=run.append_record, device=device)
     save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
     click.echo(f"accuracy {result.accuracy:.4f}, fidelity {result.fidelity}, queries {result.queries}; "
                f"report: {run.report_path}")

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import click
 
+from stealkit.commands.common import device_option
+
 
 @click.command("reproduce")
 @click.option("--scale", type=click.Choice(["small", "full"]), default="small", show_default=True,
-              help="small: CPU scale (within 90 min on 2 cores); full: the papers' settings (GPU, --device cuda).")
+              help="small: CPU scale (within 90 min on 2 cores); full: the papers' settings (meant for a GPU).")
 @click.option("--out", default="runs/reproduce", show_default=True, type=click.Path())
 @click.option("--only", multiple=True, help="Run only these studies (repeat).")
 @click.option("--list", "list_only", is_flag=True, help="List the studies of this scale and exit.")
 @click.option("--force", is_flag=True, help="Re-run finished steps.")
 @click.option("--jobs", type=int, default=None,
               help="Studies run at once, each in its own process (default: the number of CPU cores).")
-def reproduce_cmd(scale: str, out: str, only: tuple[str, ...], list_only: bool, force: bool, jobs: int | None) -> None:
+@device_option
+def reproduce_cmd(scale: str, out: str, only: tuple[str, ...], list_only: bool, force: bool, jobs: int | None,
+                  device: str) -> None:
     """Run every study that reproduces a paper result and write OUT/report.html (papers beside ours)."""
     from stealkit.experiments.config import load_config
     from stealkit.experiments.reproduce import config_paths, reproduce
@@ -26,7 +30,8 @@ def reproduce_cmd(scale: str, out: str, only: tuple[str, ...], list_only: bool, 
         return
     import os
 
-    summary = reproduce(scale, out, only=only, force=force, jobs=jobs or os.cpu_count() or 1)
+    summary = reproduce(scale, out, only=only, force=force, jobs=jobs or os.cpu_count() or 1,
+                        device=device)
     for s in summary["studies"]:
         click.echo(f"{s['name']:<28} {s['seconds']:>8.1f} s")
     click.echo(f"total {summary['compute_seconds']} s of study time ({summary['wall_seconds']} s in this run); "

@@ -7,6 +7,7 @@ import os
 
 import click
 
+from stealkit.commands.common import device_option
 from stealkit.errors import InputError
 
 
@@ -22,7 +23,7 @@ from stealkit.errors import InputError
 @click.option("--port", type=int, default=8000, show_default=True)
 @click.option("--workers", type=int, default=1, show_default=True, help="Worker processes.")
 @click.option("--threads", type=int, default=None, help="torch threads per worker (default: torch's choice).")
-@click.option("--device", default="cpu", show_default=True, help="torch device of the model.")
+@device_option
 @click.option("--max-inflight", type=int, default=64, show_default=True,
               help="Concurrent queries per worker (body reads included) before answering 503.")
 @click.option("--compute-slots", type=int, default=4, show_default=True,

@@ -71,10 +71,10 @@ def _follow(node: Any, parts: list[str]) -> Any:
 
 
 def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force: bool = False,
-              jobs: int = 1) -> dict[str, Any]:
+              jobs: int = 1, device: str | None = None) -> dict[str, Any]:
     """Run every study of ``scale`` (or ``only`` these) into ``out``; ``jobs`` studies at a time, each in its own
     process with its own thread budget (see :mod:`stealkit.threads`). Finished steps are skipped on restart and
-    the output is one report whatever ``jobs`` is."""
+    the output is one report whatever ``jobs`` is. ``device`` goes to every step that takes ``--device``."""
     out = Path(out)
     configs = [load_config(p) for p in config_paths(scale)]
     if only:
@@ -86,30 +86,31 @@ def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force:
         raise InputError(f"--jobs must be at least 1, got {jobs}")
     t0, env = time.perf_counter(), environment()  # the load average is the machine's when the run began
     if jobs == 1 or len(configs) == 1:
-        studies = [run_study(cfg, out, force) for cfg in configs]
+        studies = [run_study(cfg, out, force, device) for cfg in configs]
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
         # spawn: a fresh interpreter per worker (no forked torch thread pools); results come back in config order
         with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            studies = list(pool.map(run_study, configs, [out] * len(configs), [force] * len(configs)))
+            n = len(configs)
+            studies = list(pool.map(run_study, configs, [out] * n, [force] * n, [device] * n))
     summary = {"scale": scale, "wall_seconds": round(time.perf_counter() - t0, 1), **env,
                "compute_seconds": round(sum(s["seconds"] for s in studies), 1), "jobs": jobs,
                "failed": [s["name"] for s in studies if s.get("error")], "studies": studies,
-               "stealkit_version": __version__}
+               "stealkit_version": __version__, "device": device}
     atomic_write_json(out / "summary.json", summary)
     atomic_write_text(out / "report.html", render(summary, configs))
     atomic_write_text(out / "results.md", markdown(summary))
     return summary
 
 
-def run_study(cfg: ExperimentConfig, out: Path, force: bool) -> dict[str, Any]:
+def run_study(cfg: ExperimentConfig, out: Path, force: bool, device: str | None = None) -> dict[str, Any]:
     """Run one study's steps into ``out/NAME``; its entry of the reproduction's summary (an error is reported in
     it, never raised, so one failed study does not lose the others)."""
     s0 = time.perf_counter()
     try:
-        outcomes = run_experiment(cfg, out / cfg.name, force=force)
+        outcomes = run_experiment(cfg, out / cfg.name, force=force, device=device)
     except Exception as exc:  # one failed study must not lose the others; it is reported and re-run next time
         if not isinstance(exc, StealkitError):  # a bug, not a user error: keep the traceback in the log
             log.exception("study %s failed with an internal error", cfg.name)

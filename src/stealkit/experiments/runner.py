@@ -4,6 +4,10 @@ Each step runs its command in-process into ``OUT/STEP_ID``. A step is finished w
 ``summary.json`` and a ``.step.json`` stamp with the step's fingerprint (command, arguments, seed); a
 restarted run skips finished steps and re-runs the rest (commands that checkpoint resume from their own
 checkpoints, so no query is spent twice).
+
+The run's ``device`` (``run/sweep/reproduce --device``) goes to every step whose command takes ``--device``
+and whose args do not name one; it is not part of the fingerprint, so a run resumed on another device keeps
+its finished steps (each step's ``config.json`` records the device it ran on).
 """
 
 from __future__ import annotations
@@ -33,12 +37,13 @@ class StepOutcome:
     summary: dict[str, Any]
 
 
-def _takes_seed(command: str) -> bool:
+def _takes(command: str, option: str) -> bool:
+    """Whether ``command`` has the option ``option`` (``--seed``, ``--device``)."""
     from stealkit.cli import cli
     from stealkit.experiments.config import _resolve_command
 
     cmd = _resolve_command(cli, command, "config")
-    return any("--seed" in p.opts for p in cmd.params if hasattr(p, "opts"))
+    return any(option in p.opts for p in cmd.params if hasattr(p, "opts"))
 
 
 def step_done(out: Path, fingerprint: str) -> bool:
@@ -81,12 +86,16 @@ def _stamped_seconds(out: Path) -> float:
         return 0.0
 
 
-def run_experiment(config: ExperimentConfig, out: str | Path, *, force: bool = False) -> list[StepOutcome]:
-    """Run every step of ``config`` into ``out``; writes ``out/experiment.json`` and ``out/summary.json``."""
+def run_experiment(config: ExperimentConfig, out: str | Path, *, force: bool = False,
+                   device: str | None = None) -> list[StepOutcome]:
+    """Run every step of ``config`` into ``out``; writes ``out/experiment.json`` and ``out/summary.json``.
+
+    ``device``: passed as ``--device`` to each step that takes it and does not set its own (``None``: the
+    steps resolve their own default, ``$STEALKIT_DEVICE`` or auto)."""
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "experiment.json", {"config": config.to_dict(), **environment()})
+    atomic_write_json(out / "experiment.json", {"config": config.to_dict(), **environment(), "device": device})
     env = {"seed": str(config.seed), "out": str(out)}
     outcomes: list[StepOutcome] = []
     for step in config.steps:
@@ -99,8 +108,10 @@ def run_experiment(config: ExperimentConfig, out: str | Path, *, force: bool = F
                                         RunDir(step_out).load_summary()))
             continue
         args = substitute(dict(step.args), env)
-        if "seed" not in args and _takes_seed(step.command):
+        if "seed" not in args and _takes(step.command, "--seed"):
             args["seed"] = config.seed
+        if device is not None and "device" not in args and _takes(step.command, "--device"):
+            args["device"] = device
         args["out"] = str(step_out)
         argv = to_argv(step.command, args)
         log.info("step %s: stealkit %s", step.id, " ".join(argv))

@@ -50,7 +50,7 @@ def trial_name(index: int, values: dict[str, Any]) -> str:
     return f"trial-{index:03d}-" + re.sub(r"[^A-Za-z0-9_.=-]", "_", label)[:80]
 
 
-def run_trial(config: dict[str, Any], values: dict[str, Any], out: str) -> dict[str, Any]:
+def run_trial(config: dict[str, Any], values: dict[str, Any], out: str, device: str | None = None) -> dict[str, Any]:
     """Run one grid point (in whatever process the backend chose); returns its final summary."""
     import os
 
@@ -63,13 +63,16 @@ def run_trial(config: dict[str, Any], values: dict[str, Any], out: str) -> dict[
     cfg = parse_config(config)
     for k, v in values.items():
         cfg = cfg.with_value(k, v)
-    outcomes = run_experiment(cfg, out)
+    outcomes = run_experiment(cfg, out, device=device)
     return {"values": values, "dir": out, "final": outcomes[-1].summary if outcomes else {}}
 
 
 def run_sweep(config: ExperimentConfig, grid: dict[str, list[Any]], out: str | Path, *, backend: Backend = "local",
-              address: str | None = None, workers: int = 2) -> list[dict[str, Any]]:
-    """Run every grid point of ``config``; writes ``out/sweep.json``; returns the trials in grid order."""
+              address: str | None = None, workers: int = 2, device: str | None = None) -> list[dict[str, Any]]:
+    """Run every grid point of ``config``; writes ``out/sweep.json``; returns the trials in grid order.
+
+    ``device`` goes to every step that takes ``--device`` (a GPU is shared by the trials; on Ray each trial
+    asks for ``1/workers`` of a GPU, so Ray makes it visible to the task)."""
     if not grid:
         raise InputError("a sweep needs at least one --grid KEY=V1,V2")
     points = expand_grid(grid)
@@ -78,17 +81,18 @@ def run_sweep(config: ExperimentConfig, grid: dict[str, list[Any]], out: str | P
             config.with_value(k, v)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    jobs = [(config.to_dict(), values, str(out / trial_name(i, values))) for i, values in enumerate(points)]
+    jobs = [(config.to_dict(), values, str(out / trial_name(i, values)), device) for i, values in enumerate(points)]
     if backend == "local":
         ctx = mp.get_context("spawn")
         with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=ctx) as pool:
             results = list(pool.map(run_trial, *zip(*jobs, strict=True)))
     elif backend == "ray":
-        results = _run_on_ray(jobs, address=address, workers=workers)
+        gpus = 1 / max(1, workers) if device and device.startswith("cuda") else 0
+        results = _run_on_ray(jobs, address=address, workers=workers, gpus=gpus)
     else:
         raise InputError(f"unknown backend {backend!r}; expected local or ray")
     atomic_write_json(out / "sweep.json", {"config": config.to_dict(), "grid": grid, "backend": backend,
-                                           "trials": results})
+                                           "device": device, "trials": results})
     atomic_write_text(out / "report.html", sweep_report(config, grid, results))
     return results
 
@@ -119,7 +123,8 @@ def sweep_report(config: ExperimentConfig, grid: dict[str, list[Any]], trials: l
                          config={"config": {"grid": grid, "experiment": config.to_dict()}})
 
 
-def _run_on_ray(jobs: list[tuple[Any, ...]], *, address: str | None, workers: int) -> list[dict[str, Any]]:
+def _run_on_ray(jobs: list[tuple[Any, ...]], *, address: str | None, workers: int,
+                gpus: float = 0) -> list[dict[str, Any]]:
     try:
         import ray
     except ImportError:
@@ -133,7 +138,7 @@ def _run_on_ray(jobs: list[tuple[Any, ...]], *, address: str | None, workers: in
                      configure_logging=False)
         started = True
     try:
-        remote = ray.remote(num_cpus=1, max_retries=0)(run_trial)
+        remote = ray.remote(num_cpus=1, num_gpus=gpus, max_retries=0)(run_trial)
         return ray.get([remote.remote(*job) for job in jobs])
     finally:
         if started:

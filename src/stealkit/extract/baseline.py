@@ -47,8 +47,10 @@ def extract_baseline(
     evaluator: Evaluator,
     config: BaselineConfig,
     on_point: Callable[[dict[str, object]], None] | None = None,
+    device: str = "cpu",
 ) -> ExtractionResult:
-    """Query a seeded shuffle of ``pool`` incrementally up to each checkpoint and train a fresh student.
+    """Query a seeded shuffle of ``pool`` incrementally up to each checkpoint and train a fresh student (on
+    ``device``; the pool and the answers stay where they are, each batch follows the student).
 
     Queries already answered are reused by later checkpoints, so the final ledger count is the largest
     checkpoint (or the pool size, or what the budget allowed, whichever is smallest).
@@ -75,7 +77,7 @@ def extract_baseline(
             continue  # budget or pool ran out: nothing new to learn from
         y = torch.cat(answers)
         student = make_student()
-        fit(student, pool[:n_done], y, config.train, loss_fn=loss_fn, desc=f"student@{n_done}")
+        fit(student, pool[:n_done], y, config.train, loss_fn=loss_fn, desc=f"student@{n_done}", device=device)
         point = curve_point(oracle, evaluator, student, n_train=n_done)
         curve.append(point)
         fid = "-" if point["fidelity"] is None else f"{point['fidelity']:.3f}"

@@ -316,8 +316,12 @@ def recover_signs(access: GradientAccess, z: np.ndarray, rng: np.random.Generato
 
 
 def relative_error(victim: torch.nn.Module, recovered: torch.nn.Module, x: torch.Tensor) -> float:
-    """``max |f_hat(x) - f(x)| / max |f(x)|`` over a batch (the benchmark's exactness measure), in float64."""
+    """``max |f_hat(x) - f(x)| / max |f(x)|`` over a batch (the benchmark's exactness measure), in float64.
+
+    Each model sees ``x`` on its own device (the victim may sit on a GPU, the recovery on the CPU)."""
+    from stealkit.device import module_device
+
     with torch.no_grad():
-        f = victim(x.double()).double()
-        g = recovered(x.double()).double()
+        f = victim(x.double().to(module_device(victim))).double().cpu()
+        g = recovered(x.double().to(module_device(recovered))).double().cpu()
     return float((g - f).abs().max() / f.abs().max().clamp_min(1e-300))

@@ -139,6 +139,9 @@ class Float64ExplanationOracle:
         if domain not in ("real", "box"):
             raise InputError(f"domain must be 'real' or 'box', got {domain!r}")
         self.model = copy.deepcopy(model).double().eval()  # the caller's model keeps its dtype
+        from stealkit.device import module_device
+
+        self.device = module_device(self.model)  # queries run where the model is; answers come back on the CPU
         self.input_shape: tuple[int, int, int] = tuple(int(s) for s in input_shape)  # type: ignore[assignment]
         self.mode = OutputMode.parse(mode)
         self.domain: Domain = domain
@@ -147,7 +150,8 @@ class Float64ExplanationOracle:
         self._gen = torch.Generator().manual_seed(seed)
         if num_classes is None:
             with torch.no_grad():
-                num_classes = int(self.model(torch.zeros(1, *self.input_shape, dtype=torch.float64)).shape[1])
+                num_classes = int(self.model(torch.zeros(1, *self.input_shape, dtype=torch.float64,
+                                                         device=self.device)).shape[1])
         self.num_classes = int(num_classes)
 
     @property
@@ -177,7 +181,7 @@ class Float64ExplanationOracle:
         """Answer ``[B, ...]`` inputs in :attr:`mode` (float64); charges B ``predict`` queries."""
         t = self._check(x)
         with self._ledger.reserve(QueryKind.PREDICT, t.shape[0]), torch.no_grad():
-            logits = self.model(t)
+            logits = self.model(t.to(self.device)).cpu()
             if self.mode is OutputMode.LOGITS:
                 return logits
             if self.mode is OutputMode.LABEL:
@@ -196,7 +200,7 @@ class Float64ExplanationOracle:
         t = self._check(x)
         b = t.shape[0]
         with torch.no_grad():
-            pred = self.model(t).argmax(1)
+            pred = self.model(t.to(self.device)).argmax(1).cpu()
         tgt = pred if target is None else torch.as_tensor(target).long().reshape(-1).expand(b)
         if int(tgt.min()) < 0 or int(tgt.max()) >= self.num_classes:
             raise InputError(f"target classes must lie in [0, {self.num_classes - 1}]")
@@ -210,10 +214,10 @@ class Float64ExplanationOracle:
             return total / n_samples
 
     def _grad(self, t: torch.Tensor, tgt: torch.Tensor, output: ExplainOutput) -> torch.Tensor:
-        xb = t.clone().requires_grad_(True)
+        xb = t.to(self.device, copy=True).requires_grad_(True)
         with torch.enable_grad():
             out = self.model(xb)
             if output == "prob":
                 out = torch.softmax(out, 1)
-            (g,) = torch.autograd.grad(out.gather(1, tgt[:, None]).sum(), xb)
-        return g.detach()
+            (g,) = torch.autograd.grad(out.gather(1, tgt.to(self.device)[:, None]).sum(), xb)
+        return g.detach().cpu()

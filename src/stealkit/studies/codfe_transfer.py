@@ -156,7 +156,8 @@ def train_substitutes(cfg: StudyConfig, victim: Any, splits: Any, *, device: str
         res = extract_baseline(oracle, pool, make_student=make, evaluator=evaluator,
                                config=BaselineConfig(checkpoints=(budget,), seed=cfg.seed,
                                                      train=TrainConfig(epochs=cfg.real_epochs, batch_size=64,
-                                                                       seed=cfg.seed)))
+                                                                       seed=cfg.seed)),
+                               device=device)
         out.append(Substitute(f"Real-{_mode_suffix(mode)}", res.student, res.queries, res.accuracy, res.fidelity,
                               "extract baseline on the attacker pool"))
     for method in cfg.datafree:

@@ -76,7 +76,8 @@ def run_defence_study(config: DefenceStudyConfig, on_row: Any = None) -> dict[st
             train = TrainConfig(**{**config.train.to_dict(), "seed": seed})
             result = extract_baseline(oracle, pool, make_student=student_factory(config.student, victim, seed),
                                       evaluator=make_evaluator(victim, test.x, test.y, config.device),
-                                      config=BaselineConfig(checkpoints=(config.budget,), train=train, seed=seed))
+                                      config=BaselineConfig(checkpoints=(config.budget,), train=train, seed=seed),
+                                      device=config.device)
             accs.append(result.accuracy)
             fids.append(result.fidelity)
             queries.append(result.queries["predict"])
