@@ -270,7 +270,7 @@ def test_stn_study_every_part_on_a_simulated_gpu(tmp_path: Path, monkeypatch: py
 
 def test_the_float64_oracle_answers_from_the_device_of_its_model(tiny_model: torch.nn.Module,
                                                                  tiny_batch: torch.Tensor) -> None:
-    from stealkit.extract.exact_oracle import Float64ExplanationOracle
+    from stealkit.oracle.float64 import Float64ExplanationOracle
 
     on_cpu = Float64ExplanationOracle(tiny_model, (1, 4, 4))
     expected = on_cpu.query(tiny_batch), on_cpu.explain(tiny_batch, "smoothgrad", target=1, n_samples=2)
