@@ -31,3 +31,12 @@ def tiny_batch() -> torch.Tensor:
 def _quiet(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STEALKIT_QUIET", "1")
     torch.set_num_threads(2)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_device_choice() -> None:
+    """Each test starts with no device resolved yet (a simulated cuda in one test must not leak into the next)."""
+    import stealkit.device
+
+    yield
+    stealkit.device._resolved = None

@@ -63,7 +63,10 @@ def device_info(device: str | None = None) -> dict[str, Any]:
         import torch
 
         index = int(device.partition(":")[2] or 0)
-        info["gpu"] = torch.cuda.get_device_name(index)
+        try:
+            info["gpu"] = torch.cuda.get_device_name(index)
+        except (AssertionError, RuntimeError):  # no usable CUDA in this process (e.g. a simulated device in tests)
+            info["gpu"] = None
         info["cuda"] = torch.version.cuda
     return info
 
