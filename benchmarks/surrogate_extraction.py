@@ -5,7 +5,7 @@ Every attack queries the same attacker pool (Fashion-MNIST train[50k:]) and trai
 architecture; each budget gets a fresh oracle. Our query counts come from the ledger; ART keeps none, so its
 victim is wrapped in a module that counts the images it is asked about.
 
-ART configurations (from docs/anchors): KnockoffNets random and adaptive with labels, CopycatCNN with labels,
+ART configurations (the anchors' set, listed in docs/benchmarks.md): KnockoffNets random and adaptive with labels, CopycatCNN with labels,
 KnockoffNets ``use_probability=True`` against a victim returning logits and against one returning softmax.
 ART is a benchmark-only extra: ``pip install adversarial-robustness-toolbox==1.20.1``.
 
