@@ -12,10 +12,18 @@ Each certifier runs in its own subprocess (so that peak RSS is its own) with ``-
 - ``art``: ``PyTorchRandomizedSmoothing(sample_size=n0, scale=sigma, alpha).certify(x, n, batch_size)`` at
   ART's default batch size 32 (``--art-batch`` to change it).
 
+Speed at equal batch (issue 20, item 10): ``--equal-batches 32,400 --repeats 3`` times both certifiers at each
+listed batch size (noisy copies per forward pass: stealkit's ``batch_size``, ART's ``certify(batch_size=...)``),
+repeats interleaved (stealkit, ART, ART, stealkit, ... alternating which goes first), and reports the median
+images/s of each and their ratio per batch. The main table's single pair (stealkit at ``--batch``, ART at
+``--art-batch``) compares each tool at its own default batch, which is not an equal-batch comparison.
+
 Memory scaling: ``--mem-ns`` runs each certifier on ``--mem-num`` images for growing n and reports peak RSS.
 Prints one JSON object. ``--quick`` is a smoke run (20 images, small n).
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/certify.py            # full: 200 images, n0=100, n=1000
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/certify.py --num 20 --threads 1 --equal-batches 32,400 \
+        --repeats 3 --mem-ns ''                                         # equal-batch speed only
     .venv/bin/python benchmarks/certify.py --quick
 """
 
@@ -132,6 +140,9 @@ def main() -> None:
     p.add_argument("--mem-ns", default="1000,10000,30000", help="n values of the memory-scaling runs ('' to skip)")
     p.add_argument("--mem-num", type=int, default=1)
     p.add_argument("--with-plain", action="store_true", help="also time stealkit with fast=False")
+    p.add_argument("--equal-batches", default="",
+                   help="comma list of batch sizes at which to time both certifiers with interleaved repeats")
+    p.add_argument("--repeats", type=int, default=3, help="repeats per certifier and batch for --equal-batches")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--images", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -153,6 +164,37 @@ def main() -> None:
     args.images = tmp.name
     np.save(Path(tmp.name) / "x.npy", test.x[: args.num].numpy())
     np.save(Path(tmp.name) / "y.npy", test.y[: args.num].numpy())
+    import os
+    import platform
+    import statistics
+
+    machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": args.threads,
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "load_average_start": os.getloadavg()}
+    if args.equal_batches:
+        eq: dict[str, Any] = {}
+        for b in [int(v) for v in args.equal_batches.split(",") if v.strip()]:
+            a = argparse.Namespace(**vars(args))
+            a.batch, a.art_batch = b, b
+            times: dict[str, list[float]] = {"stealkit": [], "art": []}
+            for r in range(args.repeats):
+                order = ["stealkit", "art"] if r % 2 == 0 else ["art", "stealkit"]
+                for name in order:
+                    res = spawn(a, name, args.n, args.num)
+                    if "error" in res:
+                        times[name].append(float("nan"))
+                        eq.setdefault("errors", []).append({"batch": b, **res})
+                    else:
+                        times[name].append(res["images_per_second"])
+            med = {k: statistics.median(v) for k, v in times.items()}
+            eq[str(b)] = {"images_per_second": {k: [round(x, 3) for x in v] for k, v in times.items()},
+                          "median": {k: round(v, 3) for k, v in med.items()},
+                          "ratio_stealkit_over_art": round(med["stealkit"] / med["art"], 2)}
+        machine["load_average_end"] = os.getloadavg()
+        print(json.dumps({"benchmark": "certify-equal-batch", "model": benchmark_recipe().name,
+                          "settings": {k: getattr(args, k) for k in ("num", "n0", "n", "alpha", "sigma", "threads",
+                                                                     "seed", "repeats")},
+                          "machine": machine, "equal_batch": eq}, indent=1))
+        return
     names = ["stealkit"] + (["stealkit-plain"] if args.with_plain else []) + ([] if args.skip_art else ["art"])
     runs = {name: spawn(args, name, args.n, args.num) for name in names}
     table: dict[str, Any] = {}

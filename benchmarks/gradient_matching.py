@@ -7,6 +7,11 @@ l_M alone. Prints JSON: both curves and the queries-to-target of each, and their
 
     python benchmarks/gradient_matching.py --quick
     python benchmarks/gradient_matching.py --victim fmnist --queries 1,3,10,30,100,300,1000,3000,10000
+    python benchmarks/gradient_matching.py --seeds 0,1,2 --queries 10,30,40,100,300,400,500,1000
+
+``--seeds`` repeats the whole measurement per seed (query selection and reconstruction initialisation) and
+reports each seed's queries-to-target and ratio, and their minimum and median: one seed cannot separate
+ratios whose curves cross the target within a grid step or by less than the seed-to-seed spread.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ def main() -> None:
     ap.add_argument("--lam", type=float, default=1.0)
     ap.add_argument("--target", type=float, default=0.95, help="fraction of the victim's accuracy to reach")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default=None, help="comma list of seeds (overrides --seed)")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     if args.quick:
@@ -36,19 +42,37 @@ def main() -> None:
     dataset = {"fmnist": "fashion-mnist", "digits": "digits"}[args.victim]
     queries = tuple(int(q) for q in args.queries.split(","))
     base = GradMatchConfig(steps=args.steps, lam=args.lam)
+    seeds = [int(v) for v in args.seeds.split(",")] if args.seeds else [args.seed]
+    per_seed = [measure(dataset, queries, base, seed, args) for seed in seeds]
+    if len(per_seed) == 1:
+        print(json.dumps({"benchmark": "gradient_matching", "args": vars(args), **per_seed[0]}, indent=1))
+        return
+    import os
+    import statistics
+
+    ratios = [r["membership_over_gradient_queries"] for r in per_seed]
+    known = [r for r in ratios if r]
+    print(json.dumps({"benchmark": "gradient_matching", "args": vars(args),
+                      "machine": {"cpus": os.cpu_count(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+                                  "load_average_end": os.getloadavg()},
+                      "seeds": dict(zip(map(str, seeds), per_seed, strict=True)),
+                      "ratios": ratios, "ratio_min": min(known) if known else None,
+                      "ratio_median": statistics.median(known) if known else None}, indent=1))
+
+
+def measure(dataset: str, queries: tuple[int, ...], base: GradMatchConfig, seed: int,
+            args: argparse.Namespace) -> dict:
     out = {}
     for kind in ("gradient", "membership"):
         cond = {"figure": 2, "dataset": dataset, "victim": "conv2", "student": "conv2", "pool": "pool", "kind": kind}
-        row = run_curve(cond, queries, base, seed=args.seed, device=args.device)
+        row = run_curve(cond, queries, base, seed=seed, device=args.device)
         target = args.target * row["victim_accuracy"]
         out[kind] = {"curve": row["curve"], "victim_accuracy": row["victim_accuracy"], "target": target,
                      "queries_to_target": queries_to_reach(row["curve"], target)}
     g, m = out["gradient"]["queries_to_target"], out["membership"]["queries_to_target"]
     ratio = (m / g) if g and m else None
-    print(json.dumps({"benchmark": "gradient_matching", "args": vars(args), **out,
-                      "membership_over_gradient_queries": ratio,
-                      "note": None if ratio else "a curve never reached the target within the queries run"},
-                     indent=1))
+    return {**out, "membership_over_gradient_queries": ratio,
+            "note": None if ratio else "a curve never reached the target within the queries run"}
 
 
 if __name__ == "__main__":

@@ -5,9 +5,18 @@ Every attack queries the same attacker pool (Fashion-MNIST train[50k:]) and trai
 architecture; each budget gets a fresh oracle. Our query counts come from the ledger; ART keeps none, so its
 victim is wrapped in a module that counts the images it is asked about.
 
-ART configurations (from docs/anchors): KnockoffNets random and adaptive with labels, CopycatCNN with labels,
+ART configurations (the anchors' set, listed in docs/benchmarks.md): KnockoffNets random and adaptive with labels, CopycatCNN with labels,
 KnockoffNets ``use_probability=True`` against a victim returning logits and against one returning softmax.
 ART is a benchmark-only extra: ``pip install adversarial-robustness-toolbox==1.20.1``.
+
+Equal footing (issue 20, item 7): by default every tool trains the same student architecture (``--student``)
+for the same number of epochs (``--epochs``; ART's ``nb_epochs`` follows it unless ``--art-epochs`` is given),
+with the same batch size (``--batch-size``, also ART's ``batch_size_fit``) and the same student initialisation
+(seeded alike). ART's random-selection attacks (KnockoffNets random, CopycatCNN) are given exactly the images
+our random strategy queries (the first ``budget`` images of the pool in the seed's order), so both train on the
+same data; the adaptive policies choose from the whole pool. What still differs is each tool's optimiser:
+ours SGD with a one-cycle schedule (max lr 0.1), ART's thief Adam 1e-3 (as in the anchors). ``--art-epochs 10``
+reproduces the anchors' ART default; the JSON records whether the run was equalised.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/surrogate_extraction.py            # full (1k and 10k)
     .venv/bin/python benchmarks/surrogate_extraction.py --quick                      # smoke run on digits
@@ -20,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import platform
 import sys
 import time
@@ -60,12 +70,14 @@ def ours(name: str, victim_dir: str, mode: str, pool: torch.Tensor, labels: torc
     t0 = time.perf_counter()
     r = extract_surrogate(v.oracle, pool, make_student=student_factory(args.student, v, args.seed), config=config,
                           evaluator=evaluator, pool_labels=labels)
-    return {"attack": name, "budget": budget, "accuracy": r.accuracy, "fidelity": r.fidelity,
-            "queries": r.queries["predict"], "seconds": round(time.perf_counter() - t0, 1)}
+    return {"attack": name, "budget": budget, "seed": args.seed, "accuracy": r.accuracy, "fidelity": r.fidelity,
+            "queries": r.queries["predict"], "epochs": args.epochs, "batch_size": args.batch_size,
+            "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def art(name: str, victim_model: nn.Module, pool: torch.Tensor, labels: torch.Tensor, budget: int,
         evaluator: Evaluator, args: argparse.Namespace, input_shape: tuple[int, ...], k: int) -> dict[str, Any]:
+    """One ART attack. Random-selection attacks get exactly the images ours queries (see the module doc)."""
     import numpy as np
     from art.attacks.extraction import CopycatCNN, KnockoffNets
     from art.estimators.classification import PyTorchClassifier
@@ -82,6 +94,9 @@ def art(name: str, victim_model: nn.Module, pool: torch.Tensor, labels: torch.Te
                               input_shape=input_shape, nb_classes=k, clip_values=(0.0, 1.0))
     common = {"batch_size_fit": args.art_batch, "batch_size_query": 256, "nb_epochs": args.art_epochs,
               "nb_stolen": budget}
+    if "adaptive" not in name:  # same images as ours: the seed's first `budget` of the pool, all of them stolen
+        order = torch.randperm(pool.shape[0], generator=torch.Generator().manual_seed(args.seed))[:budget]
+        pool, labels = pool[order], labels[order]
     if name.startswith("art-copycat"):
         attack = CopycatCNN(victim, **common)
     else:
@@ -94,7 +109,8 @@ def art(name: str, victim_model: nn.Module, pool: torch.Tensor, labels: torch.Te
     seconds = time.perf_counter() - t0
     model = stolen.model.eval()
     scores = evaluator(model)
-    return {"attack": name, "budget": budget, **scores, "queries": counter.count, "seconds": round(seconds, 1)}
+    return {"attack": name, "budget": budget, "seed": args.seed, **scores, "queries": counter.count,
+            "epochs": args.art_epochs, "batch_size": args.art_batch, "seconds": round(seconds, 1)}
 
 
 class _Shape:
@@ -118,36 +134,62 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--aug-kind", default="shift-flip", choices=["shift", "shift-flip"],
                    help="augmentation of the ours-probs-aug row")
     p.add_argument("--knockoff-step", type=int, default=16)
-    p.add_argument("--art-epochs", type=int, default=10, help="thief epochs of the ART attacks (anchors: 10)")
-    p.add_argument("--art-batch", type=int, default=64)
+    p.add_argument("--art-epochs", type=int, default=None,
+                   help="thief epochs of the ART attacks (default: --epochs, the equalised setting; anchors: 10)")
+    p.add_argument("--art-batch", type=int, default=None, help="ART's batch_size_fit (default: --batch-size)")
     p.add_argument("--attacks", default="all",
                    help="comma list of: ours-probs, ours-probs-knockoff, ours-label, ours-probs-aug, art-knockoff-random, "
                         "art-knockoff-adaptive, art-copycat, art-knockoff-prob-logits, art-knockoff-prob-softmax")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", default=None, help="comma list of seeds, each a full repetition (overrides --seed)")
     p.add_argument("--jsonl", default=None, help="also append each row to this file as soon as it is measured")
     p.add_argument("--quick", action="store_true", help="smoke run: digits victim, budgets 100,300, 5 epochs")
     args = p.parse_args(argv)
     if args.quick:
-        args.victim, args.budgets, args.epochs, args.art_epochs = "digits-conv2", "100,300", 5, 2
+        args.victim, args.budgets, args.epochs = "digits-conv2", "100,300", 5  # ART follows --epochs
         args.aug_kind = "shift"  # digits are not flip-invariant
+    if args.art_epochs is None:
+        args.art_epochs = args.epochs
+    if args.art_batch is None:
+        args.art_batch = args.batch_size
+    equalised = args.art_epochs == args.epochs and args.art_batch == args.batch_size
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     budgets = [int(b) for b in args.budgets.split(",")]
     trained = standard_victim(args.victim)
     v = open_victim(trained.path, mode="probs")
     splits = victim_splits(v)
     evaluator = make_evaluator(v, splits.test.x, splits.test.y)
-    pool = load_query_source("pool", input_shape=v.input_shape, n=None, seed=args.seed, victim_dataset=v.dataset)
-    pool_ds = splits.attacker_pool  # labels of the same images, for the adaptive policies' actions
-    order = torch.randperm(len(pool_ds), generator=torch.Generator().manual_seed(args.seed))
-    labels = pool_ds.y[order]
-    assert torch.equal(pool_ds.x[order], pool), "pool and labels out of step"
     all_attacks = ["ours-probs", "ours-probs-knockoff", "ours-label", "ours-probs-aug", "art-knockoff-random",
                    "art-knockoff-adaptive", "art-copycat", "art-knockoff-prob-logits", "art-knockoff-prob-softmax"]
     attacks = all_attacks if args.attacks == "all" else args.attacks.split(",")
     rows = []
+    for seed in seeds:
+        args.seed = seed
+        pool = load_query_source("pool", input_shape=v.input_shape, n=None, seed=seed, victim_dataset=v.dataset)
+        pool_ds = splits.attacker_pool  # labels of the same images, for the adaptive policies' actions
+        order = torch.randperm(len(pool_ds), generator=torch.Generator().manual_seed(seed))
+        labels = pool_ds.y[order]
+        assert torch.equal(pool_ds.x[order], pool), "pool and labels out of step"
+        rows += run_seed(args, attacks, budgets, trained, v, pool, labels, evaluator)
+    out = {"benchmark": "surrogate_extraction", "victim": args.victim,
+           "victim_accuracy": evaluator.victim_accuracy, "equalised": equalised, "seeds": seeds,
+           "settings": vars(args),
+           "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(),
+                       "cpus": os.cpu_count(), "load_average": os.getloadavg(),
+                       "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
+           "rows": rows}
+    json.dump(out, sys.stdout, indent=1)
+    print()
+    return 0
+
+
+def run_seed(args: argparse.Namespace, attacks: list[str], budgets: list[int], trained: Any, v: Any,
+             pool: torch.Tensor, labels: torch.Tensor, evaluator: Evaluator) -> list[dict[str, Any]]:
+    rows = []
     for budget in budgets:
         for name in attacks:
-            log.info("%s at %d queries", name, budget)
+            log.info("%s at %d queries, seed %d", name, budget, args.seed)
             if name.startswith("ours"):
                 mode = "label" if name == "ours-label" else "probs"
                 strategy = "knockoff" if "knockoff" in name else "random"
@@ -163,12 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.jsonl:
                 with open(args.jsonl, "a", encoding="utf-8") as fh:
                     fh.write(json.dumps(row) + "\n")
-    out = {"benchmark": "surrogate_extraction", "victim": args.victim,
-           "victim_accuracy": evaluator.victim_accuracy, "settings": vars(args),
-           "machine": {"platform": platform.platform(), "threads": torch.get_num_threads()}, "rows": rows}
-    json.dump(out, sys.stdout, indent=1)
-    print()
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

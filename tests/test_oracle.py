@@ -87,9 +87,22 @@ class TestValidation:
         assert torch.allclose(a, oracle.query(tiny_batch))
 
     def test_rounding_noise_clipped(self, tiny_model):
-        x = torch.full((1, 1, 4, 4), 1.0 + 1e-7)
-        oracle = make(tiny_model, mode="logits")
-        assert torch.equal(oracle.query(x), oracle.query(torch.ones(1, 1, 4, 4)))  # answered as exactly 1.0
+        # pixels a rounding error outside [0, 1] are accepted, clipped, and charged; the model sees the clipped batch
+        seen = []
+        handle = tiny_model.register_forward_pre_hook(lambda _m, args: seen.append(args[0].clone()))
+        x = torch.full((2, 1, 4, 4), 1.0 + 1e-6)
+        x[1] = -1e-6
+        assert float(x.max()) > 1.0 and float(x.min()) < 0.0
+        oracle = make(tiny_model, "logits")
+        seen.clear()  # construction may run one forward pass to count the classes
+        try:
+            out = oracle.query(x)
+        finally:
+            handle.remove()
+        assert oracle.ledger.total == 2
+        assert len(seen) == 1 and float(seen[0].max()) == 1.0 and float(seen[0].min()) == 0.0
+        assert torch.equal(seen[0][0], torch.ones(1, 4, 4)) and torch.equal(seen[0][1], torch.zeros(1, 4, 4))
+        assert torch.allclose(out, tiny_model(x.clamp(0, 1)))
 
 
 class TestLedger:
