@@ -1,6 +1,6 @@
 """DFME: data-free model extraction (Truong, Maini, Walls & Papernot, CVPR 2021).
 
-Main paper Sec. 3 (as implemented by the reference code, see ``docs/../shared/reference/official-code-notes``):
+Main paper Sec. 3 (as implemented by the reference code, see the reference-code notes, ``shared/reference/official-code-notes.md`` of the project):
 a generator ``G`` (DFAD's upsampling generator) synthesises the queries; each iteration takes ``n_G``
 generator steps that *maximise* the student-victim disagreement, its gradient through the black-box victim
 estimated by forward differences (Sec. 3.3; :mod:`stealkit.extract.zoo_grad`), then ``n_S`` student steps
