@@ -74,6 +74,7 @@ def line_plot(
     hlines: Mapping[str, float] | None = None,
     ylim: tuple[float, float] | None = None,
     fit: bool = True,
+    vlines: Mapping[str, float] | None = None,
 ) -> str:
     """One line per series (with markers); optional labelled horizontal reference lines.
 
@@ -92,6 +93,10 @@ def line_plot(
             continue
         ax.axhline(y, ls=(0, (4, 3)), lw=1, color="0.35")
         ax.annotate(name, xy=(0.01, y), xycoords=("axes fraction", "data"), va="bottom", fontsize=8, color="0.3")
+    for name, x in (vlines or {}).items():
+        ax.axvline(x, ls=(0, (1, 2)), lw=1.2, color="0.35")
+        ax.annotate(name, xy=(x, 0.02), xycoords=("data", "axes fraction"), rotation=90, va="bottom", ha="right",
+                    fontsize=8, color="0.3")
     if logx:
         ax.set_xscale("log")
         ticks = sorted({float(x) for xs, _ in series.values() for x in xs if float(x) > 0})

@@ -32,6 +32,9 @@ PAPER_TABLE3 = {
 #: Figure 2 / Sec. 4.2 text: final substitute accuracy on MNIST (Fashion-MNIST is only plotted)
 PAPER_FIGURE2 = {"MNIST": {"CoDFe-P": 0.91, "DaST-P": 0.30, "CoDFe-L": 0.89, "DaST-L": 0.52}}
 
+#: the paper's numbers next to the study: Table 3 and Figure 2's final accuracies
+PAPER = {"table3_queries_to_max": PAPER_TABLE3, "figure2_final_accuracy": PAPER_FIGURE2}
+
 VICTIMS = {"digits": "digits-conv2", "fashion-mnist": "fmnist-cnn4"}
 PAPER_NAME = {"digits": "MNIST", "fashion-mnist": "Fashion-MNIST"}
 
@@ -119,10 +122,15 @@ def sections(run: Any, config: dict[str, Any], summary: dict[str, Any]) -> list[
             series = {v: ([p["queries"] for p in c], [p["accuracy"] for p in c])
                       for v, c in by_variant.items() if v.endswith(mode)}
             if series:
-                uri = line_plot(series, xlabel="victim queries (ledger)", ylabel="substitute test accuracy",
-                                ylim=(0, 1.02))
+                # the paper's final accuracies (Sec. 4.2, MNIST only) as reference lines on the digits panels
+                paper = {f"paper {v} ({PAPER_NAME[ds]}, end of its run)": acc
+                         for v, acc in PAPER_FIGURE2.get(PAPER_NAME.get(ds, ""), {}).items() if v.endswith(mode)}
+                uri = line_plot(series, xlabel="victim queries (from the ledger)", ylabel="substitute test accuracy",
+                                ylim=(0, 1.02), hlines=paper or None)
                 access = "probability-only" if mode == "P" else "label-only"
-                sections.append(Section(f"Figure 2: {ds}, {access}", figures=[Figure(uri, f"{ds}, {access}")]))
+                caption = f"{ds}, {access}" + ("; dashed grey lines: the paper's final accuracies on MNIST, after "
+                                               "350k (CoDFe) to 21.5M (DaST) queries" if paper else "")
+                sections.append(Section(f"Figure 2: {ds}, {access}", figures=[Figure(uri, caption)]))
     sections.append(Section("Table 3: queries to maximum accuracy (ours beside the paper's)",
                             tables=[("", summary.get("rows", []))]))
     return sections

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 NAME = "defences"
 KIND = "defences"
+#: no paper table: the defences are stealkit's own comparison
+PAPER: dict[str, object] = {}
 SOURCE = "stealkit's own study of output defences (no paper table; PRADA: Juuti et al. 2019)"
 
 DEFAULT_DEFENCES = ("none", "round:decimals=2", "round:decimals=1", "topk:k=1", "label",

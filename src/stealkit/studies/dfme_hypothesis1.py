@@ -33,6 +33,9 @@ SOURCE = "Truong et al. (CVPR 2021), appendix D, Hypothesis 1"
 #: small from the start (it is 0.01-0.03 at initialisation on our victims) does not count.
 FALL_FACTOR = 2.0
 
+#: the paper's Hypothesis 1 (App. D), qualitative: no number is given
+PAPER = {"hypothesis": "||grad_x L_KL|| << ||grad_x L_l1|| as the student S converges to the victim V"}
+
 
 @dataclass(frozen=True)
 class Hypothesis1Config:

@@ -29,6 +29,9 @@ SOURCE = "Truong et al. (CVPR 2021), Section 6.3 and appendix B"
 #: per-image constant is then negligible against the logits. The centred error (float rounding) can't fail this.
 ERROR_BOUND = 0.1
 
+#: the paper's claim (Sec. 6.3, App. B), qualitative: no number is given
+PAPER = {"claim": "log p - mean(log p) recovers the logits up to a per-image constant that is negligible"}
+
 
 @dataclass(frozen=True)
 class LogitStudyConfig:

@@ -31,6 +31,9 @@ KIND = "study explanations"
 SOURCE = "Milli et al. (FAT* 2019), Section 5, Figures 2-4"
 
 QUERIES = (1, 10, 100, 1000, 10_000)
+#: Milli et al. Figure 2 (MNIST, conv net): queries each kind needs to reach 0.95x the victim's accuracy
+PAPER_FIGURE2_QUERIES = {"paper: gradients (MNIST)": 10, "paper: membership (MNIST)": 1000}
+PAPER = {"figure2_queries_to_0.95x_victim": PAPER_FIGURE2_QUERIES}
 PREFIX = {"digits": "digits", "fashion-mnist": "fmnist"}
 CROSS = (("logistic", "mlp2"), ("mlp2", "logistic"), ("mlp2", "conv2"), ("conv2", "mlp2"))
 
@@ -103,8 +106,9 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
                        (fig, ds, victim, student)]
                 series = {r["kind"]: ([p["n"] for p in r["curve"]], [p["accuracy"] for p in r["curve"]])
                           for r in sel}
+                paper = PAPER_FIGURE2_QUERIES if (fig, victim, student) == (2, "conv2", "conv2") else None
                 uri = line_plot(series=series, xlabel="queries", ylabel="test accuracy", logx=True,
-                                hlines={"victim": sel[0]["victim_accuracy"]}, ylim=(0, 1))
+                                hlines={"victim": sel[0]["victim_accuracy"]}, ylim=(0, 1), vlines=paper)
                 figs.append(Figure(uri, f"{ds}: victim {victim}, reconstruction {student}"))
         title = {2: "Figure 2: gradients vs membership queries", 3: "Figure 3: unknown model class",
                  4: "Figure 4: Gaussian queries"}[fig]
