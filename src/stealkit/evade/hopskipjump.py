@@ -171,7 +171,7 @@ class _Run:
         delta = torch.full_like(dist, 0.1) if t == 1 else math.sqrt(x[0].numel()) * self.theta * dist
         priors = self.prior.direction(best[d_all], self.y[d_all], None if self.tgt is None else self.tgt[d_all]) \
             if self.prior is not None else None
-        probes, units = [], []
+        probes: list[torch.Tensor] = []
         for j, n in enumerate(evals.tolist()):
             r = random_directions(n, self.shape, cfg.subspace, self.gen, x.device)
             if priors is not None:
