@@ -97,7 +97,7 @@ def _proposals(x: torch.Tensor, best: torch.Tensor, sph: torch.Tensor, src: torc
 def boundary_attack(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool = False,
                     target: torch.Tensor | int | None = None, starting_points: torch.Tensor | None = None,
                     max_queries: int | None = None, config: BoundaryConfig | None = None,
-                    batch_size: int = 1024, substitute: nn.Module | None = None) -> AttackResult:
+                    batch_size: int = 256, substitute: nn.Module | None = None) -> AttackResult:
     """Minimise ``||x_adv - x||_2`` using only the oracle's labels (see the module docstring).
 
     ``starting_points``: adversarial images to start from (needed in practice for targeted attacks; without

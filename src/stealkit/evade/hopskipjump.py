@@ -83,7 +83,7 @@ class HopSkipJumpConfig:
 def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool = False,
                 target: torch.Tensor | int | None = None, starting_points: torch.Tensor | None = None,
                 max_queries: int | None = None, config: HopSkipJumpConfig | None = None,
-                batch_size: int = 1024, substitute: nn.Module | None = None) -> AttackResult:
+                batch_size: int = 256, substitute: nn.Module | None = None) -> AttackResult:
     """Minimise ``||x_adv - x||_2`` with HopSkipJump using only labels (see the module docstring).
 
     Arguments as :func:`~stealkit.evade.boundary.boundary_attack`; ``substitute``: a stolen model for the
@@ -176,7 +176,7 @@ class _Run:
             r = random_directions(n, self.shape, cfg.subspace, self.gen, x.device)
             if priors is not None:
                 c = tilt(float(self.agree[idx[j]]), self.dim, cfg.prior_spread)
-                u = prior_probes(priors[j : j + 1], r, c)
+                u = prior_probes(priors[j : j + 1], torch.cat([r, r[:1]]) if n % 2 else r, c)[:n]
             else:
                 u = unit(r)
             probes.append(clip_box(best[d_all[j]] + delta[j] * u))

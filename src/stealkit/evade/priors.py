@@ -20,7 +20,9 @@ on the substitute itself:
   ``alpha`` back; the same answers give the orthogonal part ``w`` as HopSkipJump's Monte-Carlo mean over the
   ``r_b``. The estimate is ``a v + b w_hat`` with ``(a, b)`` proportional to ``(alpha, beta sqrt(1 - alpha^2))``
   (``beta``: the measured cosine of ``w_hat``), the P-RGF optimum for a fixed mixing. The tilt ``c`` is set
-  from the agreement measured so far (a running mean of ``alpha``) so that ``p`` stays informative.
+  from the agreement measured so far (a running mean of ``alpha``) so that ``p`` stays informative. The probes come in
+antithetic pairs (``+c`` and ``-c`` around the same ``r_b``) so that the centre's small offset from the
+boundary (the binary search stops on the adversarial side) cancels out of the estimate of ``alpha``.
 """
 
 from __future__ import annotations
@@ -152,27 +154,44 @@ def tilt(agreement: float, dim: int, spread: float = 0.5) -> float:
 
 
 def prior_probes(v: torch.Tensor, r: torch.Tensor, c: float) -> torch.Tensor:
-    """Unit probe directions ``c v + sqrt(1 - c^2) r_b`` with ``r_b`` the rows of ``r`` made orthogonal to ``v``
-    (``v`` [1, ...] unit, ``r`` [n, ...] raw random directions)."""
-    r = r - _view((r * v).flatten(1).sum(1), r) * v
-    return c * v + math.sqrt(1 - c * c) * unit(r)
+    """Unit probe directions ``+-c v + sqrt(1 - c^2) r_b`` in antithetic pairs: row ``b`` of the first half and
+    of the second half share ``r_b`` (the rows of ``r`` made orthogonal to ``v``) with opposite tilts. ``v``
+    [1, ...] is unit; ``r`` [n, ...] raw random directions, n even (an odd last row is dropped)."""
+    half = r.shape[0] // 2
+    r = r[:half] - _view((r[:half] * v).flatten(1).sum(1), r[:half]) * v
+    rest = math.sqrt(1 - c * c) * unit(r)
+    return torch.cat([c * v + rest, -c * v + rest])
+
+
+def _probit(k: int, n: int) -> float:
+    """``Phi^{-1}`` of the smoothed share ``(k + 0.5) / (n + 1)``."""
+    return math.sqrt(2) * float(torch.erfinv(torch.tensor(2 * (k + 0.5) / (n + 1) - 1)))
 
 
 def prior_estimate(phi: torch.Tensor, u: torch.Tensor, v: torch.Tensor, dim: int) -> PriorEstimate:
     """The prior-guided estimate of the boundary normal from sign answers ``phi`` (+1 adversarial, -1 not)
-    at probe directions ``u`` [n, ...] (as sent, i.e. after clipping) around prior ``v`` [1, ...] (see the
-    module docstring); ``dim``: dimension the random parts were drawn in."""
-    n = phi.numel()
+    at the antithetic probe directions ``u`` [n, ...] of :func:`prior_probes` (as sent, i.e. after clipping)
+    around prior ``v`` [1, ...]; ``dim``: the dimension the random parts were drawn in.
+
+    ``alpha`` comes from the difference of the probits of the two halves' shares of adversarial answers,
+    ``(t_+ - t_-) / 2 = c alpha sqrt(d) / (sqrt(1 - c^2) sqrt(1 - alpha^2))``, which cancels the offset of a
+    probe centre lying slightly on the adversarial side of the boundary; ``w`` is the Monte-Carlo mean of
+    ``(phi_b - mean phi) r_b`` within each half (each half its own baseline, Eq. 16 of Chen et al.).
+    """
     a_b = (u * v).flatten(1).sum(1)
     rest = u - _view(a_b, u) * v
-    c = float(a_b.mean())
+    n = phi.numel()
+    up = torch.arange(n, device=phi.device) < (n + 1) // 2
+    n_up, n_down = int(up.sum()), int((~up).sum())
+    if n_down == 0:
+        raise InputError("prior_estimate needs probes tilted both ways (see prior_probes)")
+    c = float(a_b[up].mean() - a_b[~up].mean()) / 2
     s = float(rest.flatten(1).norm(dim=1).mean())
-    p = (float((phi > 0).sum()) + 0.5) / (n + 1)
-    t = math.sqrt(2) * float(torch.erfinv(torch.tensor(2 * p - 1)))
-    rho = t * s / (max(c, 1e-6) * math.sqrt(dim))
+    diff = (_probit(int((phi[up] > 0).sum()), n_up) - _probit(int((phi[~up] > 0).sum()), n_down)) / 2
+    rho = diff * s / (max(c, 1e-6) * math.sqrt(dim))
     alpha = rho / math.sqrt(1 + rho * rho)
-    m = float(phi.mean())
-    centred = _view(phi - m, rest) * rest
+    centred = torch.where(_view(up, rest), _view(phi - phi[up].mean(), rest), _view(phi - phi[~up].mean(), rest))
+    centred = centred * rest
     w = centred.mean(0, keepdim=True)
     w = w - float((w * v).sum()) * v
     w_norm = float(w.norm())
