@@ -31,6 +31,7 @@ import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -85,12 +86,22 @@ def summarise(name: str, budget: int | str, norms: list[float], queries: list[in
             "seconds": round(seconds, 2), "queries_per_s": round(sum(queries) / seconds) if seconds else None}
 
 
-def steal(victim_dir: str, pool_size: int, epochs: int, log: Any) -> tuple[nn.Module, dict[str, Any]]:
+def steal(victim_dir: str, pool_size: int, epochs: int, log: Any, cache: Path | None = None
+          ) -> tuple[nn.Module, dict[str, Any]]:
+    """A substitute stolen by stealkit's baseline extraction (kept in ``cache`` so a rerun spends nothing)."""
+    from safetensors.torch import load_file, save_file
+
     from stealkit.extract.baseline import BaselineConfig, extract_baseline
     from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
     from stealkit.train import TrainConfig
 
     v = open_victim(victim_dir, mode="label")
+    if cache is not None and (cache / "info.json").exists():
+        student = student_factory("conv2", v, 0)()
+        student.load_state_dict(load_file(str(cache / "student.safetensors")))
+        info = json.loads((cache / "info.json").read_text())
+        log(f"substitute (cached in {cache}): {info}")
+        return student.eval(), info
     splits = victim_splits(v)
     pool = splits.attacker_pool.x[:pool_size]
     t0 = time.perf_counter()
@@ -102,6 +113,10 @@ def steal(victim_dir: str, pool_size: int, epochs: int, log: Any) -> tuple[nn.Mo
             "fidelity": r.fidelity, "victim_accuracy": r.victim_accuracy, "epochs": epochs,
             "seconds": round(time.perf_counter() - t0, 1)}
     log(f"substitute: {info}")
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+        save_file({k: t.contiguous() for k, t in r.student.state_dict().items()}, str(cache / "student.safetensors"))
+        (cache / "info.json").write_text(json.dumps(info))
     return r.student.eval(), info
 
 
@@ -179,6 +194,8 @@ def tune(model: nn.Module, sub: nn.Module, xv: torch.Tensor, yv: torch.Tensor, b
         rows = []
         for init_evals in (25, 50, 100):
             for side in (0, 14, 7):
+                if with_sub and side == 7:
+                    continue
                 cfg = hsj_config(0, init_evals=init_evals, subspace=side)
                 norms, _, secs = run_stealkit("hsj", model, xv, yv, budget, cfg, sub if with_sub else None)
                 ok = [d for d in norms if d != float("inf")]
@@ -219,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     trained = standard_victim(f"{SHORT[args.dataset]}-conv2")
     model = trained.model.eval()
     k = int(trained.spec.num_classes)
-    sub, sub_info = steal(str(trained.path), args.pool, args.sub_epochs, log)
+    cache = Path("runs/decision_bench") / f"sub-{args.dataset}-{args.pool}-{args.sub_epochs}"
+    sub, sub_info = steal(str(trained.path), args.pool, args.sub_epochs, log, cache)
     test = load_splits(args.dataset).test
     x, y, xv, yv = pick_images(model, test, args.n, args.val)
     meta = {"dataset": args.dataset, "victim": f"{SHORT[args.dataset]}-conv2", "n": int(x.shape[0]),
