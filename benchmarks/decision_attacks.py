@@ -208,6 +208,33 @@ def tune(model: nn.Module, sub: nn.Module, xv: torch.Tensor, yv: torch.Tensor, b
     return grid
 
 
+def table(path: str) -> str:
+    """Markdown tables from a ``--jsonl`` file: per data set, tool and budget the mean over seeds of the median
+    L2 (min-max over seeds in brackets), success, mean queries per image and queries per second."""
+    with open(path) as fh:
+        rows = [json.loads(line) for line in fh]
+    out = []
+    for ds in sorted({r["dataset"] for r in rows}):
+        out += [f"\n### {ds}\n", "| tool | budget / image | median L2 (seeds) | success | queries / image | "
+                "queries/s | seeds |", "|---|---|---|---|---|---|---|"]
+        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for r in rows:
+            if r["dataset"] == ds:
+                groups.setdefault((r["tool"], str(r["budget"])), []).append(r)
+        order = {b: i for i, b in enumerate(["500", "1000", "2000", "5000", "10000", "full"])}
+        for (tool, budget), g in sorted(groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 99))):
+            meds = [r["median_l2"] for r in g if r["median_l2"] is not None]
+            med = f"{statistics.fmean(meds):.3f} ({min(meds):.3f}-{max(meds):.3f})" if meds else "-"
+            qps = [r["queries_per_s"] for r in g if r.get("queries_per_s")]
+            label = f"{budget} (anytime)" if g[0].get("anytime") else budget
+            out.append(f"| {tool} | {label} | {med} | {statistics.fmean(r['success'] for r in g):.2f} | "
+                       f"{statistics.fmean(r['mean_queries'] for r in g):.0f} | "
+                       f"{statistics.fmean(qps):.0f} | {len(g)} |" if qps else
+                       f"| {tool} | {label} | {med} | {statistics.fmean(r['success'] for r in g):.2f} | "
+                       f"{statistics.fmean(r['mean_queries'] for r in g):.0f} | - | {len(g)} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="digits", choices=sorted(SHORT))
@@ -225,7 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sub-init-evals", type=int, default=100, help="stealkit HSJ with substitute (from --tune)")
     p.add_argument("--sub-subspace", type=int, default=0, help="stealkit HSJ with substitute (from --tune)")
     p.add_argument("--jsonl", default=None, help="also append each row here as soon as it is measured")
+    p.add_argument("--table", default=None, metavar="JSONL", help="only print markdown tables of a --jsonl file")
     args = p.parse_args(argv)
+    if args.table:
+        print(table(args.table))
+        return 0
     from stealkit.data import load_splits
     from stealkit.victims import standard_victim
 
