@@ -232,6 +232,15 @@ def table(path: str) -> str:
                        f"{statistics.fmean(qps):.0f} | {len(g)} |" if qps else
                        f"| {tool} | {label} | {med} | {statistics.fmean(r['success'] for r in g):.2f} | "
                        f"{statistics.fmean(r['mean_queries'] for r in g):.0f} | - | {len(g)} |")
+        budgets = sorted({b for _, b in groups}, key=lambda b: order.get(b, 99))
+        out += [f"\nL2-vs-queries curve ({ds}, median L2 at each per-image budget, mean over seeds):\n",
+                "| tool | " + " | ".join(budgets) + " |", "|---" * (len(budgets) + 1) + "|"]
+        for tool in sorted({t for t, _ in groups}):
+            cells = []
+            for b in budgets:
+                meds = [r["median_l2"] for r in groups.get((tool, b), []) if r["median_l2"] is not None]
+                cells.append(f"{statistics.fmean(meds):.3f}" if meds else "")
+            out.append(f"| {tool} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
