@@ -16,7 +16,10 @@ Adversarial Attacks", ICCV 2019, Sec. 3.3; Suya et al., "Hybrid Batch Attacks", 
 Sec. 4) the attack starts from the substitute's transfer example
 (:func:`~stealkit.evade.priors.transfer_starts`) and biases each spherical perturbation towards the
 substitute's adversarial gradient: the random direction (orthogonal to the direction of the original) is
-mixed with that gradient's orthogonal part, ``sqrt(1 - w^2) eta + w g``, with ``w = prior_weight``.
+mixed with that gradient's orthogonal part, ``sqrt(1 - w^2) eta + w g``. ``w`` starts at ``prior_weight``
+and is halved for an example each time its step statistics say "shrink the source step" (fewer than 10% of
+full candidates adversarial): the prior is trusted as long as it keeps the walk moving, so a misleading one
+decays to the plain attack instead of stalling it.
 
 Every image is sent through the oracle (2 queries per example and step) via
 :class:`~stealkit.evade.decision.LabelAccess`, never past ``max_queries`` per example or the ledger's budget.
@@ -26,7 +29,6 @@ batch move together (one oracle call per step for the whole batch).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -55,7 +57,7 @@ class BoundaryConfig:
     window: int = 10
     convergence: float = 1e-7
     init_trials: int = 100
-    prior_weight: float = 0.5
+    prior_weight: float = 0.3
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -72,17 +74,18 @@ def _view(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def _proposals(x: torch.Tensor, best: torch.Tensor, sph: torch.Tensor, src: torch.Tensor, gen: torch.Generator,
-               bias: torch.Tensor | None = None, weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+               bias: torch.Tensor | None = None, weight: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Spherical candidates and full candidates (spherical step, then a step towards the original); ``bias``:
-    prior directions mixed into the spherical perturbation with weight ``weight``."""
+    prior directions mixed into the spherical perturbation with per-example weights ``weight``."""
     diff = x - best
     dist = diff.flatten(1).norm(dim=1).clamp_min(TINY)
     direction = diff / _view(dist, x)
     eta = torch.randn(x.shape, generator=gen).to(x.device)
     eta = eta - _view((eta * direction).flatten(1).sum(1), x) * direction
-    if bias is not None and weight > 0:
+    if bias is not None and weight is not None:
         g = bias - _view((bias * direction).flatten(1).sum(1), x) * direction
-        eta = math.sqrt(1 - weight**2) * unit(eta) + weight * unit(g)
+        eta = _view((1 - weight**2).sqrt(), x) * unit(eta) + _view(weight, x) * unit(g)
     eta = eta * _view(sph * dist / eta.flatten(1).norm(dim=1).clamp_min(TINY), x)
     moved = best + eta
     new_diff = x - moved
@@ -126,6 +129,7 @@ def boundary_attack(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targete
     n = x.shape[0]
     sph = torch.full((n,), cfg.spherical_step, device=x.device)
     src = torch.full((n,), cfg.source_step, device=x.device)
+    weight = torch.full((n,), cfg.prior_weight, device=x.device)
     sph_stats = torch.zeros(n, cfg.window)
     step_stats = torch.zeros(n, cfg.window)
     filled = torch.zeros(n, dtype=torch.long)
@@ -142,7 +146,7 @@ def boundary_attack(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targete
             break
         d = idx.to(x.device)
         bias = prior.direction(best[d], y[d], None if tgt is None else tgt[d]) if prior is not None else None
-        spherical, cand = _proposals(x[d], best[d], sph[d], src[d], gen, bias, cfg.prior_weight)
+        spherical, cand = _proposals(x[d], best[d], sph[d], src[d], gen, bias, weight[d])
         try:
             adv = access.is_adv(torch.cat([spherical, cand]), torch.cat([idx, idx])).cpu()
         except OutOfQueries:
@@ -164,6 +168,7 @@ def boundary_attack(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targete
             s_up = (full & (p_step > 0.25)).to(x.device)
             s_down = (full & (p_step < 0.1)).to(x.device)
             src[d] = torch.where(s_up, src[d] * a, torch.where(s_down, src[d] / a, src[d]))
+            weight[d] = torch.where(s_down, weight[d] / 2, weight[d])
             reset = idx[full & ((p_sph > 0.5) | (p_sph < 0.2) | (p_step > 0.25) | (p_step < 0.1))]
             filled[reset] = 0
     return decision_result(access, x, y, tgt, best, found)
