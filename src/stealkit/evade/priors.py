@@ -71,14 +71,21 @@ class SubstitutePrior:
 
     def direction(self, x: torch.Tensor, y: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
         """Unit gradient of the adversarial margin at ``x`` (towards the adversarial side), on ``x``'s device."""
-        out = []
+        return self.direction_and_margin(x, y, target)[0]
+
+    def direction_and_margin(self, x: torch.Tensor, y: torch.Tensor, target: torch.Tensor | None
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`direction` and the margin at ``x`` (on the CPU) from one forward pass."""
+        grads, margins = [], []
         with frozen(self.model), torch.enable_grad():
             for i in range(0, x.shape[0], self.batch_size):
                 xb = x[i : i + self.batch_size].detach().to(self._device()).requires_grad_(True)
                 tb = target[i : i + self.batch_size] if target is not None else None
-                (g,) = torch.autograd.grad(self.margin(xb, y[i : i + self.batch_size], tb).sum(), xb)
-                out.append(g)
-        return unit(torch.cat(out).to(x.device))
+                m = self.margin(xb, y[i : i + self.batch_size], tb)
+                (g,) = torch.autograd.grad(m.sum(), xb)
+                grads.append(g)
+                margins.append(m.detach().cpu())
+        return unit(torch.cat(grads).to(x.device)), torch.cat(margins)
 
     def _device(self) -> torch.device:
         p = next(self.model.parameters(), None)
@@ -86,20 +93,36 @@ class SubstitutePrior:
 
     def candidates(self, x: torch.Tensor, y: torch.Tensor, target: torch.Tensor | None, *, step: float = 0.05,
                    max_steps: int = 200) -> torch.Tensor:
-        """Transfer candidates [len(START_SCALES), B, ...]: margin ascent in unit-L2 steps of ``step``."""
+        """Transfer candidates [len(START_SCALES), B, ...]: margin ascent in unit-L2 steps of ``step``; an image
+        leaves the batch once it has all its candidates (``max(START_SCALES)`` times its flipping step)."""
+        b = x.shape[0]
+        flip = torch.full((b,), max_steps, dtype=torch.long)  # max_steps: not flipped (yet)
         path = [x]
-        flip = torch.full((x.shape[0],), max_steps, dtype=torch.long)
-        cur = x
+        active = torch.ones(b, dtype=torch.bool)
         for k in range(1, max_steps + 1):
-            cur = clip_box(cur + step * self.direction(cur, y, target))
-            path.append(cur)
-            with torch.no_grad(), frozen(self.model):
-                hit = (self.margin(cur, y, target) > 0).cpu()
-            flip = torch.where(hit & (flip == max_steps), torch.full_like(flip, k), flip)
-            if k >= int(flip.max()) * max(START_SCALES):
+            idx = active.nonzero().squeeze(1)
+            d = idx.to(x.device)
+            g, m = self.direction_and_margin(path[-1][d], y[d], None if target is None else target[d])
+            if k > 1:  # the margin at iterate k - 1
+                new = (m > 0) & (flip[idx] == max_steps)
+                flip[idx[new]] = k - 1
+                done = (flip[idx] < max_steps) & (k - 1 >= (flip[idx].float() * max(START_SCALES)).ceil())
+                active[idx[done]] = False
+                keep = ~done.to(x.device)
+                idx, d, g = idx[~done], d[keep], g[keep]
+            if idx.numel() == 0:
                 break
+            nxt = path[-1].clone()
+            nxt[d] = clip_box(path[-1][d] + step * g)
+            path.append(nxt)
+        if bool(active.any()):  # the margin at the last iterate
+            d = active.nonzero().squeeze(1).to(x.device)
+            with torch.no_grad(), frozen(self.model):
+                hit = (self.margin(path[-1][d], y[d], None if target is None else target[d]) > 0).cpu()
+            idx = active.nonzero().squeeze(1)
+            flip[idx[hit & (flip[idx] == max_steps)]] = len(path) - 1
         stack = torch.stack(path)
-        rows = torch.arange(x.shape[0])
+        rows = torch.arange(b)
         picks = [(flip.float() * s).ceil().long().clamp_max(len(path) - 1) for s in START_SCALES]
         return torch.stack([stack[p.to(stack.device), rows.to(stack.device)] for p in picks])
 
