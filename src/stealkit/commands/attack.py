@@ -132,11 +132,14 @@ def _make_decision(method: str) -> click.Command:
     @click.option("--max-queries", type=int, default=5000, show_default=True, help="Queries per image at most.")
     @click.option("--iterations", type=int, default=None,
                   help="Steps (boundary, default 5000) or rounds (hopskipjump, default 40).")
+    @click.option("--substitute", default=None, type=click.Path(exists=True, file_okay=False),
+                  help="A stolen model (its directory, or an extraction run directory holding student/): its "
+                       "transfer example is the start and its gradient the prior. Default: no substitute.")
     @set_option("init_trials=200")
     @device_option
     def cmd(victim: str, key: str | None, budget: int | None, dataset: str | None, data_dir: str | None, n: int,
             targeted: str | None, seed: int, out: str, max_queries: int, iterations: int | None,
-            settings: tuple[str, ...], device: str) -> None:
+            substitute: str | None, settings: tuple[str, ...], device: str) -> None:
         from stealkit.errors import InputError
         from stealkit.extract.common import open_victim
         from stealkit.rundir import RunDir
@@ -145,19 +148,26 @@ def _make_decision(method: str) -> click.Command:
         if targeted is not None:
             raise InputError("decision-based targeted attacks need start images of the target class; use the "
                              "Python API (starting_points=) or drop --targeted")
+        if max_queries < 1:
+            raise InputError(f"--max-queries must be a positive number of queries per image, got {max_queries}")
         v = open_victim(victim, mode="label", budget=budget, key=key, dataset=dataset, device=device, seed=seed)
+        sub = _load_substitute(substitute, v, device) if substitute is not None else None
         x, y = _test_sample(v, data_dir, n, seed)
         spec = ATTACKS[method]
         rounds = {"steps": iterations or 5000} if method == "boundary" else {"iterations": iterations or 40}
         config = apply_settings(spec.config(seed=seed, **rounds), parse_kv(settings), who=method)  # type: ignore[misc]
-        run_config = {"victim": victim, "dataset": v.dataset, "n": n, "max_queries": max_queries,
-                      "iterations": iterations} | ({"settings": parse_kv(settings)} if settings else {})
-        run = RunDir(out).create(command=f"attack {method}", seed=seed, config=run_config)
         clean = v.oracle.query(x)  # which images the victim gets right (charged)
         from stealkit.oracle import labels_from_answer
 
         ok = (labels_from_answer(clean, v.oracle.mode).cpu() == y).nonzero().squeeze(1)
-        res = spec.run(v.oracle, x[ok], y[ok], max_queries=max_queries, config=config)
+        if ok.numel() == 0:
+            raise InputError(f"the victim classifies none of the {len(y)} sampled test images correctly, so there "
+                             "is nothing to attack; raise --n or check the victim and --dataset")
+        run_config = {"victim": victim, "dataset": v.dataset, "n": n, "max_queries": max_queries,
+                      "iterations": iterations, "substitute": substitute} | (
+                          {"settings": parse_kv(settings)} if settings else {})
+        run = RunDir(out).create(command=f"attack {method}", seed=seed, config=run_config)
+        res = spec.run(v.oracle, x[ok], y[ok], max_queries=max_queries, config=config, substitute=sub)
         x_adv = x.clone()
         x_adv[ok] = res.x_adv
         import torch
@@ -179,6 +189,25 @@ def _make_decision(method: str) -> click.Command:
                    f"{summary['victim_queries']}; report: {run.report_path}")
 
     return cmd
+
+
+def _load_substitute(path: str, v: Any, device: str) -> Any:
+    """The substitute model at ``path``: a model directory, or an extraction run directory's ``student/``."""
+    from stealkit.errors import InputError
+    from stealkit.models import load_model
+    from stealkit.models.io import SPEC_NAME
+
+    p = Path(path)
+    if not (p / SPEC_NAME).exists() and (p / "student" / SPEC_NAME).exists():
+        p = p / "student"
+    if not (p / SPEC_NAME).exists():
+        raise InputError(f"--substitute {path}: expected a model directory (holding {SPEC_NAME}) or an extraction "
+                         "run directory holding student/")
+    model, spec = load_model(p, device=device)
+    if tuple(spec.input_shape) != tuple(v.oracle.input_shape):
+        raise InputError(f"--substitute {path} takes images of shape {list(spec.input_shape)}; the victim takes "
+                         f"{list(v.oracle.input_shape)}")
+    return model
 
 
 def register(cli: click.Group) -> None:

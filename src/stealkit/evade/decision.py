@@ -45,6 +45,12 @@ class LabelAccess:
             ok &= torch.cumsum(ok.long() * each, 0) <= left
         return ok
 
+    def left(self, idx: torch.Tensor) -> torch.Tensor:
+        """Queries each example of ``idx`` may still spend under its own cap (a large number if uncapped)."""
+        if self.max_queries is None:
+            return torch.full((idx.numel(),), 2**62, dtype=torch.long)
+        return (self.max_queries - self.used[idx]).clamp_min(0)
+
     def is_adv(self, x: torch.Tensor, owners: torch.Tensor) -> torch.Tensor:
         """Query labels of ``x`` (row ``j`` on behalf of example ``owners[j]``) and say which are adversarial.
 
@@ -88,39 +94,42 @@ def binary_search(access: LabelAccess, x: torch.Tensor, x_adv: torch.Tensor, idx
     lo = torch.zeros(x.shape[0], device=x.device)
     hi = torch.ones(x.shape[0], device=x.device)
     tol_t = torch.as_tensor(tol, dtype=lo.dtype, device=x.device).expand_as(lo)
+    live = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
     while True:
-        todo = (hi - lo) > tol_t
+        todo = live & ((hi - lo) > tol_t)
         if not bool(todo.any()):
             break
         sel = todo.nonzero().squeeze(1)
-        sel = sel[access.room(idx[sel].cpu(), 1).to(sel.device)]
+        room = access.room(idx[sel].cpu(), 1).to(sel.device)
+        live[sel[~room]] = False  # out of queries: that example keeps its last verified point
+        sel = sel[room]
         if sel.numel() == 0:
             break
         mid = (lo[sel] + hi[sel]) / 2
         adv = access.is_adv(blend(x[sel], x_adv[sel], mid), idx[sel])
         hi[sel] = torch.where(adv, mid, hi[sel])
         lo[sel] = torch.where(adv, lo[sel], mid)
-        if sel.numel() < int(todo.sum()):
-            break  # someone ran out of queries: stop the search for everyone
     return blend(x, x_adv, hi)
 
 
-def find_starts(access: LabelAccess, x: torch.Tensor, *, trials: int, gen: torch.Generator
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Uniform-noise start points that are adversarial: ``(starts, found)``; up to ``trials`` draws each."""
+def find_starts(access: LabelAccess, x: torch.Tensor, *, trials: int, gen: torch.Generator,
+                owners: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uniform-noise start points that are adversarial: ``(starts, found)``; up to ``trials`` draws each.
+    ``owners``: the examples of ``access`` the rows of ``x`` belong to (default: row ``i`` is example ``i``)."""
     starts = x.clone()
     found = torch.zeros(x.shape[0], dtype=torch.bool)
     idx_all = torch.arange(x.shape[0])
+    own = owners.long().cpu() if owners is not None else idx_all
     for _ in range(trials):
         todo = idx_all[~found]
         if todo.numel() == 0:
             break
-        todo = todo[access.room(todo, 1)]
+        todo = todo[access.room(own[todo], 1)]
         if todo.numel() == 0:
             break
         noise = torch.rand((todo.numel(), *x.shape[1:]), generator=gen).to(x.device)
         try:
-            adv = access.is_adv(noise, todo).cpu()
+            adv = access.is_adv(noise, own[todo]).cpu()
         except OutOfQueries:
             break
         starts[todo[adv].to(x.device)] = noise[adv.to(x.device)]

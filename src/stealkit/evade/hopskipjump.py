@@ -1,5 +1,5 @@
 """HopSkipJump (Chen, Jordan and Wainwright 2020, "HopSkipJumpAttack: a query-efficient decision-based
-attack"), L2 version, label-only.
+attack"), L2 version, label-only, with optional priors from a stolen substitute and subspace sampling.
 
 Algorithm 2 of the paper, with the reference code's constants: from an adversarial start (uniform noise, or
 ``starting_points``), repeat for ``iterations`` rounds:
@@ -13,10 +13,18 @@ Algorithm 2 of the paper, with the reference code's constants: from an adversari
 3. geometric step-size search (Sec. 4.2): ``xi = ||x_t - x|| / sqrt(t)``, halved until ``x_t + xi v`` is
    adversarial; then clip to [0, 1].
 
+Two optional additions, both off by default (then the attack is the paper's):
+
+* ``substitute=`` a stolen model: the transfer adversarial example is the starting point and its input
+  gradient the prior of step 2 (:mod:`stealkit.evade.priors`: Suya et al. 2020; Cheng et al. 2019, P-RGF).
+* ``config.subspace = s``: the random directions of step 2 are drawn on an ``s x s`` grid and upsampled
+  (:mod:`stealkit.evade.subspace`: Li et al. 2020, QEBA-S, Sec. 3.3).
+
 Every image goes through the oracle via :class:`~stealkit.evade.decision.LabelAccess`, never past
 ``max_queries`` per example or the ledger's budget; when the caps bind, the last verified point is kept.
-Examples run one after another (their inner searches have different lengths); each round's probes are one
-oracle call.
+Near its cap an example shrinks its estimate so that the step search and binary search after it can still be
+paid. All examples move in lock-step: the probes of every example in a round are one batch of oracle calls,
+as are the step-size and binary searches (no per-query Python round trip).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from stealkit.errors import InputError
 from stealkit.evade.base import TINY, AttackResult, check_batch, check_target, clip_box
@@ -36,16 +45,28 @@ from stealkit.evade.decision import (
     decision_result,
     find_starts,
 )
+from stealkit.evade.priors import SubstitutePrior, prior_estimate, prior_probes, tilt, transfer_starts, unit
+from stealkit.evade.subspace import check_side, random_directions, subspace_dim
 from stealkit.oracle import Oracle
+
+#: the fewest probes worth spending on one estimate
+MIN_EVALS = 10
 
 
 @dataclass(frozen=True)
 class HopSkipJumpConfig:
+    """``subspace``: grid side of low-frequency probe directions (0: full space). ``prior_spread``: how far
+    from 50/50 the prior-tilted probes aim (see :func:`~stealkit.evade.priors.tilt`); ``prior_agreement``:
+    the agreement assumed before any was measured."""
+
     iterations: int = 40
     init_evals: int = 100
     max_evals: int = 10_000
     gamma: float = 1.0
     init_trials: int = 100
+    subspace: int = 0
+    prior_spread: float = 0.5
+    prior_agreement: float = 0.3
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -53,85 +74,155 @@ class HopSkipJumpConfig:
             raise InputError("iterations must be >= 0; init_evals, max_evals and init_trials positive")
         if not (self.gamma > 0 and math.isfinite(self.gamma)):
             raise InputError(f"gamma must be a positive number, got {self.gamma!r}")
+        if self.subspace < 0:
+            raise InputError(f"subspace must be 0 (full space) or a positive grid side, got {self.subspace}")
+        if not (0 < self.prior_spread < 10 and 0 < self.prior_agreement < 1):
+            raise InputError("prior_spread must be in (0, 10) and prior_agreement in (0, 1)")
 
 
 def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool = False,
                 target: torch.Tensor | int | None = None, starting_points: torch.Tensor | None = None,
                 max_queries: int | None = None, config: HopSkipJumpConfig | None = None,
-                batch_size: int = 1024) -> AttackResult:
+                batch_size: int = 256, substitute: nn.Module | None = None) -> AttackResult:
     """Minimise ``||x_adv - x||_2`` with HopSkipJump using only labels (see the module docstring).
 
-    Arguments as :func:`~stealkit.evade.boundary.boundary_attack`. ``queries`` is the ledger's count.
+    Arguments as :func:`~stealkit.evade.boundary.boundary_attack`; ``substitute``: a stolen model for the
+    prior and the starting points (its gradients are free; only victim queries are counted). ``queries`` is
+    the ledger's count.
     """
     cfg = config or HopSkipJumpConfig()
     x, y = check_batch(x, y)
     if tuple(x.shape[1:]) != tuple(oracle.input_shape):
         raise InputError(f"x has images of shape {list(x.shape[1:])}; the oracle takes {list(oracle.input_shape)}")
+    check_side(cfg.subspace, tuple(x.shape[1:]))
     tgt = check_target(target, y, targeted, oracle.num_classes)
     access = LabelAccess(oracle, y, tgt, max_queries=max_queries, batch_size=batch_size)
     gen = torch.Generator().manual_seed(cfg.seed)
+    prior = SubstitutePrior(substitute, batch_size=batch_size) if substitute is not None else None
     if starting_points is not None:
         best, found = check_starts(access, x, starting_points)
+    elif prior is not None:
+        best, found = transfer_starts(access, prior, x, y, tgt, trials=cfg.init_trials, gen=gen)
     else:
         best, found = find_starts(access, x, trials=cfg.init_trials, gen=gen)
-    d = x[0].numel()
-    theta = cfg.gamma / (d * math.sqrt(d))
-    for i in found.nonzero().squeeze(1).tolist():
-        best[i] = _attack_one(access, x[i : i + 1], best[i : i + 1], i, cfg, theta, gen)[0]
+    idx = found.nonzero().squeeze(1)
+    if idx.numel():
+        _Run(access, x, y, tgt, cfg, gen, prior).attack(best, idx)
     return decision_result(access, x, y, tgt, best, found)
 
 
-def _attack_one(access: LabelAccess, x: torch.Tensor, adv: torch.Tensor, i: int, cfg: HopSkipJumpConfig,
-                theta: float, gen: torch.Generator) -> torch.Tensor:
-    """One example ``x`` [1, C, H, W] from a verified adversarial ``adv``; returns the last verified point."""
-    owner = torch.tensor([i])
-    adv = binary_search(access, x, adv, owner, theta)
-    dist = float((adv - x).norm())
-    d = x[0].numel()
-    for t in range(1, cfg.iterations + 1):
-        delta = 0.1 if t == 1 else math.sqrt(d) * theta * dist
-        n_evals = min(int(cfg.init_evals * math.sqrt(t)), cfg.max_evals)
-        n_evals = min(n_evals, _affordable(access, i, n_evals))
-        if n_evals < 2:
-            break
-        u = torch.randn((n_evals, *x.shape[1:]), generator=gen).to(x.device)
-        u = u / u.flatten(1).norm(dim=1).clamp_min(TINY).view(-1, *([1] * (x.dim() - 1)))
-        probes = clip_box(adv + delta * u)
-        u = (probes - adv) / delta
+class _Run:
+    """The lock-step rounds of one call (state per example: distance, measured prior agreement)."""
+
+    def __init__(self, access: LabelAccess, x: torch.Tensor, y: torch.Tensor, tgt: torch.Tensor | None,
+                 cfg: HopSkipJumpConfig, gen: torch.Generator, prior: SubstitutePrior | None) -> None:
+        self.access, self.x, self.y, self.tgt, self.cfg, self.gen, self.prior = access, x, y, tgt, cfg, gen, prior
+        self.shape = tuple(x.shape[1:])
+        d = x[0].numel()
+        self.theta = cfg.gamma / (d * math.sqrt(d))
+        self.dim = subspace_dim(self.shape, cfg.subspace)
+        #: queries a binary search to tolerance theta needs, plus a few step-size halvings
+        self.reserve = math.ceil(math.log2(1 / self.theta)) + 3
+        self.agree = torch.full((x.shape[0],), cfg.prior_agreement)
+
+    def attack(self, best: torch.Tensor, idx: torch.Tensor) -> None:
+        """Improve ``best[idx]`` (verified adversarial) in place."""
+        x = self.x
+        best[idx] = binary_search(self.access, x[idx], best[idx], idx, self.theta)
+        active = torch.zeros(x.shape[0], dtype=torch.bool)
+        active[idx] = True
+        for t in range(1, self.cfg.iterations + 1):
+            idx = active.nonzero().squeeze(1)
+            if idx.numel() == 0:
+                break
+            evals = self._evals(idx, t)
+            active[idx[evals < 2]] = False
+            idx, evals = idx[evals >= 2], evals[evals >= 2]
+            if idx.numel() == 0:
+                break
+            grads = self._estimate(best, idx, evals, t)
+            if grads is None:
+                break
+            stepped, moved = self._step(best, idx, grads, t)
+            active[idx[~moved]] = False
+            idx = idx[moved]
+            if idx.numel():
+                d = idx.to(x.device)
+                best[d] = binary_search(self.access, x[d], stepped[moved.to(x.device)], idx, self.theta)
+
+    def _evals(self, idx: torch.Tensor, t: int) -> torch.Tensor:
+        """Probes per example this round: the schedule, cut to what each can pay and leave the searches."""
+        want = min(int(self.cfg.init_evals * math.sqrt(t)), self.cfg.max_evals)
+        left = self.access.left(idx) - self.reserve
+        n = torch.minimum(torch.full_like(left, want), left)
+        n = torch.where(n >= min(MIN_EVALS, want), n, torch.zeros_like(n))
+        budget = self.access.oracle.ledger.remaining()
+        if budget is not None:  # the ledger pays examples in order; the last ones may get nothing
+            budget = max(0, budget - self.reserve * idx.numel())
+            n = torch.where(torch.cumsum(n, 0) <= budget, n, torch.zeros_like(n))
+        return n
+
+    def _estimate(self, best: torch.Tensor, idx: torch.Tensor, evals: torch.Tensor, t: int
+                  ) -> torch.Tensor | None:
+        """Unit boundary-normal estimates at ``best[idx]`` from one batch of probes (None: out of queries)."""
+        x, cfg = self.x, self.cfg
+        d_all = idx.to(x.device)
+        dist = (best[d_all] - x[d_all]).flatten(1).norm(dim=1)
+        delta = torch.full_like(dist, 0.1) if t == 1 else math.sqrt(x[0].numel()) * self.theta * dist
+        priors = self.prior.direction(best[d_all], self.y[d_all], None if self.tgt is None else self.tgt[d_all]) \
+            if self.prior is not None else None
+        probes: list[torch.Tensor] = []
+        for j, n in enumerate(evals.tolist()):
+            r = random_directions(n, self.shape, cfg.subspace, self.gen, x.device)
+            if priors is not None:
+                c = tilt(float(self.agree[idx[j]]), self.dim, cfg.prior_spread)
+                u = prior_probes(priors[j : j + 1], torch.cat([r, r[:1]]) if n % 2 else r, c)[:n]
+            else:
+                u = unit(r)
+            probes.append(clip_box(best[d_all[j]] + delta[j] * u))
         try:
-            phi = access.is_adv(probes, owner.expand(n_evals)).float() * 2 - 1
+            phi = self.access.is_adv(torch.cat(probes), idx.repeat_interleave(evals)).float() * 2 - 1
         except OutOfQueries:
-            break
-        mean = float(phi.mean())
-        if abs(mean) == 1.0:
-            grad = mean * u.mean(0, keepdim=True)
-        else:
-            grad = ((phi - mean).view(-1, *([1] * (x.dim() - 1))) * u).mean(0, keepdim=True)
-        grad = grad / grad.norm().clamp_min(TINY)
-        xi = dist / math.sqrt(t)
-        stepped = None
-        while xi > 1e-12:
-            cand = clip_box(adv + xi * grad)
-            try:
-                if bool(access.is_adv(cand, owner)[0]):
-                    stepped = cand
-                    break
-            except OutOfQueries:
-                return adv
-            xi /= 2
-        if stepped is None:
-            break
-        adv = binary_search(access, x, stepped, owner, theta)
-        dist = float((adv - x).norm())
-    return adv
+            return None
+        out = []
+        for j, part in enumerate(phi.split(evals.tolist())):
+            u = (probes[j] - best[d_all[j]]) / delta[j]
+            if priors is not None:
+                est = prior_estimate(part, u, priors[j : j + 1], self.dim)
+                self.agree[idx[j]] = 0.5 * float(self.agree[idx[j]]) + 0.5 * est.alpha
+                out.append(est.normal)
+                continue
+            mean = float(part.mean())
+            w = (part - mean) if abs(mean) < 1.0 else torch.full_like(part, mean)
+            g = (w.view(-1, *([1] * (x.dim() - 1))) * u).mean(0, keepdim=True)
+            out.append(g / g.norm().clamp_min(TINY))
+        return torch.cat(out)
+
+    def _step(self, best: torch.Tensor, idx: torch.Tensor, grads: torch.Tensor, t: int
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Geometric step-size search for every example at once: ``(stepped points, which found one)``."""
+        x = self.x
+        d_all = idx.to(x.device)
+        xi = (best[d_all] - x[d_all]).flatten(1).norm(dim=1) / math.sqrt(t)
+        stepped = best[d_all].clone()
+        moved = torch.zeros(idx.numel(), dtype=torch.bool)
+        pending = torch.ones(idx.numel(), dtype=torch.bool)
+        while bool(pending.any()):
+            sel = pending.nonzero().squeeze(1)
+            room = self.access.room(idx[sel], 1)
+            pending[sel[~room]] = False
+            sel = sel[room & (xi[sel.to(x.device)] > 1e-12).cpu()]
+            if sel.numel() == 0:
+                break
+            s = sel.to(x.device)
+            cand = clip_box(best[d_all[s]] + xi[s].view(-1, *([1] * (x.dim() - 1))) * grads[s])
+            ok = self.access.is_adv(cand, idx[sel]).cpu()
+            stepped[s[ok.to(x.device)]] = cand[ok.to(x.device)]
+            moved[sel[ok]] = True
+            pending[sel[ok]] = False
+            xi[s[~ok.to(x.device)]] /= 2
+            pending &= (xi > 1e-12).cpu() | moved
+        return stepped, moved
 
 
-def _affordable(access: LabelAccess, i: int, want: int) -> int:
-    """How many of ``want`` queries example ``i`` may still spend (its cap and the ledger)."""
-    caps = [want]
-    if access.max_queries is not None:
-        caps.append(access.max_queries - int(access.used[i]))
-    left = access.oracle.ledger.remaining()
-    if left is not None:
-        caps.append(left)
-    return max(0, min(caps))
+__all__ = ["HopSkipJumpConfig", "hopskipjump"]

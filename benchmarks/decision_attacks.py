@@ -1,0 +1,336 @@
+"""Decision-based L2 attacks, stealkit (with and without a stolen substitute) against ART, side by side.
+
+Per data set (``digits``, ``fashion-mnist``): the standard victim (``standard_victim("<short>-conv2")``)
+behind a label-only oracle; a substitute stolen from it by stealkit's baseline extraction (label queries on
+the attacker pool, its query cost printed); ``--n`` test images the victim classifies correctly (a seeded
+sample; ``--val`` further, disjoint images form the validation set that ``--tune`` uses, never the reported
+ones). Rows:
+
+* ``stealkit-hsj`` / ``stealkit-hsj-sub`` / ``stealkit-boundary`` / ``stealkit-boundary-sub``: one run per
+  per-image budget (``--budgets``, ``--max-queries`` of the CLI), queries from the ledger.
+* ``stealkit-hsj-art-settings``: stealkit HopSkipJump with ART's settings (40 rounds, at most 1,000
+  evaluations per estimate, 100 initial), no cap.
+* ``art-hsj`` (40 iterations, max_eval 1,000, init_eval 100, init_size 100) and ``art-boundary``
+  (500 iterations, untargeted, ART's other defaults): ART's full run, one image per ``generate`` call. ART
+  keeps no query count, so its victim is wrapped in a module that counts every image and remembers the
+  nearest adversarial image asked about so far; "ART at budget B" is that anytime best after B queries.
+
+Every row reports median L2 over successes, success rate, mean and max queries per image and wall time; the
+JSON also holds the L2-vs-queries curve of every tool. Run one data set at a time on a quiet machine:
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/decision_attacks.py --dataset digits --seeds 0,1
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/decision_attacks.py --dataset fashion-mnist --tune
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+SHORT = {"digits": "digits", "fashion-mnist": "fmnist"}
+ART_HSJ = {"max_iter": 40, "max_eval": 1000, "init_eval": 100, "init_size": 100}
+ART_BOUNDARY = {"max_iter": 500}
+
+
+class Recorder(nn.Module):
+    """Wraps the victim for ART: counts images and keeps the anytime best adversarial L2 of one image."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.reset(None, None)
+
+    def reset(self, x: torch.Tensor | None, y: int | None) -> None:
+        self.x, self.y, self.count, self.best = x, y, 0, float("inf")
+        self.curve: list[tuple[int, float]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        with torch.no_grad():
+            out = self.model(x)
+        if self.x is not None:
+            adv = out.argmax(1) != self.y
+            for i in adv.nonzero().squeeze(1).tolist():
+                d = float((x[i] - self.x).norm())
+                if d < self.best:
+                    self.best = d
+                    self.curve.append((self.count + i + 1, d))
+            self.count += x.shape[0]
+        return out
+
+
+def at_budget(curve: list[tuple[int, float]], budget: int) -> float:
+    best = float("inf")
+    for q, d in curve:
+        if q > budget:
+            break
+        best = d
+    return best
+
+
+def summarise(name: str, budget: int | str, norms: list[float], queries: list[int], seconds: float,
+              seed: int) -> dict[str, Any]:
+    ok = [d for d in norms if d != float("inf")]
+    return {"tool": name, "budget": budget, "seed": seed, "median_l2": statistics.median(ok) if ok else None,
+            "success": len(ok) / len(norms), "mean_queries": statistics.fmean(queries), "max_queries": max(queries),
+            "seconds": round(seconds, 2), "queries_per_s": round(sum(queries) / seconds) if seconds else None}
+
+
+def steal(victim_dir: str, pool_size: int, epochs: int, log: Any, cache: Path | None = None
+          ) -> tuple[nn.Module, dict[str, Any]]:
+    """A substitute stolen by stealkit's baseline extraction (kept in ``cache`` so a rerun spends nothing)."""
+    from safetensors.torch import load_file, save_file
+
+    from stealkit.extract.baseline import BaselineConfig, extract_baseline
+    from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
+    from stealkit.train import TrainConfig
+
+    v = open_victim(victim_dir, mode="label")
+    if cache is not None and (cache / "info.json").exists():
+        student = student_factory("conv2", v, 0)()
+        student.load_state_dict(load_file(str(cache / "student.safetensors")))
+        info = json.loads((cache / "info.json").read_text())
+        log(f"substitute (cached in {cache}): {info}")
+        return student.eval(), info
+    splits = victim_splits(v)
+    pool = splits.attacker_pool.x[:pool_size]
+    t0 = time.perf_counter()
+    r = extract_baseline(v.oracle, pool, make_student=student_factory("conv2", v, 0),
+                         evaluator=make_evaluator(v, splits.test.x, splits.test.y),
+                         config=BaselineConfig(checkpoints=(pool.shape[0],),
+                                               train=TrainConfig(epochs=epochs, batch_size=64)))
+    info = {"method": "baseline (labels)", "queries": r.queries["predict"], "accuracy": r.accuracy,
+            "fidelity": r.fidelity, "victim_accuracy": r.victim_accuracy, "epochs": epochs,
+            "seconds": round(time.perf_counter() - t0, 1)}
+    log(f"substitute: {info}")
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+        save_file({k: t.contiguous() for k, t in r.student.state_dict().items()}, str(cache / "student.safetensors"))
+        (cache / "info.json").write_text(json.dumps(info))
+    return r.student.eval(), info
+
+
+def pick_images(model: nn.Module, test: Any, n: int, val: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                         torch.Tensor]:
+    """``n`` reported and ``val`` validation images (disjoint) that the victim classifies correctly."""
+    perm = torch.randperm(len(test.y), generator=torch.Generator().manual_seed(1234))
+    x, y = test.x[perm[: 4 * (n + val)]], test.y[perm[: 4 * (n + val)]]
+    with torch.no_grad():
+        ok = (model(x).argmax(1) == y).nonzero().squeeze(1)
+    rep, va = ok[:n], ok[n : n + val]
+    return x[rep], y[rep], x[va], y[va]
+
+
+def run_stealkit(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget: int | None, cfg: Any,
+                 sub: nn.Module | None) -> tuple[list[float], list[int], float]:
+    from stealkit.evade.boundary import boundary_attack
+    from stealkit.evade.hopskipjump import hopskipjump
+    from stealkit.oracle import LocalOracle
+
+    oracle = LocalOracle(model, tuple(x.shape[1:]), mode="label")
+    fn = hopskipjump if kind == "hsj" else boundary_attack
+    t0 = time.perf_counter()
+    r = fn(oracle, x, y, max_queries=budget, config=cfg, substitute=sub)  # type: ignore[operator]
+    secs = time.perf_counter() - t0
+    per = r.extra["queries_per_example"].tolist()
+    assert sum(per) == oracle.ledger.total
+    norms = [float(d) if bool(s) else float("inf") for d, s in zip(r.norms, r.success, strict=True)]
+    return norms, per, secs
+
+
+def run_art(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed: int, k: int
+            ) -> tuple[list[list[tuple[int, float]]], list[int], float]:
+    import numpy as np
+    from art.attacks.evasion import BoundaryAttack, HopSkipJump
+    from art.estimators.classification import PyTorchClassifier
+
+    rec = Recorder(model)
+    clf = PyTorchClassifier(rec, loss=nn.CrossEntropyLoss(), input_shape=tuple(x.shape[1:]), nb_classes=k,
+                            clip_values=(0.0, 1.0))
+    if kind == "hsj":
+        attack = HopSkipJump(clf, targeted=False, norm=2, verbose=False, **ART_HSJ)
+    else:
+        attack = BoundaryAttack(clf, targeted=False, verbose=False, **ART_BOUNDARY)
+    curves, counts = [], []
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    for i in range(x.shape[0]):
+        rec.reset(x[i], int(y[i]))
+        onehot = np.eye(k, dtype=np.float32)[[int(y[i])]]
+        attack.generate(x[i : i + 1].numpy(), y=onehot)
+        curves.append(rec.curve)
+        counts.append(rec.count)
+    return curves, counts, time.perf_counter() - t0
+
+
+def hsj_config(seed: int, **kw: Any) -> Any:
+    from stealkit.evade.hopskipjump import HopSkipJumpConfig
+
+    return HopSkipJumpConfig(**({"iterations": 10_000, "max_evals": 1000, "seed": seed} | kw))
+
+
+def boundary_config(seed: int, **kw: Any) -> Any:
+    from stealkit.evade.boundary import BoundaryConfig
+
+    return BoundaryConfig(**({"steps": 100_000, "seed": seed} | kw))
+
+
+def tune(model: nn.Module, sub: nn.Module, xv: torch.Tensor, yv: torch.Tensor, budget: int, log: Any
+         ) -> dict[str, Any]:
+    """Grid over probe counts and subspace side on the validation images at one budget; best by median L2."""
+    grid: dict[str, Any] = {}
+    for with_sub in (False, True):
+        rows = []
+        for init_evals in (25, 50, 100):
+            for side in (0, 14, 7):
+                if with_sub and side == 7:
+                    continue
+                cfg = hsj_config(0, init_evals=init_evals, subspace=side)
+                norms, _, secs = run_stealkit("hsj", model, xv, yv, budget, cfg, sub if with_sub else None)
+                ok = [d for d in norms if d != float("inf")]
+                row = {"init_evals": init_evals, "subspace": side, "median_l2": statistics.median(ok) if ok else None,
+                       "seconds": round(secs, 1)}
+                log(f"tune sub={with_sub} {row}")
+                rows.append(row)
+        best = min((r for r in rows if r["median_l2"] is not None), key=lambda r: r["median_l2"])
+        grid["sub" if with_sub else "nosub"] = {"rows": rows, "best": best}
+    return grid
+
+
+def table(path: str) -> str:
+    """Markdown tables from a ``--jsonl`` file: per data set, tool and budget the mean over seeds of the median
+    L2 (min-max over seeds in brackets), success, mean queries per image and queries per second."""
+    with open(path) as fh:
+        rows = [json.loads(line) for line in fh]
+    out = []
+    for ds in sorted({r["dataset"] for r in rows}):
+        out += [f"\n### {ds}\n", "| tool | budget / image | median L2 (seeds) | success | queries / image | "
+                "queries/s | seeds |", "|---|---|---|---|---|---|---|"]
+        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for r in rows:
+            if r["dataset"] == ds:
+                groups.setdefault((r["tool"], str(r["budget"])), []).append(r)
+        order = {b: i for i, b in enumerate(["500", "1000", "2000", "5000", "10000", "full"])}
+        for (tool, budget), g in sorted(groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 99))):
+            meds = [r["median_l2"] for r in g if r["median_l2"] is not None]
+            med = f"{statistics.fmean(meds):.3f} ({min(meds):.3f}-{max(meds):.3f})" if meds else "-"
+            qps = [r["queries_per_s"] for r in g if r.get("queries_per_s")]
+            label = f"{budget} (anytime)" if g[0].get("anytime") else budget
+            out.append(f"| {tool} | {label} | {med} | {statistics.fmean(r['success'] for r in g):.2f} | "
+                       f"{statistics.fmean(r['mean_queries'] for r in g):.0f} | "
+                       f"{statistics.fmean(qps):.0f} | {len(g)} |" if qps else
+                       f"| {tool} | {label} | {med} | {statistics.fmean(r['success'] for r in g):.2f} | "
+                       f"{statistics.fmean(r['mean_queries'] for r in g):.0f} | - | {len(g)} |")
+        budgets = sorted({b for _, b in groups}, key=lambda b: order.get(b, 99))
+        out += [f"\nL2-vs-queries curve ({ds}, median L2 at each per-image budget, mean over seeds):\n",
+                "| tool | " + " | ".join(budgets) + " |", "|---" * (len(budgets) + 1) + "|"]
+        for tool in sorted({t for t, _ in groups}):
+            cells = []
+            for b in budgets:
+                meds = [r["median_l2"] for r in groups.get((tool, b), []) if r["median_l2"] is not None]
+                cells.append(f"{statistics.fmean(meds):.3f}" if meds else "")
+            out.append(f"| {tool} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default="digits", choices=sorted(SHORT))
+    p.add_argument("--n", type=int, default=20, help="reported images")
+    p.add_argument("--val", type=int, default=10, help="validation images (for --tune), disjoint from the reported")
+    p.add_argument("--seeds", default="0,1")
+    p.add_argument("--budgets", default="500,1000,2000,5000,10000")
+    p.add_argument("--tools", default="hsj,hsj-sub,boundary,boundary-sub,hsj-art-settings,art-hsj,art-boundary")
+    p.add_argument("--pool", type=int, default=10_000, help="substitute: attacker-pool images queried (at most)")
+    p.add_argument("--sub-epochs", type=int, default=10)
+    p.add_argument("--tune", action="store_true", help="only tune init_evals and subspace on the validation set")
+    p.add_argument("--tune-budget", type=int, default=2000)
+    p.add_argument("--init-evals", type=int, default=100, help="stealkit HSJ without substitute (from --tune)")
+    p.add_argument("--subspace", type=int, default=0, help="stealkit HSJ without substitute (from --tune)")
+    p.add_argument("--sub-init-evals", type=int, default=100, help="stealkit HSJ with substitute (from --tune)")
+    p.add_argument("--sub-subspace", type=int, default=0, help="stealkit HSJ with substitute (from --tune)")
+    p.add_argument("--jsonl", default=None, help="also append each row here as soon as it is measured")
+    p.add_argument("--table", default=None, metavar="JSONL", help="only print markdown tables of a --jsonl file")
+    args = p.parse_args(argv)
+    if args.table:
+        print(table(args.table))
+        return 0
+    from stealkit.data import load_splits
+    from stealkit.victims import standard_victim
+
+    def log(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    torch.set_num_threads(1)
+    trained = standard_victim(f"{SHORT[args.dataset]}-conv2")
+    model = trained.model.eval()
+    k = int(trained.spec.num_classes)
+    cache = Path("runs/decision_bench") / f"sub-{args.dataset}-{args.pool}-{args.sub_epochs}"
+    sub, sub_info = steal(str(trained.path), args.pool, args.sub_epochs, log, cache)
+    test = load_splits(args.dataset).test
+    x, y, xv, yv = pick_images(model, test, args.n, args.val)
+    meta = {"dataset": args.dataset, "victim": f"{SHORT[args.dataset]}-conv2", "n": int(x.shape[0]),
+            "val": int(xv.shape[0]), "substitute": sub_info, "torch": torch.__version__,
+            "machine": f"{platform.machine()} {os.cpu_count()} cores", "load_avg": os.getloadavg(),
+            "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M")}
+    if args.tune:
+        print(json.dumps(meta | {"tune_budget": args.tune_budget,
+                                 "tune": tune(model, sub, xv, yv, args.tune_budget, log)}, indent=1))
+        return 0
+    rows: list[dict[str, Any]] = []
+    curves: dict[str, Any] = {}
+    budgets = [int(b) for b in args.budgets.split(",")]
+    tools = args.tools.split(",")
+
+    def emit(row: dict[str, Any]) -> None:
+        log(json.dumps(row))
+        rows.append(row)
+        if args.jsonl:
+            with open(args.jsonl, "a") as fh:
+                fh.write(json.dumps(row | {"dataset": args.dataset}) + "\n")
+
+    for seed in (int(s) for s in args.seeds.split(",")):
+        cfgs = {"hsj": hsj_config(seed, init_evals=args.init_evals, subspace=args.subspace),
+                "hsj-sub": hsj_config(seed, init_evals=args.sub_init_evals, subspace=args.sub_subspace),
+                "boundary": boundary_config(seed), "boundary-sub": boundary_config(seed)}
+        for tool in tools:
+            if tool in cfgs:
+                kind = "hsj" if tool.startswith("hsj") else "boundary"
+                for b in budgets:
+                    norms, per, secs = run_stealkit(kind, model, x, y, b, cfgs[tool],
+                                                    sub if tool.endswith("-sub") else None)
+                    emit(summarise(f"stealkit-{tool}", b, norms, per, secs, seed))
+            elif tool == "hsj-art-settings":
+                cfg = hsj_config(seed, iterations=40, max_evals=1000, init_evals=100)
+                norms, per, secs = run_stealkit("hsj", model, x, y, None, cfg, None)
+                emit(summarise("stealkit-hsj-art-settings", "full", norms, per, secs, seed))
+            elif tool.startswith("art-"):
+                kind = tool.removeprefix("art-")
+                art_curves, counts, secs = run_art(kind, model, x, y, seed, k)
+                curves[f"{tool}/{seed}"] = art_curves
+                emit(summarise(tool, "full", [c[-1][1] if c else float("inf") for c in art_curves], counts, secs,
+                               seed))
+                for b in budgets:
+                    emit(summarise(tool, b, [at_budget(c, b) for c in art_curves], [min(b, n) for n in counts],
+                                   secs, seed) | {"anytime": True, "seconds": None, "queries_per_s": None})
+    print(json.dumps(meta | {"settings": {"art_hsj": ART_HSJ, "art_boundary": ART_BOUNDARY,
+                                          "stealkit_hsj": repr(hsj_config(0)),
+                                          "init_evals": args.init_evals, "subspace": args.subspace,
+                                          "sub_init_evals": args.sub_init_evals, "sub_subspace": args.sub_subspace},
+                             "rows": rows, "art_curves": curves}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
