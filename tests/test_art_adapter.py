@@ -128,3 +128,37 @@ def test_bad_input_is_one_clear_error(digits: tuple) -> None:
         clf.predict(x[:2] * 255)
     with pytest.raises(InputError, match="needs a stealkit Oracle"):
         oracle_classifier(victim)  # type: ignore[arg-type]
+
+
+def test_an_http_oracle_is_charged_on_the_server_too(tmp_path) -> None:  # noqa: ANN001
+    """Over HTTP the server's own ledger charges the same images as the client's and as ART sent."""
+    from art.attacks.evasion import HopSkipJump
+    from fastapi.testclient import TestClient
+
+    from stealkit.data import load_splits
+    from stealkit.models import ModelSpec, build_model, save_model
+    from stealkit.oracle.http import HttpOracle
+    from stealkit.serve.app import create_app
+    from stealkit.train import TrainConfig, fit
+    from tests.test_serve_support import write_keys
+
+    torch.manual_seed(0)
+    model = build_model("logistic", input_shape=(1, 8, 8), num_classes=10)
+    train = load_splits("digits").victim_train
+    fit(model, train.x, train.y, TrainConfig(epochs=2, batch_size=64, lr=1e-2))
+    victim = save_model(model.eval(), ModelSpec.from_model(model, extra={"dataset": "digits"}), tmp_path / "victim")
+    key = "art-key-Zx81QpLw6RtV3mNb7Yc4"
+    keys = write_keys(tmp_path / "keys.toml", [{"key": key, "name": "art", "mode": "label", "budget": 400}])
+    client = TestClient(create_app(victim, keys, tmp_path / "db.sqlite"))
+    oracle = HttpOracle("http://testserver", key=key, transport=client._transport, backoff=0.0)
+    clf = oracle_classifier(oracle)
+    sent = _counted(clf)
+    np.random.seed(0)
+    x = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(0)).numpy()
+    HopSkipJump(clf, max_iter=2, max_eval=40, init_eval=10, init_size=20, verbose=False).generate(x)
+    server = client.get("/v1/info", headers={"Authorization": f"Bearer {key}"}).json()["queries_used"]["predict"]
+    assert sum(sent) > 2 and oracle.ledger.as_dict()["predict"] == sum(sent) == server
+    with pytest.raises(BudgetExhausted):  # the server's budget, mirrored by the client's ledger
+        clf.predict(np.repeat(x, 400 - server + 1, axis=0)[: 400 - server + 1])
+    assert client.get("/v1/info", headers={"Authorization": f"Bearer {key}"}).json()["queries_used"]["predict"] \
+        == server
