@@ -7,13 +7,13 @@ import time
 
 import click
 
-from stealkit.commands.common import device_option, parse_kv, set_option
+from stealkit.commands.common import device_option, model_option, parse_kv, set_option
 
 RADII = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
 
 
 @click.command("certify")
-@click.option("--model", "model_dir", required=True, type=click.Path(), help="Model directory (model.json + weights).")
+@model_option()
 @click.option("--sigma", type=float, required=True, help="Standard deviation of the Gaussian noise (pixel scale).")
 @click.option("--n0", type=int, default=100, show_default=True, help="Noisy samples that select the class.")
 @click.option("--n", "n", type=int, default=1000, show_default=True, help="Noisy samples that estimate it.")
@@ -43,7 +43,7 @@ def certify_cmd(model_dir: str, sigma: float, n0: int, n: int, alpha: float, bou
     from stealkit.certify.smoothing import SmoothingConfig, certify_iter
     from stealkit.data import load_splits
     from stealkit.errors import InputError
-    from stealkit.models import load_model
+    from stealkit.models.locate import load_any_model
     from stealkit.progress import progress
     from stealkit.report.builders import build_report
     from stealkit.rundir import RunDir
@@ -57,10 +57,10 @@ def certify_cmd(model_dir: str, sigma: float, n0: int, n: int, alpha: float, bou
     bounds = ("cohen", "renyi", "pixeldp") if bound == "all" else (bound,)
     config = SmoothingConfig(sigma=sigma, n0=n0, n=n, alpha=alpha, bounds=bounds, interval=interval,  # type: ignore[arg-type]
                              batch_size=batch_size, seed=seed)
-    model, spec = load_model(model_dir, device=device)
+    model, spec = load_any_model(model_dir, device=device)
     name = dataset or spec.extra.get("dataset")
     if not name:
-        raise InputError(f"{model_dir}/model.json names no data set; pass --dataset")
+        raise InputError(f"{model_dir}: its model.json or metadata names no data set; pass --dataset")
     test = load_splits(name, data_dir=data_dir, seed=int(spec.extra.get("split_seed", 0))).test
     idx = list(range(0, len(test), skip))[:num]
     x, y = test.x[idx], test.y[idx]

@@ -98,9 +98,25 @@ def victim_option(*, help_text: str = VICTIM_HELP) -> Callable[[Callable[..., An
     """The ``--victim`` option of every command that attacks a victim (``standard:NAME`` resolved here), with
     ``--input-shape/--num-classes/--value-range/--normalize`` for ONNX/TorchScript files (eager, so they are
     read before ``--victim`` is resolved)."""
-    opts = [click.option("--victim", required=True, callback=resolve_victim, help=help_text)] + [
+    return _model_file_option(click.option("--victim", required=True, callback=resolve_victim, help=help_text))
+
+
+MODEL_HELP = ("Model: a model directory (model.json + model.safetensors), an extraction run directory (its "
+              "student/), an ONNX (.onnx) or TorchScript (.pt) file, or standard:NAME.")
+
+
+def model_option(*, help_text: str = MODEL_HELP) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--model`` (passed as ``model_dir``) of the commands that run a model themselves (certify, serve): what
+    ``--victim`` accepts, with the same ``--input-shape`` etc. flags for ONNX/TorchScript files."""
+    return _model_file_option(click.option("--model", "model_dir", required=True, callback=resolve_victim,
+                                           help=help_text))
+
+
+def _model_file_option(main: Callable[[Callable[..., Any]], Callable[..., Any]]
+                       ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    opts = [main] + [
         click.option(f"--{name.replace('_', '-')}", name, default=None, is_eager=True, expose_value=False,
-                     callback=_store_foreign_flag, help=text)
+                     callback=_store_foreign_flag, help=text.replace("victim", "victim or model", 1))
         for name, text in FOREIGN_HELP.items()
     ]
     return lambda fn: functools.reduce(lambda f, o: o(f), reversed(opts), fn)

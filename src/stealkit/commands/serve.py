@@ -7,13 +7,14 @@ import os
 
 import click
 
-from stealkit.commands.common import device_option
+from stealkit.commands.common import device_option, model_option
 from stealkit.errors import InputError
 
 
 @click.command("serve")
-@click.option("--model", "model_dir", required=True, type=click.Path(), help="Model directory (model.json + "
-              "model.safetensors).")
+@model_option(help_text="Model: a model directory, an extraction run directory (its student/), an ONNX (.onnx) or "
+              "TorchScript (.pt) file, or standard:NAME. An ONNX model answers predictions only (no gradients): "
+              "keys with explain = true are refused at start-up.")
 @click.option("--keys", "keys_path", required=True, type=click.Path(), help="TOML keys file ([[key]] tables: key, "
               "name, mode, budget, explain, rate, image_rate, defences, prada; [model] max_batch, max_body_mb, "
               "metrics_key). Keys must be long random strings.")
@@ -41,8 +42,9 @@ def serve_cmd(model_dir: str, keys_path: str, db: str, host: str, port: int, wor
 
     import uvicorn
 
-    from stealkit.models import load_model
-    from stealkit.serve.app import ENV
+    from stealkit.models.foreign_meta import join_victim, split_victim
+    from stealkit.models.locate import load_any_model
+    from stealkit.serve.app import ENV, check_explain_keys
     from stealkit.serve.keys import load_keys
     from stealkit.serve.store import Store
 
@@ -50,15 +52,17 @@ def serve_cmd(model_dir: str, keys_path: str, db: str, host: str, port: int, wor
         raise InputError("--workers, --max-inflight and --compute-slots must be >= 1 and --port in 1..65535")
     # fail fast, in this process, on a bad model, keys file or database (one clear line instead of N workers'
     # tracebacks), and create the schema once before the workers race to
-    load_model(model_dir, device=device)
+    _, spec = load_any_model(model_dir, device=device)
     config = load_keys(keys_path)
+    check_explain_keys(spec, config, model_dir)
     store = Store(db)
     store.sync_keys(config.keys.values())
     refunded = store.recover()  # requests in flight when a previous server died were never delivered
     store.close()
     if refunded:
         click.echo(f"refunded {refunded} request(s) left in flight by the previous run (never delivered)", err=True)
-    os.environ[ENV] = json.dumps({"model": os.path.abspath(model_dir), "keys": os.path.abspath(keys_path),
+    path, options = split_victim(model_dir)
+    os.environ[ENV] = json.dumps({"model": join_victim(os.path.abspath(path), options), "keys": os.path.abspath(keys_path),
                                   "db": os.path.abspath(db), "workers": workers, "threads": threads,
                                   "device": device, "max_inflight": max_inflight, "compute_slots": compute_slots,
                                   "supervisor_pid": os.getpid() if workers > 1 else None})

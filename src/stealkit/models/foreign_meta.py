@@ -223,6 +223,16 @@ class ForeignMeta:
     extra: dict[str, Any] = field(default_factory=dict)
     assumed: tuple[str, ...] = ()  # keys neither the file nor a flag gave (defaults were used)
 
+    @property
+    def arch(self) -> str:
+        """What stands where a zoo model names its architecture: the file's format (``onnx``, ``torchscript``)."""
+        return self.format
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """A foreign file carries no stealkit metrics (a zoo model's ``model.json`` does)."""
+        return {}
+
     def with_classes(self, num_classes: int) -> ForeignMeta:
         names = self.class_names or [str(i) for i in range(num_classes)]
         if len(names) != num_classes:

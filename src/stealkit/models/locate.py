@@ -4,15 +4,16 @@ TorchScript/ONNX file."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from stealkit.errors import InputError
-from stealkit.models.foreign_meta import foreign_format
+from stealkit.models.foreign_meta import foreign_format, split_victim
 from stealkit.models.io import SPEC_NAME, WEIGHTS_NAME
 
-__all__ = ["STUDENT_DIR", "load_substitute", "locate_model_dir"]
+__all__ = ["STUDENT_DIR", "has_gradients", "load_any_model", "load_substitute", "locate_model_dir"]
 
 #: where ``stealkit extract`` saves the stolen model inside its run directory
 STUDENT_DIR = "student"
@@ -36,19 +37,35 @@ def locate_model_dir(path: str | Path, *, what: str = "model") -> Path:
     return p
 
 
+def load_any_model(path: str | Path, *, device: str | torch.device = "cpu",
+                   what: str = "model") -> tuple[nn.Module, Any]:
+    """``(model, spec)`` for a model directory, an extraction run directory (its ``student/``), or an ONNX or
+    TorchScript file (optionally ``FILE?input_shape=...``, see :mod:`stealkit.models.foreign_meta`).
+
+    ``spec`` is a :class:`~stealkit.models.ModelSpec` or a :class:`~stealkit.models.foreign_meta.ForeignMeta`;
+    both have ``input_shape``, ``num_classes``, ``class_names``, ``extra``, ``arch`` and ``metrics``.
+    """
+    file = split_victim(str(path))[0]
+    if foreign_format(file) is not None:
+        from stealkit.models.foreign import load_foreign
+
+        return load_foreign(str(path), device=device)
+    from stealkit.models.io import load_model
+
+    return load_model(locate_model_dir(file, what=what), device=device)
+
+
+def has_gradients(spec: Any) -> bool:
+    """Whether a model loaded by :func:`load_any_model` gives input gradients (ONNX, run by onnxruntime, does not)."""
+    return getattr(spec, "format", None) != "onnx"
+
+
 def load_substitute(path: str | Path, *, device: str | torch.device = "cpu") -> nn.Module:
     """A white-box model to craft on: a model or extraction run directory, or a TorchScript file.
 
     ONNX files are refused: onnxruntime gives no gradients, which gradient-based transfer attacks need.
     """
-    fmt = foreign_format(str(path))
-    if fmt == "onnx":
+    if foreign_format(split_victim(str(path))[0]) == "onnx":
         raise InputError(f"substitute {path} is ONNX: onnxruntime gives no gradients, which transfer attacks need; "
                          "pass a model directory, an extraction run directory or a TorchScript (.pt) file")
-    if fmt == "torchscript":
-        from stealkit.models.foreign import load_foreign
-
-        return load_foreign(str(path), device=device)[0]
-    from stealkit.models.io import load_model
-
-    return load_model(locate_model_dir(path, what="substitute"), device=device)[0]
+    return load_any_model(path, device=device, what="substitute")[0]

@@ -120,6 +120,16 @@ def _client(request: Request) -> str:
     return request.client.host if request.client is not None else "unknown"
 
 
+def check_explain_keys(spec: Any, config: ServerConfig, model: str | Path) -> None:
+    """Refuse, before serving, keys with ``explain = true`` on a model without gradients (ONNX)."""
+    from stealkit.models.locate import has_gradients
+
+    explainers = [k.key_id for k in config.keys.values() if k.explain]
+    if explainers and not has_gradients(spec):
+        raise InputError(f"{model} is ONNX: onnxruntime gives no gradients, so it cannot explain; set explain = false "
+                         f"for key(s) {', '.join(explainers)} or serve a TorchScript file or model directory")
+
+
 def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str | Path, *, workers: int = 1,
                device: str = "cpu", max_inflight: int = 64, compute_slots: int = 4) -> FastAPI:
     """Build the API over a saved model directory, a keys file (or parsed config) and a SQLite file.
@@ -128,11 +138,12 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
     three quarters of it for one key (more are answered 429); ``compute_slots`` bounds the model computations it
     runs at once, shared fairly between keys.
     """
-    from stealkit.models import load_model
+    from stealkit.models.locate import load_any_model
 
-    model, spec = load_model(model_dir, device=device)
+    model, spec = load_any_model(model_dir, device=device)
     model.eval()
     config = keys if isinstance(keys, ServerConfig) else load_keys(keys)
+    check_explain_keys(spec, config, model_dir)
     service = Service(model=model, spec=spec, config=config, store=Store(db), workers=max(1, workers),
                       device=device)
     docs = _schemas(service.input_shape, config.max_batch)

@@ -1,0 +1,1 @@
+"""Bridges to other tools (IBM's ART); each module imports its tool lazily, behind an optional extra."""
