@@ -69,8 +69,8 @@ def main() -> None:
             for t in threads:
                 rows.append({"neighbours": neighbours, "threads": t or "torch default", "runs": len(times[t]),
                              "median_s": round(statistics.median(times[t]), 2),
-                             "min_s": round(min(times[t]), 2), "max_s": round(max(times[t]), 2)})
-            rows[-1]["load_average_1min_before_runs"] = [round(x, 2) for x in loads]
+                             "min_s": round(min(times[t]), 2), "max_s": round(max(times[t]), 2),
+                             "load_average_1min_before_this_group": [round(x, 2) for x in loads]})
     print(json.dumps({"command": args.command, "cpus": os.cpu_count(), "repeats": args.repeats, "rows": rows},
                      indent=2))
 
