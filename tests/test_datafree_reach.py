@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from stealkit.extract.datafree_common import LoopConfig
+from stealkit.extract.datafree_loop import LoopConfig
 from torch import nn
 
 from stealkit.extract.codfe import CoDFeConfig, extract_codfe
