@@ -226,6 +226,8 @@ def active_rounds(
     rounds: list[dict[str, Any]] = []
     start = 0
     journal = cache.oracle if isinstance(cache.oracle, JournalOracle) else None
+    if checkpoint_dir is not None:
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
     if checkpoint_dir is not None and resume:
         meta = load_round(checkpoint_dir, cache, cache.oracle.ledger)
         if meta is not None:

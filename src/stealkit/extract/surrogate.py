@@ -61,6 +61,15 @@ Augment = Literal["none", "shift", "shift-flip"]
 
 _SCHEDULES: dict[str, str] = {"cyclic": "onecycle", "step": "step"}
 
+# The command's presets: ``active`` (its default) is the combination chosen on a validation split
+# (docs/surrogate-active.md); ``plain`` / ``paper`` is the attack of DFME appendix A as it was before.
+PRESETS: dict[str, dict[str, str]] = {
+    "active": {"select": "mix", "ssl": "fixmatch"},
+    "plain": {"select": "random", "ssl": "none"},
+    "paper": {"select": "random", "ssl": "none"},
+}
+FLIP_INVARIANT = ("fashion-mnist", "cifar10", "cifar100", "svhn-flip")  # data sets whose mirror images are valid
+
 
 # --------------------------------------------------------------------------------------------------------
 # Losses (A.1)
