@@ -59,7 +59,9 @@ class ActiveConfig:
     ``initial``: the fraction of the budget queried at random first (the seed set). ``rounds``: how many
     selection rounds share the rest. ``round_epochs``: epochs of each round's substitute (the final student
     trains for the extraction's own epochs). ``factor``: ``mix`` keeps ``factor * m`` uncertain candidates
-    for k-center greedy. ``score_batch``: images per forward pass when scoring the pool.
+    for k-center greedy. ``score_batch``: images per forward pass when scoring the pool. ``round_ssl``:
+    train the round substitutes with the semi-supervised loss too (off: they train on the answered images
+    only, which costs a fraction of the final student's training).
     """
 
     initial: float = 0.2
@@ -67,6 +69,7 @@ class ActiveConfig:
     round_epochs: int = 10
     factor: int = 4
     score_batch: int = 1024
+    round_ssl: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.initial <= 1.0:

@@ -339,7 +339,8 @@ def _active(oracle: Oracle, pool: torch.Tensor, n: int, loss_fn: LossFn, make_st
 
     def train(idx: torch.Tensor, epochs: int) -> nn.Module:
         student = make_student()
-        train_student(student, cache, idx, loss_fn, replace(config, epochs=epochs), device=device)
+        ssl = config.ssl if config.active.round_ssl else "none"
+        train_student(student, cache, idx, loss_fn, replace(config, epochs=epochs, ssl=ssl), device=device)
         return student
 
     def on_round(student: nn.Module, rec: dict[str, Any]) -> None:
