@@ -204,6 +204,21 @@ def ours_variant(name: str, victim_dir: str, mode: str, pool: torch.Tensor, budg
             "round_train_seconds": round(sum(x["train_seconds"] for x in rounds), 2)}
 
 
+def _write_comparison_run(path: str, out: dict[str, Any]) -> None:
+    """A run directory (kind ``extract surrogate``) whose report shows the comparison's accuracy curves."""
+    from stealkit.report.builders import build_report
+    from stealkit.rundir import RunDir
+
+    run = RunDir(path).create(command="extract surrogate", seed=None, config={"benchmark": out["settings"]})
+    note = (f"benchmarks/surrogate_extraction.py --active: victim {out['victim']}, every tool trains the same "
+            f"student ({out['settings']['student']}) for {out['settings']['epochs']} epochs with batch "
+            f"{out['settings']['batch_size']} on the same pool; seeds {out['settings']['seeds']}; "
+            f"{'validation split' if out['validate'] else 'test split'}.")
+    run.write_summary({"method": "surrogate-comparison", "victim_accuracy": out["victim_accuracy"],
+                       "strategy": "comparison", "comparison": {"table": out["table"], "note": note}})
+    run.write_report(build_report(run))
+
+
 def _append_jsonl(path: str | None, row: dict[str, Any]) -> None:
     if path:
         with open(path, "a", encoding="utf-8") as fh:
@@ -249,6 +264,8 @@ def active_main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=64, help="batch of every tool's student")
     p.add_argument("--validate", action="store_true", help="score on a held-out part of the pool, not the test split")
     p.add_argument("--jsonl", default=None)
+    p.add_argument("--report-out", default=None,
+                   help="also write a run directory whose report plots accuracy against queries for every row")
     args = p.parse_args(argv)
     args.art_epochs, args.art_batch = args.epochs, args.batch_size  # equal training for ART
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
@@ -297,6 +314,8 @@ def active_main(argv: list[str] | None = None) -> int:
            "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(),
                        "torch": torch.__version__, "loadavg": list(os.getloadavg())},
            "table": _aggregate(rows), "rows": rows}
+    if args.report_out:
+        _write_comparison_run(args.report_out, out)
     json.dump(out, sys.stdout, indent=1)
     print()
     return 0

@@ -64,7 +64,7 @@ _SCHEDULES: dict[str, str] = {"cyclic": "onecycle", "step": "step"}
 # The command's presets: ``active`` (its default) is the combination chosen on a validation split
 # (docs/surrogate-active.md); ``plain`` / ``paper`` is the attack of DFME appendix A as it was before.
 PRESETS: dict[str, dict[str, str]] = {
-    "active": {"select": "mix", "ssl": "fixmatch"},
+    "active": {"select": "kcenter", "ssl": "fixmatch"},
     "plain": {"select": "random", "ssl": "none"},
     "paper": {"select": "random", "ssl": "none"},
 }
