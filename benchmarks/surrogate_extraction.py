@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
 ACTIVE_ROWS = {  # row -> (select, ssl); "ours-default" is the command's default preset
     "ours-plain": ("random", "none"),
     "ours-ssl": ("random", "fixmatch"),
-    "ours-active": ("mix", "none"),
+    "ours-active": None,  # the default's selection, no SSL
     "ours-default": None,
 }
 ART_ROWS = {"label": ["art-knockoff-random", "art-knockoff-adaptive", "art-copycat"],
@@ -303,6 +303,8 @@ def active_main(argv: list[str] | None = None) -> int:
                         pair = ACTIVE_ROWS[row_name]
                         select, ssl = pair if pair is not None else (PRESETS["active"]["select"],
                                                                      PRESETS["active"]["ssl"])
+                        if row_name == "ours-active":
+                            ssl = "none"
                     row = ours_variant(row_name, str(trained.path), mode, pool, budget, evaluator, a, select, ssl,
                                        flip)
                     rows.append(row)
