@@ -46,7 +46,7 @@ from stealkit.extract.common import ExtractionResult, curve_point
 from stealkit.extract.knockoff import KnockoffConfig, knockoff_select
 from stealkit.extract.logit_recovery import recover_logits
 from stealkit.extract.losses import LossFn
-from stealkit.extract.semi_supervised import SSL, FixMatchConfig, with_fixmatch
+from stealkit.extract.semi_supervised import SSL, FixMatchConfig, shift_images, with_fixmatch
 from stealkit.extract.targets import victim_log_probs
 from stealkit.metrics import Evaluator
 from stealkit.oracle import Oracle, OutputMode
@@ -183,18 +183,7 @@ def augment_batch(x: torch.Tensor, kind: Augment, gen: torch.Generator, pad: int
     """Random translations by up to ``pad`` pixels (zero fill), plus horizontal flips for ``shift-flip``."""
     if kind == "none":
         return x
-    b, _, h, w = x.shape
-    padded = F.pad(x, (pad, pad, pad, pad))
-    dy = torch.randint(0, 2 * pad + 1, (b,), generator=gen)
-    dx = torch.randint(0, 2 * pad + 1, (b,), generator=gen)
-    rows = (dy[:, None] + torch.arange(h)[None]).clamp_max(h + 2 * pad - 1)  # [B, H]
-    cols = (dx[:, None] + torch.arange(w)[None]).clamp_max(w + 2 * pad - 1)  # [B, W]
-    out = padded[torch.arange(b)[:, None, None, None], torch.arange(x.shape[1])[None, :, None, None],
-                 rows[:, None, :, None], cols[:, None, None, :]]
-    if kind == "shift-flip":
-        flip = torch.rand(b, generator=gen) < 0.5
-        out = torch.where(flip[:, None, None, None], out.flip(3), out)
-    return out
+    return shift_images(x, pad, gen, flip=kind == "shift-flip")
 
 
 def epoch_indices(indices: torch.Tensor, pool_size: int, fm: FixMatchConfig) -> torch.Tensor:
