@@ -208,5 +208,157 @@ def run_seed(args: argparse.Namespace, attacks: list[str], budgets: list[int], t
     return rows
 
 
+# --------------------------------------------------------------------------------------------------------
+# Active selection and FixMatch (docs/surrogate-active.md): ``--active`` runs this part instead of main()
+# --------------------------------------------------------------------------------------------------------
+ACTIVE_ROWS = {  # row -> (select, ssl); "ours-default" is the command's default preset
+    "ours-plain": ("random", "none"),
+    "ours-ssl": ("random", "fixmatch"),
+    "ours-active": None,  # the default's selection, no SSL
+    "ours-default": None,
+}
+ART_ROWS = {"label": ["art-knockoff-random", "art-knockoff-adaptive", "art-copycat"],
+            "probs": ["art-knockoff-prob-softmax"]}
+
+
+def ours_variant(name: str, victim_dir: str, mode: str, pool: torch.Tensor, budget: int, evaluator: Evaluator,
+                 args: argparse.Namespace, select: str, ssl: str, flip: bool) -> dict[str, Any]:
+    """One run of ``extract_surrogate`` with a selection strategy and SSL method (same student/epochs/batch)."""
+    from stealkit.extract.semi_supervised import FixMatchConfig
+
+    v = open_victim(victim_dir, mode=mode, budget=budget)
+    config = SurrogateConfig(max_distinct=budget, epochs=args.epochs, batch_size=args.batch_size,
+                             select=select, ssl=ssl, fixmatch=FixMatchConfig(flip=flip),  # type: ignore[arg-type]
+                             seed=args.seed)
+    t0 = time.perf_counter()
+    r = extract_surrogate(v.oracle, pool, make_student=student_factory(args.student, v, args.seed), config=config,
+                          evaluator=evaluator)
+    rounds = r.extra.get("active", {}).get("rounds", [])
+    return {"attack": name, "mode": mode, "budget": budget, "seed": args.seed, "select": select, "ssl": ssl,
+            "accuracy": r.accuracy, "fidelity": r.fidelity, "queries": r.queries["predict"],
+            "seconds": round(time.perf_counter() - t0, 1),
+            "select_seconds": round(sum(x["select_seconds"] for x in rounds), 2),
+            "round_train_seconds": round(sum(x["train_seconds"] for x in rounds), 2)}
+
+
+def _write_comparison_run(path: str, out: dict[str, Any]) -> None:
+    """A run directory (kind ``extract surrogate``) whose report shows the comparison's accuracy curves."""
+    from stealkit.report.builders import build_report
+    from stealkit.rundir import RunDir
+
+    run = RunDir(path).create(command="extract surrogate", seed=None, config={"benchmark": out["settings"]})
+    note = (f"benchmarks/surrogate_extraction.py --active: victim {out['victim']}, every tool trains the same "
+            f"student ({out['settings']['student']}) for {out['settings']['epochs']} epochs with batch "
+            f"{out['settings']['batch_size']} on the same pool; seeds {out['settings']['seeds']}; "
+            f"{'validation split' if out['validate'] else 'test split'}.")
+    run.write_summary({"method": "surrogate-comparison", "victim_accuracy": out["victim_accuracy"],
+                       "strategy": "comparison", "comparison": {"table": out["table"], "note": note}})
+    run.write_report(build_report(run))
+
+
+def _append_jsonl(path: str | None, row: dict[str, Any]) -> None:
+    if path:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+
+def _aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean and sample standard deviation over seeds of each (attack, mode, budget)."""
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["attack"], r["mode"], r["budget"]), []).append(r)
+    out = []
+    for (attack, mode, budget), rs in groups.items():
+        row: dict[str, Any] = {"attack": attack, "mode": mode, "budget": budget, "seeds": len(rs)}
+        for key in ("accuracy", "fidelity", "seconds"):
+            t = torch.tensor([float(r[key]) for r in rs], dtype=torch.float64)
+            row[key] = round(float(t.mean()), 4)
+            row[f"{key}_std"] = round(float(t.std()), 4) if len(rs) > 1 else 0.0
+        out.append(row)
+    return out
+
+
+def active_main(argv: list[str] | None = None) -> int:
+    """Stealkit's default, each ingredient alone and ART at equal training (student, epochs, batch, pool).
+
+    ``--validate`` holds out the last fifth of the attacker pool (true labels) as a validation split and
+    scores on it instead of the test split: this is how the default combination is chosen.
+    """
+    import os
+
+    from stealkit.extract.surrogate import FLIP_INVARIANT, PRESETS
+
+    p = argparse.ArgumentParser(description=active_main.__doc__)
+    p.add_argument("--active", action="store_true")
+    p.add_argument("--victim", default="fmnist-conv2")
+    p.add_argument("--budgets", default="100,300,1000")
+    p.add_argument("--modes", default="label,probs")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--rows", default="ours-default,ours-plain,ours-ssl,ours-active,art",
+                   help="comma list of ours-default, ours-plain, ours-ssl, ours-active, art, or SELECT/SSL pairs")
+    p.add_argument("--student", default="conv2")
+    p.add_argument("--epochs", type=int, default=30, help="epochs of every tool's student (equal training)")
+    p.add_argument("--batch-size", type=int, default=64, help="batch of every tool's student")
+    p.add_argument("--validate", action="store_true", help="score on a held-out part of the pool, not the test split")
+    p.add_argument("--jsonl", default=None)
+    p.add_argument("--report-out", default=None,
+                   help="also write a run directory whose report plots accuracy against queries for every row")
+    args = p.parse_args(argv)
+    args.art_epochs, args.art_batch = args.epochs, args.batch_size  # equal training for ART
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    trained = standard_victim(args.victim)
+    v = open_victim(trained.path, mode="probs")
+    splits = victim_splits(v)
+    flip = v.dataset in FLIP_INVARIANT
+    pool_ds = splits.attacker_pool
+    order = torch.randperm(len(pool_ds), generator=torch.Generator().manual_seed(1234))
+    if args.validate:
+        cut = len(pool_ds) * 4 // 5
+        pool, labels = pool_ds.x[order[:cut]], pool_ds.y[order[:cut]]
+        evaluator = make_evaluator(v, pool_ds.x[order[cut:]], pool_ds.y[order[cut:]])
+    else:
+        pool, labels = pool_ds.x[order], pool_ds.y[order]
+        evaluator = make_evaluator(v, splits.test.x, splits.test.y)
+    rows: list[dict[str, Any]] = []
+    t_all = time.perf_counter()
+    for budget in [int(b) for b in args.budgets.split(",")]:
+        for mode in args.modes.split(","):
+            for seed in [int(s) for s in args.seeds.split(",")]:
+                a = argparse.Namespace(**{**vars(args), "seed": seed})
+                for row_name in args.rows.split(","):
+                    if row_name == "art":
+                        for art_name in ART_ROWS[mode]:
+                            row = {**art(art_name, trained.model, pool, labels, budget, evaluator, a,
+                                         tuple(v.input_shape), v.num_classes), "mode": mode, "seed": seed}
+                            rows.append(row)
+                            log.info("%s", row)
+                            _append_jsonl(args.jsonl, row)
+                        continue
+                    if "/" in row_name:
+                        select, ssl = row_name.split("/")
+                    else:
+                        pair = ACTIVE_ROWS[row_name]
+                        select, ssl = pair if pair is not None else (PRESETS["active"]["select"],
+                                                                     PRESETS["active"]["ssl"])
+                        if row_name == "ours-active":
+                            ssl = "none"
+                    row = ours_variant(row_name, str(trained.path), mode, pool, budget, evaluator, a, select, ssl,
+                                       flip)
+                    rows.append(row)
+                    log.info("%s", row)
+                    _append_jsonl(args.jsonl, row)
+    out = {"benchmark": "surrogate_extraction/active", "victim": args.victim, "validate": args.validate,
+           "victim_accuracy": evaluator.victim_accuracy, "settings": vars(args),
+           "default": PRESETS["active"], "seconds": round(time.perf_counter() - t_all, 1),
+           "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(),
+                       "torch": torch.__version__, "loadavg": list(os.getloadavg())},
+           "table": _aggregate(rows), "rows": rows}
+    if args.report_out:
+        _write_comparison_run(args.report_out, out)
+    json.dump(out, sys.stdout, indent=1)
+    print()
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(active_main() if "--active" in sys.argv else main())

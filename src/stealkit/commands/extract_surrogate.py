@@ -1,4 +1,6 @@
-"""``stealkit extract surrogate``: surrogate-data extraction (DFME appendix A; Knockoff Nets' adaptive policy)."""
+"""``stealkit extract surrogate``: surrogate-data extraction (DFME appendix A; Knockoff Nets' adaptive policy;
+ActiveThief's active selection and FixMatch on the unqueried pool, the validated default, ``--preset plain``
+for the attack as it was)."""
 
 from __future__ import annotations
 
@@ -62,6 +64,17 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
 @click.option("--lr", type=float, default=0.1, show_default=True, help="Maximum SGD learning rate.")
 @click.option("--strategy", type=click.Choice(["random", "knockoff"]), default="random", show_default=True,
               help="Which images to query: a random shuffle, or Knockoff Nets' adaptive policy.")
+@click.option("--select", type=click.Choice(["random", "entropy", "margin", "kcenter", "mix"]), default=None,
+              help="Which images to query, in rounds of query -> train -> select (ActiveThief): the student's "
+                   "uncertainty (entropy, margin), coverage (kcenter), or both (mix); random: one shuffle. "
+                   "Default: the preset's.")
+@click.option("--ssl", type=click.Choice(["none", "fixmatch"]), default=None,
+              help="Also train on the unqueried pool with FixMatch consistency (Jagielski et al. 2020). "
+                   "Default: the preset's.")
+@click.option("--preset", type=click.Choice(["active", "plain", "paper"]), default="active", show_default=True,
+              help="active: the validated best selection + SSL (docs/surrogate-active.md); plain/paper: random "
+                   "queries, no SSL (the attack as in DFME appendix A, stealkit's behaviour before).")
+@click.option("--resume", is_flag=True, help="Continue the stopped active rounds in --out from their checkpoint.")
 @click.option("--augment", type=click.Choice(["none", "shift", "shift-flip"]), default="none", show_default=True,
               help="Train on shifted/flipped copies of queried images with their cached answers (no queries).")
 @click.option("--student", default="conv2", show_default=True, help="Student architecture.")
@@ -74,7 +87,8 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
 @device_option
 def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, top_k: int, budget: int,
                   dataset: str | None, data_dir: str | None, pool: str, max_distinct: int | None, loss: str,
-                  tau: float, schedule: str, lr: float, strategy: str, augment: str, student: str,
+                  tau: float, schedule: str, lr: float, strategy: str, select: str | None, ssl: str | None,
+                  preset: str, resume: bool, augment: str, student: str,
                   student_args: tuple[str, ...], epochs: int, batch_size: int, eval_every: int,
                   settings: tuple[str, ...], seed: int, out: str, device: str) -> None:
     """Surrogate-data extraction: query a surrogate pool, distil the answers with the tau-scaled KL (DFME A)."""
@@ -86,34 +100,48 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
         victim_splits,
     )
     from stealkit.extract.registry import METHODS
-    from stealkit.extract.surrogate import resolve_loss
+    from stealkit.extract.surrogate import FLIP_INVARIANT, PRESETS, resolve_loss
     from stealkit.settings import apply_settings
 
     resolve_loss(loss, mode)  # type: ignore[arg-type]  # refuse e.g. KL on labels before any work
     kwargs = parse_kv(student_args)
     method = METHODS["surrogate"]
+    chosen = dict(PRESETS[preset] if strategy == "random" else PRESETS["plain"])  # knockoff: its own policy
+    chosen.update({k: v for k, v in (("select", select), ("ssl", ssl)) if v is not None})
     config = method.config(max_distinct=max_distinct, loss=loss, tau=tau, epochs=epochs,  # type: ignore[misc]
                            batch_size=batch_size, lr=lr, schedule=schedule, strategy=strategy,
-                           augment=augment, eval_every=eval_every, seed=seed)
-    config = apply_settings(config, parse_kv(settings), who="surrogate")
+                           augment=augment, eval_every=eval_every, seed=seed, **chosen)
+    given = parse_kv(settings)
+    config = apply_settings(config, given, who="surrogate")
+    run = RunDir(out)
+    checkpoint = run.path / "checkpoint"
+    if not resume and (checkpoint / "active.json").exists():
+        raise InputError(f"{out} holds a checkpoint of an earlier run: pass --resume to continue it, or choose "
+                         "another --out")
+    if resume and config.select == "random":
+        raise InputError("--resume continues active rounds; this run has --select random (nothing to resume)")
     v = open_victim(victim, mode=mode, budget=budget, temperature=temperature, top_k=top_k, key=key,
                     dataset=dataset, device=device, seed=seed)
+    if "fixmatch.flip" not in given:  # mirror images only where the data set is flip-invariant
+        config = apply_settings(config, {"fixmatch.flip": v.dataset in FLIP_INVARIANT}, who="surrogate")
     splits = victim_splits(v, data_dir)
     from stealkit.data import parse_source
 
     cap = min(budget, max_distinct) if max_distinct is not None else budget
     knockoff = strategy == "knockoff"
-    # random queries the first ``cap`` of a shuffle; the adaptive policy chooses among the whole pool
-    # (a synthetic source draws four candidates per query it may make)
-    n_pool = (4 * cap if parse_source(pool).is_synthetic else None) if knockoff else cap
+    # plain random queries the first ``cap`` of a shuffle; the adaptive policy, active selection and FixMatch
+    # use the whole pool (a synthetic source draws four candidates per query it may make)
+    whole = knockoff or config.select != "random" or config.ssl != "none"
+    n_pool = (4 * cap if parse_source(pool).is_synthetic else None) if whole else cap
     x_pool, labels = load_surrogate_pool(pool, input_shape=v.input_shape, n=n_pool, seed=seed, data_dir=data_dir,
                                          victim_dataset=v.dataset, split_seed=v.split_seed, with_labels=knockoff)
-    cfg = {"victim": victim, "mode": mode, "budget": budget, "pool": pool, "student": student,
+    cfg = {"victim": victim, "mode": mode, "budget": budget, "pool": pool, "student": student, "preset": preset,
            "student_kwargs": kwargs, "dataset": v.dataset, "surrogate": config}
-    run = RunDir(out).create(command="extract surrogate", seed=seed, config=cfg)
+    run.create(command="extract surrogate", seed=seed, config=cfg)
     result = method.run(v.oracle, x_pool, make_student=student_factory(student, v, seed, **kwargs),
                         config=config, evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
-                        pool_labels=labels, on_point=run.append_record, device=device)
+                        pool_labels=labels, on_point=run.append_record, device=device,
+                        checkpoint_dir=checkpoint if config.select != "random" else None, resume=resume)
     save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
     click.echo(f"accuracy {result.accuracy:.4f}, fidelity {result.fidelity}, queries {result.queries}; "
                f"report: {run.report_path}")

@@ -50,6 +50,7 @@ def surrogate_sections(run: RunDir, config: dict[str, Any], summary: dict[str, A
     curve = summary.get("curve", [])
     settings = {k: summary.get(k) for k in ("strategy", "mode", "loss", "tau", "schedule", "n_distinct",
                                             "cache_hits")}
+    settings |= {k: summary[k] for k in ("select", "ssl", "seconds") if k in summary}  # newer runs only
     sections = [Section("Setting", paragraphs=[
         "Surrogate-data extraction (Truong et al. 2021, appendix A): every distinct image is queried once and "
         "its answer cached; later epochs re-use the cache, so the ledger's count is the number of distinct "
@@ -71,6 +72,47 @@ def surrogate_sections(run: RunDir, config: dict[str, Any], summary: dict[str, A
         sections.append(Section("Knockoff Nets policy", tables=[("queries per action (pool class)", rows)]))
     elif len({p.get("queries") for p in curve}) > 1:
         sections += curve_sections(curve, summary.get("victim_accuracy"))
+    if summary.get("active"):
+        sections.append(_active_section(summary["active"], curve[-1] if curve else None,
+                                        summary.get("victim_accuracy")))
+    if summary.get("comparison"):
+        sections += _comparison_sections(summary["comparison"], summary.get("victim_accuracy"))
+    return sections
+
+
+def _active_section(trace: dict[str, Any], final: dict[str, Any] | None, va: float | None) -> Section:
+    """ActiveThief's rounds: what each round queried, and each round's substitute against the queries."""
+    scores = list(trace.get("round_scores") or [])
+    figures = []
+    if scores:
+        pts = [(p["queries"], p["accuracy"]) for p in scores]
+        if final is not None and final.get("accuracy") is not None:
+            pts.append((final["queries"], final["accuracy"]))
+        uri = line_plot({"substitute, then final student": ([x for x, _ in pts], [y for _, y in pts])},
+                        xlabel="queries (ledger)", ylabel="test accuracy", ylim=(0, 1.02),
+                        hlines={"victim accuracy": va} if va is not None else None)
+        figures.append(Figure(uri, "Accuracy against queries over the active rounds"))
+    return Section(f"Active selection ({trace.get('strategy')})", paragraphs=[
+        "Rounds of query, train, select (ActiveThief, Pal et al. AAAI 2020): a random seed set, then each "
+        "round's substitute chooses the next images from the unqueried pool. Seconds are wall time per round."],
+        tables=[("rounds", trace.get("rounds", [])), ("substitute of each round", scores)], figures=figures)
+
+
+def _comparison_sections(comparison: dict[str, Any], va: float | None) -> list[Section]:
+    """Accuracy against queries of each attack in a side-by-side benchmark (mean over seeds), per answer mode."""
+    rows = comparison.get("table", [])
+    sections = []
+    for mode in sorted({r["mode"] for r in rows}):
+        series: dict[str, tuple[list[Any], list[Any]]] = {}
+        for r in sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["budget"]):
+            xs, ys = series.setdefault(r["attack"], ([], []))
+            xs.append(r["budget"])
+            ys.append(r["accuracy"])
+        uri = line_plot(series, xlabel="queries", ylabel="test accuracy", logx=True, ylim=(0, 1.02),
+                        hlines={"victim accuracy": va} if va is not None else None)
+        sections.append(Section(f"Against ART ({mode} answers)", paragraphs=[comparison.get("note", "")],
+                                tables=[("mean and std over seeds", [r for r in rows if r["mode"] == mode])],
+                                figures=[Figure(uri, f"Accuracy against queries, {mode} answers")]))
     return sections
 
 

@@ -15,6 +15,11 @@ The attacker queries the victim with a surrogate data set and distils the answer
   query. The ledger count therefore equals the number of distinct images answered.
 * **Query strategy.** ``random`` queries a seeded shuffle of the pool; ``knockoff`` picks images with the
   adaptive policy of Knockoff Nets (Orekondy et al., CVPR 2019; :mod:`stealkit.extract.knockoff`).
+* **Active selection** (``select``; ActiveThief, Pal et al. AAAI 2020): rounds of query -> train -> select by
+  the substitute's uncertainty or by k-center coverage (:mod:`stealkit.extract.active`), resumable.
+* **Semi-supervised training** (``ssl="fixmatch"``; Jagielski et al. USENIX Security 2020, Sec. 5.2; FixMatch,
+  Sohn et al. 2020): the student also learns from the pool images never queried
+  (:mod:`stealkit.extract.semi_supervised`). ``PRESETS`` names the validated default and the plain attack.
 
 Surrogate sources (the victim's attacker pool, a skewed subset, another data set adapted by resizing and
 channel repetition, natural patches, Gaussian noise) come from :func:`stealkit.data.load_query_source`.
@@ -24,8 +29,10 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -33,11 +40,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from stealkit.errors import InputError
+from stealkit.extract.active import SELECTIONS, ActiveConfig, Select, active_rounds
 from stealkit.extract.answer_cache import AnswerCache, distinct_cap
 from stealkit.extract.common import ExtractionResult, curve_point
 from stealkit.extract.knockoff import KnockoffConfig, knockoff_select
 from stealkit.extract.logit_recovery import recover_logits
 from stealkit.extract.losses import LossFn
+from stealkit.extract.semi_supervised import SSL, FixMatchConfig, shift_images, with_fixmatch
 from stealkit.extract.targets import victim_log_probs
 from stealkit.metrics import Evaluator
 from stealkit.oracle import Oracle, OutputMode
@@ -51,6 +60,15 @@ Strategy = Literal["random", "knockoff"]
 Augment = Literal["none", "shift", "shift-flip"]
 
 _SCHEDULES: dict[str, str] = {"cyclic": "onecycle", "step": "step"}
+
+# The command's presets: ``active`` (its default) is the combination chosen on a validation split
+# (docs/surrogate-active.md); ``plain`` / ``paper`` is the attack of DFME appendix A as it was before.
+PRESETS: dict[str, dict[str, str]] = {
+    "active": {"select": "kcenter", "ssl": "fixmatch"},
+    "plain": {"select": "random", "ssl": "none"},
+    "paper": {"select": "random", "ssl": "none"},
+}
+FLIP_INVARIANT = ("fashion-mnist", "cifar10", "cifar100", "svhn-flip")  # data sets whose mirror images are valid
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -109,6 +127,8 @@ class SurrogateConfig:
     ``schedule``: ``cyclic`` or ``step`` (A.2), with maximum learning rate ``lr``. ``augment``: random shifts
     of up to 2 pixels (and horizontal flips) of queried images, each trained on the cached answer of its
     original (costs no query; off in the paper). ``eval_every``: score the student every so many epochs.
+    ``select``: ``random`` (one shuffle) or an active strategy queried in rounds (``active``). ``ssl``:
+    ``fixmatch`` adds the consistency loss on the whole pool (``fixmatch``). The defaults are the plain attack.
     """
 
     max_distinct: int | None = None
@@ -123,6 +143,10 @@ class SurrogateConfig:
     strategy: Strategy = "random"
     knockoff: KnockoffConfig = field(default_factory=KnockoffConfig)
     augment: Augment = "none"
+    select: Select = "random"
+    active: ActiveConfig = field(default_factory=ActiveConfig)
+    ssl: SSL = "none"
+    fixmatch: FixMatchConfig = field(default_factory=FixMatchConfig)
     query_batch: int = 256
     eval_every: int = 0
     seed: int = 0
@@ -136,6 +160,12 @@ class SurrogateConfig:
             raise InputError(f"unknown schedule {self.schedule!r}; expected cyclic or step")
         if self.strategy not in ("random", "knockoff"):
             raise InputError(f"unknown query strategy {self.strategy!r}; expected random or knockoff")
+        if self.select not in SELECTIONS:
+            raise InputError(f"unknown selection {self.select!r}; expected one of {', '.join(SELECTIONS)}")
+        if self.select != "random" and self.strategy == "knockoff":
+            raise InputError(f"selection {self.select!r} replaces the knockoff policy; use one or the other")
+        if self.ssl not in ("none", "fixmatch"):
+            raise InputError(f"unknown semi-supervised method {self.ssl!r}; expected none or fixmatch")
         if self.augment not in ("none", "shift", "shift-flip"):
             raise InputError(f"unknown augmentation {self.augment!r}; expected none, shift or shift-flip")
         if self.loss not in ("auto", "kl", "ce", "l1"):
@@ -153,18 +183,17 @@ def augment_batch(x: torch.Tensor, kind: Augment, gen: torch.Generator, pad: int
     """Random translations by up to ``pad`` pixels (zero fill), plus horizontal flips for ``shift-flip``."""
     if kind == "none":
         return x
-    b, _, h, w = x.shape
-    padded = F.pad(x, (pad, pad, pad, pad))
-    dy = torch.randint(0, 2 * pad + 1, (b,), generator=gen)
-    dx = torch.randint(0, 2 * pad + 1, (b,), generator=gen)
-    rows = (dy[:, None] + torch.arange(h)[None]).clamp_max(h + 2 * pad - 1)  # [B, H]
-    cols = (dx[:, None] + torch.arange(w)[None]).clamp_max(w + 2 * pad - 1)  # [B, W]
-    out = padded[torch.arange(b)[:, None, None, None], torch.arange(x.shape[1])[None, :, None, None],
-                 rows[:, None, :, None], cols[:, None, None, :]]
-    if kind == "shift-flip":
-        flip = torch.rand(b, generator=gen) < 0.5
-        out = torch.where(flip[:, None, None, None], out.flip(3), out)
-    return out
+    return shift_images(x, pad, gen, flip=kind == "shift-flip")
+
+
+def epoch_indices(indices: torch.Tensor, pool_size: int, fm: FixMatchConfig) -> torch.Tensor:
+    """The labelled indices an epoch visits under FixMatch: cycled until the ``mu`` unlabelled images drawn
+    per labelled one cover the pool once (``fm.epoch == "pool"``, as FixMatch counts training by unlabelled
+    data), or each once (``"labelled"``, the plain attack's epoch)."""
+    if fm.epoch == "labelled" or indices.numel() == 0:
+        return indices
+    want = max(indices.numel(), math.ceil(pool_size / fm.mu))
+    return indices.repeat(math.ceil(want / indices.numel()))[:want]
 
 
 def train_student(
@@ -178,13 +207,19 @@ def train_student(
     device: str | torch.device = "cpu",
 ) -> list[dict[str, float]]:
     """Train ``student`` on the images ``cache.x[indices]`` against their cached answers (queried when first
-    needed). SGD with the A.2 schedule; returns one ``{"epoch", "loss", "lr"}`` per epoch."""
+    needed). SGD with the A.2 schedule; returns one ``{"epoch", "loss", "lr"}`` per epoch. With ``ssl``
+    ``fixmatch`` every step adds FixMatch's loss on images drawn from the whole pool ``cache.x``."""
     tc = replace(config.train_config(), seed=config.seed)
 
-    def batch_loss(model: nn.Module, idx: torch.Tensor, _: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    def labelled(model: nn.Module, idx: torch.Tensor, _: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         idx = idx.cpu()
         answers = cache.get(idx).to(device)  # queried the first time an image is needed, then reused
         return loss_fn(model(augment_batch(cache.x[idx], config.augment, gen).to(device)), answers)
+
+    batch_loss = labelled
+    if config.ssl == "fixmatch":
+        batch_loss = with_fixmatch(labelled, cache.x, config.fixmatch, device)
+        indices = epoch_indices(indices, len(cache), config.fixmatch)
 
     def epoch_done(epoch: int, rec: dict[str, float]) -> None:
         if on_epoch is not None:
@@ -206,6 +241,8 @@ def extract_surrogate(
     pool_labels: torch.Tensor | None = None,
     on_point: Callable[[dict[str, Any]], None] | None = None,
     on_epoch: Callable[[int, nn.Module, dict[str, float]], None] | None = None,
+    checkpoint_dir: Path | None = None,
+    resume: bool = False,
     device: str | torch.device = "cpu",
 ) -> ExtractionResult:
     """Steal ``oracle`` by querying images of the surrogate ``pool`` ``[N, C, H, W]`` and distilling them.
@@ -215,6 +252,8 @@ def extract_surrogate(
     answers, later epochs re-use), ``knockoff`` chooses which images to query with the adaptive policy
     (``pool_labels`` name its actions; without them the pool is clustered). The ledger's count is the
     number of distinct images answered. ``on_epoch(epoch, student, record)`` sees training as it goes.
+    An active ``select`` queries in rounds (:func:`stealkit.extract.active.active_rounds`); with
+    ``checkpoint_dir`` the rounds are saved there and ``resume`` continues them without paying twice.
     """
     if pool.dim() != 4 or tuple(pool.shape[1:]) != tuple(oracle.input_shape):
         raise InputError(f"the surrogate pool must have shape [N, {', '.join(map(str, oracle.input_shape))}], "
@@ -225,23 +264,24 @@ def extract_surrogate(
     gen = torch.Generator().manual_seed(config.seed)
     order = torch.randperm(pool.shape[0], generator=gen)
     queries_before = oracle.ledger.total
-    if config.strategy == "random":
-        n = distinct_cap(oracle, pool.shape[0], config.max_distinct)
-        if n == 0:
-            raise InputError("the oracle's budget allows no query at all; raise --budget")
-        cache = AnswerCache(oracle, pool[order[:n]], query_batch=config.query_batch)
-        indices = torch.arange(n)
-        extra: dict[str, Any] = {}
-    else:
+    t_start = time.perf_counter()
+    n = distinct_cap(oracle, pool.shape[0], config.max_distinct)
+    if n == 0:
+        raise InputError("the oracle's budget allows no query at all; raise --budget")
+    extra: dict[str, Any] = {}
+    if config.strategy == "knockoff":
         labels = pool_labels[order] if pool_labels is not None else None
         cache = AnswerCache(oracle, pool[order], query_batch=config.query_batch)
-        n = distinct_cap(oracle, pool.shape[0], config.max_distinct)
-        if n == 0:
-            raise InputError("the oracle's budget allows no query at all; raise --budget")
         indices, trace = knockoff_select(cache, n, make_student=make_student, loss_fn=loss_fn,
                                          config=config.knockoff, actions=labels, seed=config.seed, device=device)
         extra = {"knockoff": trace}
-
+    elif config.select == "random" and checkpoint_dir is None:
+        # the first n of the shuffle, queried while the student trains; the rest is FixMatch's unlabelled pool
+        cache = AnswerCache(oracle, pool[order], query_batch=config.query_batch)
+        indices = torch.arange(n)
+    else:
+        cache, indices, extra = _active(oracle, pool[order], n, loss_fn, make_student, config, evaluator,
+                                        checkpoint_dir, resume, device)
     curve: list[dict[str, Any]] = []
 
     def epoch_hook(epoch: int, student: nn.Module, rec: dict[str, float]) -> None:
@@ -269,7 +309,35 @@ def extract_surrogate(
         victim_accuracy=evaluator.victim_accuracy if evaluator is not None else None,
         curve=curve,
         extra={"mode": oracle.mode.value, "loss": resolve_loss(config.loss, oracle.mode), "tau": config.tau,
-               "schedule": config.schedule, "strategy": config.strategy, "n_distinct": cache.n_answered,
+               "schedule": config.schedule, "strategy": config.strategy, "select": config.select,
+               "ssl": config.ssl, "seconds": round(time.perf_counter() - t_start, 2), "n_distinct": cache.n_answered,
                "queries_spent": oracle.ledger.total - queries_before, "cache_hits": cache.hits,
                "final_train_loss": history[-1]["loss"], **extra},
     )
+
+
+def _active(oracle: Oracle, pool: torch.Tensor, n: int, loss_fn: LossFn, make_student: Callable[[], nn.Module],
+            config: SurrogateConfig, evaluator: Evaluator | None, checkpoint_dir: Path | None, resume: bool,
+            device: str | torch.device) -> tuple[AnswerCache, torch.Tensor, dict[str, Any]]:
+    """Query ``n`` images of ``pool`` in active rounds; each round's substitute is scored into the trace."""
+    from stealkit.extract.journal import JournalOracle
+
+    answering: Oracle = JournalOracle(oracle) if checkpoint_dir is not None else oracle  # type: ignore[assignment]
+    cache = AnswerCache(answering, pool, query_batch=config.query_batch)
+    scores: list[dict[str, Any]] = []
+
+    def train(idx: torch.Tensor, epochs: int) -> nn.Module:
+        student = make_student()
+        ssl = config.ssl if config.active.round_ssl else "none"
+        train_student(student, cache, idx, loss_fn, replace(config, epochs=epochs, ssl=ssl), device=device)
+        return student
+
+    def on_round(student: nn.Module, rec: dict[str, Any]) -> None:
+        if evaluator is not None:
+            scores.append({**rec, "queries": rec["answered"], **evaluator(student)})
+
+    indices, trace = active_rounds(cache, n, strategy=config.select, config=config.active, train=train,
+                                   seed=config.seed, on_round=on_round, checkpoint_dir=checkpoint_dir,
+                                   resume=resume, device=device)
+    trace["round_scores"] = scores
+    return cache, indices, {"active": trace}
