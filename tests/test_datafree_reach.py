@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from stealkit.extract.datafree_loop import LoopConfig
 from torch import nn
 
 from stealkit.extract.codfe import CoDFeConfig, extract_codfe
+from stealkit.extract.datafree_loop import LoopConfig
 from stealkit.extract.dfme import DFMEConfig, extract_dfme
 from stealkit.oracle import LocalOracle
 
