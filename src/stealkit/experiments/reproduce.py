@@ -85,16 +85,25 @@ def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force:
     if jobs < 1:
         raise InputError(f"--jobs must be at least 1, got {jobs}")
     t0, env = time.perf_counter(), environment()  # the load average is the machine's when the run began
-    if jobs == 1 or len(configs) == 1:
-        studies = [run_study(cfg, out, force, device) for cfg in configs]
+    n = len(configs)
+    log.info("reproduce: %d studies at scale %s, %d at a time", n, scale, min(jobs, n))
+    if jobs == 1 or n == 1:
+        studies = []
+        for cfg in configs:
+            studies.append(run_study(cfg, out, force, device))
+            _progress(studies[-1], len(studies), n, t0, jobs)
     else:
         import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures import ProcessPoolExecutor, as_completed
 
-        # spawn: a fresh interpreter per worker (no forked torch thread pools); results come back in config order
+        # spawn: a fresh interpreter per worker (no forked torch thread pools); results kept in config order
         with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            n = len(configs)
-            studies = list(pool.map(run_study, configs, [out] * n, [force] * n, [device] * n))
+            futures = {pool.submit(run_study, cfg, out, force, device): i for i, cfg in enumerate(configs)}
+            done: dict[int, dict[str, Any]] = {}
+            for future in as_completed(futures):
+                done[futures[future]] = future.result()
+                _progress(done[futures[future]], len(done), n, t0, jobs)
+            studies = [done[i] for i in range(n)]
     summary = {"scale": scale, "wall_seconds": round(time.perf_counter() - t0, 1), **env,
                "compute_seconds": round(sum(s["seconds"] for s in studies), 1), "jobs": jobs,
                "failed": [s["name"] for s in studies if s.get("error")], "studies": studies,
@@ -103,6 +112,16 @@ def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force:
     atomic_write_text(out / "report.html", render(summary, configs))
     atomic_write_text(out / "results.md", markdown(summary))
     return summary
+
+
+def _progress(study: dict[str, Any], finished: int, total: int, t0: float, jobs: int) -> None:
+    """One progress line per finished study: which, how far, its time, and an ETA at the pace so far."""
+    elapsed = time.perf_counter() - t0
+    left = total - finished
+    eta = f"; about {elapsed / finished * left / 60:.0f} min left at this pace" if left else ""
+    outcome = "failed" if study.get("error") else f"done in {study['seconds']:.0f} s"
+    log.info("reproduce: %d/%d studies finished (%s %s, %.0f s since the start, %d at a time)%s", finished, total,
+             study["name"], outcome, elapsed, jobs, eta)
 
 
 def run_study(cfg: ExperimentConfig, out: Path, force: bool, device: str | None = None) -> dict[str, Any]:
