@@ -192,7 +192,7 @@ def _fmt_ours(value: Any, row: dict[str, Any]) -> Any:
 
 def render(summary: dict[str, Any], configs: list[ExperimentConfig]) -> str:
     from stealkit.report.builders import build_sections
-    from stealkit.report.html import Section, markup, render_report
+    from stealkit.report.html import Section, fmt, markup, render_report
 
     top_rows = []
     sections: list[Section] = []
@@ -204,8 +204,9 @@ def render(summary: dict[str, Any], configs: list[ExperimentConfig]) -> str:
             study["name"],
             paragraphs=[study["description"] or "",
                         markup("<b>Failed:</b> {}", study["error"]) if study.get("error") else
-                        markup("Wall time {} s (steps: {}); queries {}; run directory <code>{}</code>.",
-                               study["seconds"], study["step_seconds"], study["queries"], study["dir"])],
+                        markup("Study time {} s (steps: {}); queries {}; run directory <code>{}</code>.",
+                               fmt(study["seconds"]), fmt(study["step_seconds"]) or "none run",
+                               fmt(study["queries"]) if study["queries"] else "none", study["dir"])],
             tables=[("The paper beside ours", [{k: r.get(k) for k in ("result", "paper", "ours", "settings")}
                                                 for r in study["rows"]])] if study["rows"] else [],
         )
@@ -226,7 +227,7 @@ def render(summary: dict[str, Any], configs: list[ExperimentConfig]) -> str:
         "{} at the start.",
         summary["scale"], summary.get("compute_seconds"), summary["wall_seconds"], summary.get("jobs", 1),
         summary.get("failed") or "none", summary.get("git_commit"), summary.get("torch"), summary.get("threads"),
-        summary.get("cpus"), summary.get("load_average"))],
+        summary.get("cpus"), fmt(summary.get("load_average")))],
         tables=[("Every paper result beside ours", top_rows)])
     headline = {"studies": len(summary["studies"]), "compute_seconds": summary.get("compute_seconds"),
                 "failed": len(summary.get("failed", [])),
