@@ -81,7 +81,7 @@ def extract_baseline(
         point = curve_point(oracle, evaluator, student, n_train=n_done)
         curve.append(point)
         fid = "-" if point["fidelity"] is None else f"{point['fidelity']:.3f}"
-        log.info("%s queries: accuracy %.3f, fidelity %s", f"{point['queries']:,}", point["accuracy"], fid)
+        log.debug("%s queries: accuracy %.3f, fidelity %s", f"{point['queries']:,}", point["accuracy"], fid)
         if on_point is not None:
             on_point(point)
     assert student is not None
