@@ -91,3 +91,15 @@ def test_unspent_budget_and_chance_level_are_said_where_the_user_looks(tmp_path,
     fine = ExtractionResult(method="baseline", student=None, accuracy=0.9, fidelity=0.9,  # type: ignore[arg-type]
                             victim_accuracy=0.97, queries={"predict": 500, "explain": 0}, curve=[])
     assert extraction_notes(fine, victim) == []
+
+
+def test_command_lists_never_cut_a_help_at_et_al():
+    """click's default short help stops at the first period: 'dast  DaST (Zhou et al.' -- ours does not."""
+    from click.testing import CliRunner
+
+    from stealkit.cli import _short_help, cli
+
+    assert _short_help("DaST (Zhou et al. 2020): a generator. More text.") == "DaST (Zhou et al. 2020): a generator."
+    for group in (["--help"], ["extract", "--help"], ["study", "--help"], ["attack", "--help"]):
+        out = CliRunner().invoke(cli, group).output
+        assert "et al.\n" not in out and "Li et al.\n" not in out, out

@@ -89,6 +89,29 @@ def _discover() -> None:
 _discover()
 
 
+def _short_help(text: str, limit: int = 55) -> str:
+    """The first paragraph, cut at a word boundary: click's default stops at the first period, so a help that
+    starts "DaST (Zhou et al. 2020) ..." would read "DaST (Zhou et al." in the list of commands."""
+    first = " ".join(text.strip().split("\n\n")[0].split())
+    i = first.find(". ")  # the first sentence end that is not an abbreviation
+    while i != -1 and first[max(0, i - 5):i].endswith(("et al", "e.g", "i.e", "Sec", "Alg", "Fig", "vs")):
+        i = first.find(". ", i + 1)
+    if i != -1:
+        first = first[:i + 1]
+    return first if len(first) <= limit else first[:limit].rsplit(" ", 1)[0] + "..."
+
+
+def _set_short_helps(group: click.Group) -> None:
+    for cmd in group.commands.values():
+        if cmd.short_help is None and cmd.help:
+            cmd.short_help = _short_help(cmd.help)
+        if isinstance(cmd, click.Group):
+            _set_short_helps(cmd)
+
+
+_set_short_helps(cli)
+
+
 #: the --track back end of the current invocation (empty: none)
 _TRACK: list[str] = []
 
