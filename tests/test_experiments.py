@@ -213,3 +213,20 @@ def test_reproduce_jobs_runs_studies_in_parallel_processes_with_the_same_results
     assert all(s["skipped_steps"] == ["victim", "steal"] for s in again["studies"])
     with pytest.raises(InputError, match="jobs"):
         rp.reproduce("small", tmp_path / "x", jobs=0)
+
+
+def test_sweep_jobs_default_to_the_cores(tiny_config, tmp_path, monkeypatch):
+    import os
+
+    from click.testing import CliRunner
+
+    import stealkit.experiments.sweep as sweep
+    from stealkit.cli import cli
+
+    seen = []
+    monkeypatch.setattr(sweep, "run_sweep", lambda *a, **kw: seen.append(kw["workers"]) or [])
+    for extra, want in (([], os.cpu_count()), (["--jobs", "3"], 3), (["--workers", "1"], 1)):
+        result = CliRunner().invoke(cli, ["sweep", str(tiny_config), "--grid", "seed=0,1", *extra,
+                                          "--out", str(tmp_path / "s")])
+        assert result.exit_code == 0, result.output
+        assert seen[-1] == want

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from stealkit.commands.common import device_option
@@ -30,18 +32,19 @@ def run_cmd(config: str, out: str | None, force: bool, device: str) -> None:
               help="A swept value: seed or STEP.ARG (repeat for a product grid).")
 @click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option("--address", default=None, help="Address of an existing Ray cluster (default: start a local one).")
-@click.option("--workers", type=int, default=2, show_default=True, help="Concurrent trials (local processes or "
-              "CPUs of a local Ray instance).")
+@click.option("--jobs", "--workers", "workers", type=int, default=None,
+              help="Concurrent trials, each a process with its own thread budget (local processes or CPUs of a "
+                   "local Ray instance; default: the number of CPU cores).")
 @click.option("--out", required=True, type=click.Path(), help="Sweep directory; one sub-directory per trial.")
 @device_option
-def sweep_cmd(config: str, grid: tuple[str, ...], backend: str, address: str | None, workers: int, out: str,
+def sweep_cmd(config: str, grid: tuple[str, ...], backend: str, address: str | None, workers: int | None, out: str,
               device: str) -> None:
     """Run CONFIG at every point of a grid, as local processes or Ray tasks."""
     from stealkit.experiments.config import load_config
     from stealkit.experiments.sweep import parse_grid, run_sweep
 
     trials = run_sweep(load_config(config), parse_grid(grid), out, backend=backend,  # type: ignore[arg-type]
-                       address=address, workers=workers, device=device)
+                       address=address, workers=workers or os.cpu_count() or 1, device=device)
     for t in trials:
         final = t["final"]
         shown = {k: final[k] for k in ("accuracy", "fidelity", "asr", "test_accuracy") if k in final}
