@@ -8,11 +8,12 @@ Each command only turns its options into the study's ``Config`` and calls
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import click
 
-from stealkit.commands.common import device_option, parse_int_list
+from stealkit.commands.common import device_option, parse_int_list, run_options
 from stealkit.errors import InputError
 
 
@@ -25,6 +26,12 @@ def _floats(text: str) -> tuple[float, ...]:
 
 def _names(text: str | None) -> tuple[str, ...]:
     return tuple(t.strip() for t in text.split(",") if t.strip()) if text else ()
+
+
+def study_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--data-dir, --seed, --out and --device: what every study command takes."""
+    data_dir = click.option("--data-dir", default=None, type=click.Path(), help="Directory holding data set files.")
+    return data_dir(run_options(device_option(fn)))
 
 
 def _execute(name: str, config: Any, out: str, *, seed: int | None = None) -> dict[str, Any]:
@@ -52,10 +59,7 @@ def list_cmd() -> None:
 @click.option("--schedules", default="cyclic,step", show_default=True)
 @click.option("--max-distinct", type=int, default=None, help="Override the cap on distinct samples of every victim.")
 @click.option("--epochs", type=int, default=None, help="Override the student epochs of every victim.")
-@click.option("--data-dir", default=None, type=click.Path())
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--out", required=True, type=click.Path())
-@device_option
+@study_options
 def table4_cmd(preset: str, victims: str | None, columns: str | None, taus: str, schedules: str, max_distinct: int | None,
                epochs: int | None, data_dir: str | None, seed: int, out: str, device: str) -> None:
     """DFME appendix Table 4: extraction accuracy for every (victim, surrogate source) pair."""
@@ -74,10 +78,7 @@ def table4_cmd(preset: str, victims: str | None, columns: str | None, taus: str,
 @click.option("--victims", default="fmnist-conv2,digits-conv2,digits-mlp2,digits-logistic", show_default=True,
               help="Standard victims to measure.")
 @click.option("--temperature", type=float, default=1.0, show_default=True, help="Temperature of the probs API.")
-@click.option("--data-dir", default=None, type=click.Path())
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--out", required=True, type=click.Path())
-@device_option
+@study_options
 def logits_cmd(victims: str, temperature: float, data_dir: str | None, seed: int, out: str, device: str) -> None:
     """DFME appendix B: error of logits recovered from probabilities against the logits' mean and spread."""
     from stealkit.studies.dfme_logits import LogitStudyConfig
@@ -96,10 +97,7 @@ def logits_cmd(victims: str, temperature: float, data_dir: str | None, seed: int
 @click.option("--losses", default="kl,l1", show_default=True, help="Student losses to train with.")
 @click.option("--epochs", type=int, default=10, show_default=True)
 @click.option("--repeats", type=int, default=3, show_default=True, help="Students (seeds) per victim and loss.")
-@click.option("--data-dir", default=None, type=click.Path())
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--out", required=True, type=click.Path())
-@device_option
+@study_options
 def hypothesis1_cmd(victims: str, losses: str, epochs: int, repeats: int, data_dir: str | None, seed: int, out: str,
                     device: str) -> None:
     """DFME appendix D: ||grad_x L_KL|| / ||grad_x L_l1|| on queried images along a student's training."""
@@ -152,16 +150,13 @@ def codfe_cmd(out: str, datasets: str, budget: int | None, quick: bool, diversit
 
 
 @click.command("explanations")
-@click.option("--out", required=True, type=click.Path())
 @click.option("--quick", is_flag=True, help="Digits only, 1/10/100 queries, 200 steps.")
 @click.option("--datasets", default="digits,fashion-mnist", show_default=True)
 @click.option("--archs", default="logistic,mlp2,conv2", show_default=True)
 @click.option("--figures", default="2,3,4", show_default=True)
 @click.option("--queries", default="1,10,100,1000,10000", show_default=True)
 @click.option("--steps", type=int, default=600, show_default=True, help="Training steps per reconstruction.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--data-dir", default=None, type=click.Path())
-@device_option
+@study_options
 def explanations_cmd(out: str, quick: bool, datasets: str, archs: str, figures: str, queries: str, steps: int,
                      seed: int, data_dir: str | None, device: str) -> None:
     """Figures 2-4 of Milli et al. (2019): gradient vs membership queries, unknown model class, Gaussian queries."""
@@ -192,10 +187,7 @@ def explanations_cmd(out: str, quick: bool, datasets: str, archs: str, figures: 
 @click.option("--substitute", "substitutes", multiple=True, metavar="LABEL=DIR",
               help="An extra substitute model directory, e.g. CoDFe-P=runs/codfe/student (repeat).")
 @click.option("--quick", is_flag=True, help="Smoke run: 100 images, 2,000 data-free queries, 3 epochs.")
-@click.option("--data-dir", default=None, type=click.Path())
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--out", required=True, type=click.Path())
-@device_option
+@study_options
 def transfer_cmd(dataset: str, victim: str | None, n: int, substitute_arch: str, real_budget: int | None,
                  real_epochs: int, datafree: str, datafree_budget: int, substitutes: tuple[str, ...], quick: bool,
                  data_dir: str | None, seed: int, out: str, device: str) -> None:
@@ -222,10 +214,7 @@ def transfer_cmd(dataset: str, victim: str | None, n: int, substitute_arch: str,
 @click.option("--parts", default="bounds,certify,ablation,table1,empirical,soundness", show_default=True,
               help="Comma-separated parts of the study to run.")
 @click.option("--quick", is_flag=True, help="Smoke run: few images, few samples, 2-epoch models.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--data-dir", default=None, type=click.Path(), help="Directory holding data set files.")
-@click.option("--out", required=True, type=click.Path(), help="Run directory to write.")
-@device_option
+@study_options
 def certify_study_cmd(dataset: str, parts: str, quick: bool, seed: int, data_dir: str | None, out: str,
                       device: str) -> None:
     """Li et al. (2019) Sec. 6 at CPU scale: bounds, certified accuracy, ablation, Table 1, EOT attacks,

@@ -32,6 +32,7 @@ import torch
 
 from stealkit.errors import InputError
 from stealkit.oracle import keep_top_k
+from stealkit.settings import parse_value
 
 Defence = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -141,15 +142,6 @@ DEFENCES: dict[str, Callable[..., Defence]] = {
 }
 
 
-def _scalar(text: str) -> Any:
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
 def parse_defence(spec: str | Mapping[str, Any]) -> Defence:
     """Build a defence from ``"name:key=value,key=value"`` or a mapping ``{"name": ..., key: value}``."""
     if isinstance(spec, str):
@@ -159,7 +151,7 @@ def parse_defence(spec: str | Mapping[str, Any]) -> Defence:
             if "=" not in part:
                 raise InputError(f"defence option {part!r} in {spec!r} is not KEY=VALUE")
             k, v = part.split("=", 1)
-            kwargs[k.strip()] = _scalar(v.strip())
+            kwargs[k.strip()] = parse_value(v.strip())
     elif isinstance(spec, Mapping):
         kwargs = dict(spec)
         name = str(kwargs.pop("name", ""))
