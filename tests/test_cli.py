@@ -87,7 +87,7 @@ def test_unspent_budget_and_chance_level_are_said_where_the_user_looks(tmp_path,
                               victim_accuracy=0.97, queries={"predict": 449, "explain": 0}, curve=[])
     notes = extraction_notes(result, victim)
     assert len(notes) == 2 and "51 of the 500-query budget were not spent" in notes[0]
-    assert "chance level" in notes[1] and "1M" in notes[1]
+    assert "chance level" in notes[1] and "2M queries" in notes[1]
     fine = ExtractionResult(method="baseline", student=None, accuracy=0.9, fidelity=0.9,  # type: ignore[arg-type]
                             victim_accuracy=0.97, queries={"predict": 500, "explain": 0}, curve=[])
     assert extraction_notes(fine, victim) == []
