@@ -32,7 +32,7 @@ def run_cmd(config: str, out: str | None, force: bool, device: str) -> None:
               help="A swept value: seed or STEP.ARG (repeat for a product grid).")
 @click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option("--address", default=None, help="Address of an existing Ray cluster (default: start a local one).")
-@click.option("--jobs", "--workers", "workers", type=int, default=None,
+@click.option("--jobs", "--workers", "workers", type=click.IntRange(min=1), default=None,
               help="Concurrent trials, each a process with its own thread budget (local processes or CPUs of a "
                    "local Ray instance; default: the number of CPU cores).")
 @click.option("--out", required=True, type=click.Path(), help="Sweep directory; one sub-directory per trial.")

@@ -14,7 +14,7 @@ from stealkit.commands.common import device_option
 @click.option("--only", multiple=True, help="Run only these studies (repeat).")
 @click.option("--list", "list_only", is_flag=True, help="List the studies of this scale and exit.")
 @click.option("--force", is_flag=True, help="Re-run finished steps.")
-@click.option("--jobs", type=int, default=None,
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="Studies run at once, each in its own process (default: the number of CPU cores).")
 @device_option
 def reproduce_cmd(scale: str, out: str, only: tuple[str, ...], list_only: bool, force: bool, jobs: int | None,
