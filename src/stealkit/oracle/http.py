@@ -63,17 +63,8 @@ class HttpOracle:
     def __init__(self, url: str, *, key: str, mode: str | OutputMode | None = None, budget: int | None = None,
                  batch_size: int = 1024, timeout: float = 60.0, retries: int = 5, backoff: float = 0.25,
                  transport: httpx.BaseTransport | None = None) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise InputError(f"an HTTP victim address starts with http:// or https://, got {url!r}")
-        if not key:
-            raise InputError("an HTTP victim needs an API key: pass --key KEY")
-        if batch_size < 1 or retries < 0 or timeout <= 0:
-            raise InputError("batch_size must be >= 1, retries >= 0 and timeout > 0")
-        self.url = url.rstrip("/")
-        self.retries = int(retries)
-        self.backoff = float(backoff)
-        self._client = httpx.Client(base_url=self.url, timeout=timeout, transport=transport,
-                                    headers={"Authorization": f"Bearer {key}", "User-Agent": "stealkit-httporacle"})
+        self._connect(url, key, batch_size=batch_size, timeout=timeout, retries=retries, backoff=backoff,
+                      transport=transport)
         self.info: dict[str, Any] = self._request("GET", "/v1/info").json()
         self.input_shape: tuple[int, int, int] = tuple(int(s) for s in self.info["input_shape"])  # type: ignore[assignment]
         self.num_classes = int(self.info["num_classes"])
@@ -92,6 +83,21 @@ class HttpOracle:
         if self.info.get("explain_left") is not None:
             budgets["explain"] = int(self.info["explain_left"])
         self._ledger = QueryLedger(budget=min(caps) if caps else None, budgets=budgets)
+
+    def _connect(self, url: str, key: str | None, *, batch_size: int, timeout: float, retries: int, backoff: float,
+                 transport: httpx.BaseTransport | None, key_required: bool = True) -> None:
+        """Check the address and settings and open the HTTP client (shared by the v1 and v2 oracles)."""
+        if not url.startswith(("http://", "https://")):
+            raise InputError(f"an HTTP victim address starts with http:// or https://, got {url!r}")
+        if key_required and not key:
+            raise InputError("an HTTP victim needs an API key: pass --key KEY")
+        if batch_size < 1 or retries < 0 or timeout <= 0:
+            raise InputError("batch_size must be >= 1, retries >= 0 and timeout > 0")
+        self.url = url.rstrip("/")
+        self.retries = int(retries)
+        self.backoff = float(backoff)
+        headers = {"User-Agent": "stealkit-httporacle"} | ({"Authorization": f"Bearer {key}"} if key else {})
+        self._client = httpx.Client(base_url=self.url, timeout=timeout, transport=transport, headers=headers)
 
     @property
     def ledger(self) -> QueryLedger:
@@ -156,16 +162,8 @@ class HttpOracle:
             outs = []
             for size, chunk in chunks:
                 request_id = uuid.uuid4().hex
-                headers = {"Accept": NPY, "Idempotency-Key": request_id}
-                if isinstance(chunk, torch.Tensor):
-                    buf = io.BytesIO()
-                    np.save(buf, chunk.numpy(), allow_pickle=False)
-                    kw: dict[str, Any] = {"content": buf.getvalue(), "params": params,
-                                          "headers": headers | {"Content-Type": NPY}}
-                else:
-                    kw = {"content": json.dumps(chunk).encode(), "headers": headers | {"Content-Type": JSON}}
                 try:
-                    resp = self._request("POST", path, idempotent=True, **kw)
+                    resp = self._post(path, chunk, params, request_id)
                 except StealkitError as exc:
                     if not isinstance(exc, BudgetExhausted | InputError) and self._billed(request_id):
                         done += size  # the server billed it, the answer never arrived: count what was billed
@@ -173,8 +171,8 @@ class HttpOracle:
                                             f"(Idempotency-Key {request_id}), counted in this oracle's ledger") \
                             from None
                     raise
-                outs.append(torch.from_numpy(np.array(np.load(io.BytesIO(resp.content), allow_pickle=False))))
-                done += size
+                done += size  # answered: charged even if the answer turns out malformed below
+                outs.append(self._decode(resp, path, chunk))
                 left = resp.headers.get("X-Stealkit-Queries-Left")
                 if left is not None:
                     self._mirror(int(left), pending=n - done)
@@ -187,6 +185,21 @@ class HttpOracle:
         finally:
             if done < n:
                 self._ledger.refund(kind, n - done)
+
+    def _post(self, path: str, chunk: Any, params: dict[str, Any] | None, request_id: str) -> httpx.Response:
+        """Send one chunk: a tensor as ``.npy`` (options in the query string) or a JSON body."""
+        headers = {"Accept": NPY, "Idempotency-Key": request_id}
+        if isinstance(chunk, torch.Tensor):
+            buf = io.BytesIO()
+            np.save(buf, chunk.numpy(), allow_pickle=False)
+            kw: dict[str, Any] = {"content": buf.getvalue(), "params": params, "headers": headers | {"Content-Type": NPY}}
+        else:
+            kw = {"content": json.dumps(chunk).encode(), "headers": headers | {"Content-Type": JSON}}
+        return self._request("POST", path, idempotent=True, **kw)
+
+    def _decode(self, resp: httpx.Response, path: str, chunk: Any) -> torch.Tensor:
+        """The answer of one chunk, from the ``.npy`` body."""
+        return torch.from_numpy(np.array(np.load(io.BytesIO(resp.content), allow_pickle=False)))
 
     def _billed(self, request_id: str) -> bool:
         """Whether the server's log holds an answered charge for this request (after a failed delivery)."""
@@ -242,7 +255,7 @@ class HttpOracle:
     def _raise(self, resp: httpx.Response, path: str) -> None:
         try:
             err = resp.json()
-            detail = err.get("detail", resp.text)
+            detail = err.get("detail") or err.get("error") or resp.text  # v2 servers answer {"error": ...}
         except ValueError:
             err, detail = {}, resp.text[:300]
         if resp.status_code == 402:
