@@ -60,8 +60,10 @@ def device_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 VICTIM_HELP = ("Victim: a model directory, an ONNX (.onnx) or TorchScript (.pt) file, an http(s):// API address, "
-               "or standard:NAME (a cached standard victim, trained on first use, e.g. standard:digits-conv2).")
+               "a v2 (Open Inference Protocol: KServe, Triton, MLServer) endpoint v2+http://HOST:PORT with --model "
+               "NAME, or standard:NAME (a cached standard victim, trained on first use, e.g. standard:digits-conv2).")
 _FOREIGN_FLAGS = "stealkit.foreign_flags"  # ctx.meta key: what --input-shape etc. said
+_V2_FLAGS = "stealkit.v2_flags"  # ctx.meta key: what --model and --protocol said
 FOREIGN_HELP = {
     "input_shape": "ONNX/TorchScript victim: input shape C,H,W, when its metadata lacks it (e.g. 1,28,28).",
     "num_classes": "ONNX/TorchScript victim: number of classes (checked against its output).",
@@ -75,11 +77,36 @@ def _store_foreign_flag(ctx: click.Context, param: click.Parameter, value: str |
         ctx.meta.setdefault(_FOREIGN_FLAGS, {})[param.name] = value
 
 
+def _store_v2_flag(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None and param.name:
+        ctx.meta.setdefault(_V2_FLAGS, {})[param.name] = value
+
+
+def _v2_victim(value: str, v2: dict[str, str], flags: dict[str, str]) -> str:
+    """A v2 endpoint with ``--model`` (and ``--num-classes``) folded in: ``v2+http://HOST:PORT/v2/models/NAME``."""
+    from stealkit.oracle.http_v2 import is_v2, v2_address
+
+    if v2.get("protocol") == "v1" or not (is_v2(value) or v2.get("protocol") == "v2"):
+        raise InputError(f"--model/--protocol v2 name a model on a v2 (Open Inference Protocol) server; {value} is "
+                         "not one (write it v2+http://HOST:PORT)")
+    other = sorted(set(flags) - {"num_classes"})
+    if other:
+        raise InputError(f"--{'/--'.join(k.replace('_', '-') for k in other)} only apply to an ONNX or TorchScript "
+                         f"file; a v2 endpoint's metadata says its input shape (only --num-classes applies)")
+    k = flags.get("num_classes")
+    if k is not None and not k.isdigit():
+        raise InputError(f"--num-classes must be an integer, got {k!r}")
+    return v2_address(value, v2.get("v2_model"), int(k) if k is not None else None)
+
+
 def resolve_victim(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
     """``standard:NAME`` -> the directory of that cached standard victim (trained on first use); an ONNX or
     TorchScript file with ``--input-shape`` etc. -> ``FILE?input_shape=...`` (read by the loader, recorded in
     config.json); else as given."""
     flags = dict(ctx.meta.get(_FOREIGN_FLAGS, {})) if ctx is not None else {}
+    v2 = dict(ctx.meta.get(_V2_FLAGS, {})) if ctx is not None else {}
+    if value and (v2.get("protocol") == "v2" or "v2_model" in v2 or value.startswith("v2+") or "/v2/models/" in value):
+        return _v2_victim(value, v2, flags)
     if value and value.startswith("standard:"):
         if flags:
             raise InputError(f"--{'/--'.join(k.replace('_', '-') for k in flags)} only apply to an ONNX or TorchScript "
@@ -97,8 +124,18 @@ def resolve_victim(ctx: click.Context | None, param: click.Parameter | None, val
 def victim_option(*, help_text: str = VICTIM_HELP) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """The ``--victim`` option of every command that attacks a victim (``standard:NAME`` resolved here), with
     ``--input-shape/--num-classes/--value-range/--normalize`` for ONNX/TorchScript files (eager, so they are
-    read before ``--victim`` is resolved)."""
-    return _model_file_option(click.option("--victim", required=True, callback=resolve_victim, help=help_text))
+    read before ``--victim`` is resolved), and ``--model``/``--protocol`` for a v2 (Open Inference Protocol)
+    endpoint."""
+    v2 = [
+        click.option("--model", "v2_model", default=None, is_eager=True, expose_value=False, callback=_store_v2_flag,
+                     help="v2 endpoint: the model's name on the server (GET /v2/models/NAME)."),
+        click.option("--protocol", type=click.Choice(["v1", "v2"]), default=None, is_eager=True,
+                     expose_value=False, callback=_store_v2_flag,
+                     help="HTTP victim's protocol: v1 (stealkit serve's /v1 API, the default for http://) or v2 "
+                          "(the Open Inference Protocol, the default for v2+http://)."),
+    ]
+    main = _model_file_option(click.option("--victim", required=True, callback=resolve_victim, help=help_text))
+    return lambda fn: main(functools.reduce(lambda f, o: o(f), reversed(v2), fn))
 
 
 MODEL_HELP = ("Model: a model directory (model.json + model.safetensors), an extraction run directory (its "

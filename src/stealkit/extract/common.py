@@ -39,7 +39,7 @@ class Victim:
 
 
 def is_url(victim: str) -> bool:
-    return victim.startswith(("http://", "https://"))
+    return victim.startswith(("http://", "https://", "v2+http://", "v2+https://"))
 
 
 def open_victim(
@@ -55,7 +55,8 @@ def open_victim(
     device: str = "cpu",
     seed: int = 0,
 ) -> Victim:
-    """Open a victim given as a model directory, an ONNX or TorchScript file, or an ``http(s)://`` API address.
+    """Open a victim given as a model directory, an ONNX or TorchScript file, an ``http(s)://`` API address, or a
+    v2 (Open Inference Protocol) endpoint ``v2+http://host:port/v2/models/NAME`` (:mod:`stealkit.oracle.http_v2`).
 
     A file may carry what its metadata lacks as ``FILE?input_shape=C,H,W&num_classes=K&...`` (see
     :mod:`stealkit.models.foreign_meta`; the CLI's ``--input-shape`` etc. are folded in this way). It is wrapped
@@ -69,17 +70,22 @@ def open_victim(
     if is_url(victim):
         try:
             from stealkit.oracle.http import HttpOracle
+            from stealkit.oracle.http_v2 import V2HttpOracle, is_v2
         except ImportError:
             raise StealkitError("HTTP victims need stealkit.oracle.http, which this install lacks") from None
-        if not key:
+        remote: HttpOracle
+        if is_v2(victim):  # the Open Inference Protocol: a key only if the server wants one
+            remote = V2HttpOracle(victim, key=key, mode=mode, budget=budget)
+        elif not key:
             raise InputError("an HTTP victim needs an API key: pass --key KEY")
-        oracle = HttpOracle(victim, key=key, mode=mode, budget=budget)
+        else:
+            remote = HttpOracle(victim, key=key, mode=mode, budget=budget)
         return Victim(
-            oracle=oracle,
-            input_shape=oracle.input_shape,
-            num_classes=oracle.num_classes,
-            dataset=dataset or getattr(oracle, "dataset", None),
-            split_seed=int(getattr(oracle, "split_seed", 0) or 0),
+            oracle=remote,
+            input_shape=remote.input_shape,
+            num_classes=remote.num_classes,
+            dataset=dataset or getattr(remote, "dataset", None),
+            split_seed=int(getattr(remote, "split_seed", 0) or 0),
             location=victim,
         )
     from stealkit.models import load_model

@@ -14,7 +14,8 @@ Which output answers which ``--mode``:
   v2`` offers, one per mode the key may use) is asked for by name;
 - else a label-only server, one integer output ``[-1]`` or ``[-1, 1]``, answers ``--mode label`` (and only that);
 - else one float output ``[-1, K]`` is read as the mode asked for (``probs`` or ``logits``: you say which the
-  server returns), and as its argmax for ``--mode label``.
+  server returns; one named ``logits`` answers ``--mode probs`` through a softmax, one named ``probs`` never
+  answers ``--mode logits``), and as its argmax for ``--mode label``. ``topk`` needs an output named ``topk``.
 
 Budget, retries and errors are :class:`~stealkit.oracle.http.HttpOracle`'s: each image is charged to the ledger
 before it is sent and refunded when the server refuses the request (any 4xx/5xx answer), so a refused request
@@ -210,7 +211,8 @@ class V2HttpOracle(HttpOracle):
         return OutputMode.LABEL if any(_is_label(o) for o in self.outputs.values()) else OutputMode.PROBS
 
     def _choose_output(self, mode: OutputMode) -> tuple[str, str]:
-        """The output to ask for and how to read it: ``"as-is"``, ``"label"`` (integers) or ``"argmax"``."""
+        """The output to ask for and how to read it: ``"as-is"``, ``"label"`` (integers), ``"argmax"`` (labels
+        from scores) or ``"softmax"`` (probabilities from an output named ``logits``)."""
         if mode.value in self.outputs:
             return mode.value, "label" if mode is OutputMode.LABEL else "as-is"
         labels = [n for n, o in self.outputs.items() if _is_label(o)]
@@ -220,6 +222,10 @@ class V2HttpOracle(HttpOracle):
             return labels[0], "label"
         if mode is OutputMode.LABEL and len(scores) == 1:
             return scores[0], "argmax"
+        if mode is OutputMode.PROBS and OutputMode.LOGITS.value in scores:
+            return OutputMode.LOGITS.value, "softmax"
+        if mode is OutputMode.LOGITS and scores == [OutputMode.PROBS.value]:
+            raise InputError(f"{self.endpoint} answers probabilities ({described}), not logits; pass --mode probs")
         if mode in (OutputMode.PROBS, OutputMode.LOGITS) and len(scores) == 1:
             return scores[0], "as-is"
         if labels and not scores:
@@ -310,6 +316,8 @@ class V2HttpOracle(HttpOracle):
         if self.output_kind == "label":
             return values.long().reshape(n)
         values = values.float().reshape(want)
+        if self.output_kind == "softmax":
+            return torch.softmax(values, dim=1)
         return values.argmax(1) if self.output_kind == "argmax" else values
 
     def _raise(self, resp: httpx.Response, path: str) -> None:
