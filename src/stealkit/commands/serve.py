@@ -30,12 +30,20 @@ from stealkit.errors import InputError
 @click.option("--compute-slots", type=int, default=4, show_default=True,
               help="Model computations per worker at once, shared fairly between keys (one key holds at most "
                    "all but one).")
+@click.option("--protocol", type=click.Choice(["v1", "v2"]), default="v1", show_default=True,
+              help="v2: also speak the Open Inference Protocol (KServe/Triton/MLServer REST: /v2/health/*, "
+                   "/v2/models/NAME[/ready|/infer], explanations as the model NAME-explain) over the same keys, "
+                   "budgets and log.")
+@click.option("--model-name", default=None,
+              help="The model's name under /v2/models/ (default: the model directory's or file's stem).")
 def serve_cmd(model_dir: str, keys_path: str, db: str, host: str, port: int, workers: int, threads: int | None,
-              device: str, max_inflight: int, compute_slots: int) -> None:
-    """Serve MODEL over HTTP: POST /v1/predict, POST /v1/explain, GET /v1/info, /healthz, /metrics.
+              device: str, max_inflight: int, compute_slots: int, protocol: str, model_name: str | None) -> None:
+    """Serve MODEL over HTTP: POST /v1/predict, POST /v1/explain, GET /v1/info, /healthz, /metrics (and with
+    --protocol v2 the Open Inference Protocol's /v2 routes).
 
     Clients authenticate with 'Authorization: Bearer KEY'. Attack it with any extraction command:
     stealkit extract baseline --victim http://HOST:PORT --key KEY --budget N ...
+    (v2: --victim v2+http://HOST:PORT --model NAME).
     """
     import shutil
     import tempfile
@@ -47,11 +55,13 @@ def serve_cmd(model_dir: str, keys_path: str, db: str, host: str, port: int, wor
     from stealkit.serve.app import ENV, check_explain_keys
     from stealkit.serve.keys import load_keys
     from stealkit.serve.store import Store
+    from stealkit.serve.v2 import model_name as v2_model_name
 
     if workers < 1 or not 0 < port < 65536 or max_inflight < 1 or compute_slots < 1:
         raise InputError("--workers, --max-inflight and --compute-slots must be >= 1 and --port in 1..65535")
     # fail fast, in this process, on a bad model, keys file or database (one clear line instead of N workers'
     # tracebacks), and create the schema once before the workers race to
+    name = v2_model_name(model_dir, model_name)
     _, spec = load_any_model(model_dir, device=device)
     config = load_keys(keys_path)
     check_explain_keys(spec, config, model_dir)
@@ -65,6 +75,7 @@ def serve_cmd(model_dir: str, keys_path: str, db: str, host: str, port: int, wor
     os.environ[ENV] = json.dumps({"model": join_victim(os.path.abspath(path), options), "keys": os.path.abspath(keys_path),
                                   "db": os.path.abspath(db), "workers": workers, "threads": threads,
                                   "device": device, "max_inflight": max_inflight, "compute_slots": compute_slots,
+                                  "protocol": protocol, "model_name": name,
                                   "supervisor_pid": os.getpid() if workers > 1 else None})
     metrics_dir = None
     if workers > 1:  # prometheus_client's multiprocess mode: one aggregated series per metric
@@ -74,6 +85,8 @@ def serve_cmd(model_dir: str, keys_path: str, db: str, host: str, port: int, wor
         click.echo(f"warning: serving on {host}, reachable beyond this machine", err=True)
     click.echo(f"serving {model_dir} on http://{host}:{port} ({workers} worker(s), {len(config.keys)} key(s))",
                err=True)
+    if protocol == "v2":
+        click.echo(f"v2: http://{host}:{port}/v2/models/{name} (explanations: {name}-explain)", err=True)
     if config.metrics_digest is None:
         click.echo("metrics: off (set metrics_key in the keys file's [model] table to scrape /metrics)", err=True)
     try:

@@ -9,6 +9,8 @@ Endpoints (OpenAPI schema at ``/openapi.json``, docs at ``/docs``):
 - ``GET /v1/info`` -- input shape, classes, data set, the key's mode, allowed modes and ``queries_left``.
 - ``GET /v1/charges`` -- the key's recent log rows (reserved, answered, refunded), to reconcile a client.
 - ``GET /healthz`` -- liveness; ``GET /metrics`` -- Prometheus text (needs ``Bearer <metrics_key>``).
+- with ``protocol="v2"`` (``stealkit serve --protocol v2``), also the Open Inference Protocol's ``/v2/...``
+  routes over the same keys, store and budgets (:mod:`stealkit.serve.v2`).
 
 Queries may carry an ``Idempotency-Key`` header: a retry with the same key is answered from the log (the
 same bytes) and not charged again. The query path itself is :mod:`stealkit.serve.service`.
@@ -131,15 +133,23 @@ def check_explain_keys(spec: Any, config: ServerConfig, model: str | Path) -> No
 
 
 def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str | Path, *, workers: int = 1,
-               device: str = "cpu", max_inflight: int = 64, compute_slots: int = 4) -> FastAPI:
+               device: str = "cpu", max_inflight: int = 64, compute_slots: int = 4, protocol: str = "v1",
+               model_name: str | None = None) -> FastAPI:
     """Build the API over a saved model directory, a keys file (or parsed config) and a SQLite file.
+
+    ``protocol="v2"`` adds the Open Inference Protocol routes (:mod:`stealkit.serve.v2`) beside /v1, serving the
+    model as ``model_name`` (default: the model directory's or file's stem).
 
     ``max_inflight`` bounds the requests a worker holds at once (body reads included; more are answered 503),
     three quarters of it for one key (more are answered 429); ``compute_slots`` bounds the model computations it
     runs at once, shared fairly between keys.
     """
     from stealkit.models.locate import load_any_model
+    from stealkit.serve import v2 as v2_routes
 
+    if protocol not in ("v1", "v2"):
+        raise InputError(f"protocol must be v1 or v2, got {protocol!r}")
+    name = v2_routes.model_name(model_dir, model_name)
     model, spec = load_any_model(model_dir, device=device)
     model.eval()
     config = keys if isinstance(keys, ServerConfig) else load_keys(keys)
@@ -159,7 +169,7 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
         """Every response, whatever its status, is counted once (an unhandled error as a 500)."""
         start = time.perf_counter()
         path = request.url.path
-        endpoint = path if path in ENDPOINTS else "other"
+        endpoint = path if path in ENDPOINTS else (protocol == "v2" and v2_routes.endpoint_label(path, name)) or "other"
         try:
             response = await call_next(request)
         except Exception:
@@ -177,14 +187,18 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         detail = f"no endpoint {request.method} {request.url.path}; see /openapi.json for {list(ENDPOINTS)}" \
             if exc.status_code in (404, 405) else str(exc.detail)
-        return JSONResponse({"error": code, "detail": detail}, status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        if protocol == "v2" and exc.status_code in (404, 405):
+            detail += f" and the v2 routes under /v2/models/{name}"
+        doc = {"error": detail, "code": code} if request.url.path.startswith("/v2") else {"error": code, "detail": detail}
+        return JSONResponse(doc, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"error": "bad_input", "detail": str(exc.errors())[:500]}, status_code=400)
 
-    async def guarded(request: Request, endpoint: str) -> Response:
+    async def guarded(request: Request, endpoint: str, handler: Any = None, *, v2: bool = False) -> Response:
+        """The query path of both protocols: key, request rate, in-flight bounds, body size, a fair compute
+        slot, then ``handler(key, body)`` in the thread pool (default: the /v1 query); errors as one answer."""
         key: KeyConfig | None = None
         try:
             key = service.authenticate(request.headers.get("authorization"), _client(request))
@@ -198,10 +212,11 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
             try:
                 ctype = request.headers.get("content-type")
                 body = await read_body(request, service.body_limit(ctype))
+                run = handler or (lambda k, b: service.query(
+                    k, endpoint, b, ctype, dict(request.query_params), request.headers.get("accept"),
+                    request.headers.get("idempotency-key")))
                 async with scheduler.slot(key.key_id):
-                    return await run_in_threadpool(
-                        service.query, key, endpoint, body, ctype, dict(request.query_params),
-                        request.headers.get("accept"), request.headers.get("idempotency-key"))
+                    return await run_in_threadpool(run, key, body)
             finally:
                 inflight.release()
                 quota.release(key.key_id)
@@ -218,7 +233,7 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
             error = exc
         if error.status < 500:
             service.metrics.refuse(key.key_id if key is not None else "-", error.code)
-        return error.response()
+        return error.response(v2=v2)
 
     @app.post("/v1/predict", openapi_extra=docs["predict"], responses=_ERRORS,
               summary="Classify a batch of images in the key's output mode")
@@ -280,6 +295,8 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
         text = await run_in_threadpool(service.metrics.render, service.store.all_usage)
         return Response(text, media_type=prom.CONTENT_TYPE)
 
+    if protocol == "v2":
+        v2_routes.add_routes(app, service, guarded, name)
     return app
 
 
@@ -295,7 +312,8 @@ def app_from_env() -> FastAPI:
         exit_with_parent(int(cfg["supervisor_pid"]))
     return create_app(cfg["model"], cfg["keys"], cfg["db"], workers=int(cfg.get("workers", 1)),
                       device=cfg.get("device", "cpu"), max_inflight=int(cfg.get("max_inflight", 64)),
-                      compute_slots=int(cfg.get("compute_slots", 4)))
+                      compute_slots=int(cfg.get("compute_slots", 4)), protocol=cfg.get("protocol", "v1"),
+                      model_name=cfg.get("model_name"))
 
 
 __all__ = ["ApiError", "Service", "app_from_env", "create_app"]

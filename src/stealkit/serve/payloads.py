@@ -63,14 +63,14 @@ def decode_npy(body: bytes, input_shape: tuple[int, ...], *, max_batch: int) -> 
             raise ValueError(f"unsupported .npy format version {version}")
     except Exception as exc:  # noqa: BLE001 - numpy raises many types on a corrupt header
         raise InputError(f"the .npy header is malformed: {exc}") from None
-    _check_batch(shape, input_shape, max_batch)
+    check_batch(shape, input_shape, max_batch)
     if dtype.kind != "f" or dtype.itemsize not in (2, 4, 8):
         raise InputError(f"inputs must be float16/32/64 pixels in [0, 1], got dtype {dtype}; divide by 255 first")
     try:
         arr = np.load(io.BytesIO(body), allow_pickle=False)
     except Exception as exc:  # noqa: BLE001
         raise InputError(f"the .npy body could not be read: {exc}") from None
-    return _images(arr, input_shape)
+    return images(arr, input_shape)
 
 
 def decode_json(body: bytes, input_shape: tuple[int, ...], *, max_batch: int,
@@ -92,7 +92,7 @@ def decode_json(body: bytes, input_shape: tuple[int, ...], *, max_batch: int,
         arr = arr.astype(np.float64)
     if arr.dtype.kind != "f":
         raise InputError(f'"inputs" must hold only numbers (pixels in [0, 1]); found {arr.dtype} values')
-    return _images(arr, input_shape), obj
+    return images(arr, input_shape), obj
 
 
 _DECODER = json.JSONDecoder()
@@ -151,7 +151,7 @@ def parse_json_object(body: bytes, fields: frozenset[str] | None = None) -> dict
     return obj
 
 
-def _check_batch(shape: tuple[int, ...], input_shape: tuple[int, ...], max_batch: int) -> None:
+def check_batch(shape: tuple[int, ...], input_shape: tuple[int, ...], max_batch: int) -> None:
     if len(shape) != len(input_shape) + 1 or tuple(shape[1:]) != tuple(input_shape):
         raise InputError(f"inputs must have shape [B, {', '.join(map(str, input_shape))}], got {list(shape)}")
     if shape[0] == 0:
@@ -174,10 +174,10 @@ def _check_json_shape(inputs: list[Any], input_shape: tuple[int, ...], max_batch
     if isinstance(node, list) or len(shape) != len(input_shape) + 1:
         raise InputError(f'"inputs" must be nested [B][{"][".join(map(str, input_shape))}], got depth/shape '
                          f"{shape}{'...' if isinstance(node, list) else ''}")
-    _check_batch(tuple(shape), input_shape, max_batch)
+    check_batch(tuple(shape), input_shape, max_batch)
 
 
-def _images(arr: np.ndarray, input_shape: tuple[int, ...]) -> torch.Tensor:
+def images(arr: np.ndarray, input_shape: tuple[int, ...]) -> torch.Tensor:
     if arr.dtype.kind != "f":
         raise InputError(f"inputs must be floating point pixels in [0, 1], got dtype {arr.dtype}")
     arr = np.ascontiguousarray(arr, dtype=np.float32) if arr.dtype != np.float32 or not arr.dtype.isnative \

@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,8 +60,10 @@ class ApiError(Exception):
         self.headers = headers or {}
         self.extra = extra
 
-    def response(self) -> Response:
-        body = json.dumps({"error": self.code, "detail": self.message, **self.extra})
+    def response(self, *, v2: bool = False) -> Response:
+        """``{"error": CODE, "detail": MESSAGE}``; for the v2 protocol ``{"error": MESSAGE, "code": CODE}``."""
+        doc = {"error": self.message, "code": self.code} if v2 else {"error": self.code, "detail": self.message}
+        body = json.dumps({**doc, **self.extra})
         return Response(body, status_code=self.status, headers=self.headers, media_type=payloads.JSON)
 
 
@@ -205,7 +208,7 @@ class Service:
             return Query("predict", x, self.choose_mode(key, opts.get("mode")))
         args = check_explain_args(opts.get("method", "gradient"), opts.get("output", "logit"),
                                   opts.get("n_samples", 10), opts.get("sigma", 0.1))
-        target = _target(opts.get("target"), int(x.shape[0]), self.num_classes)
+        target = parse_target(opts.get("target"), int(x.shape[0]), self.num_classes)
         return Query("explain", x, key.mode, explain=args, target=target)
 
     def reserve(self, key: KeyConfig, q: Query, request_id: str | None) -> Reservation | Replay:
@@ -232,11 +235,15 @@ class Service:
 
     def query(self, key: KeyConfig, endpoint: str, body: bytes, content_type: str | None, params: dict[str, str],
               accept: str | None, request_id: str | None) -> Response:
-        """One query from parse to settled answer (see the module docstring)."""
-        if request_id is not None and (not request_id or len(request_id) > MAX_REQUEST_ID
-                                       or not request_id.isprintable()):
-            raise InputError(f"Idempotency-Key must be 1 to {MAX_REQUEST_ID} printable characters")
+        """One /v1 query from parse to settled answer (see the module docstring)."""
+        check_request_id(request_id)
         q = self.parse(key, endpoint, body, content_type, params)
+        return self.run(key, q, request_id, lambda out, res: encode(q, out, res, accept))
+
+    def run(self, key: KeyConfig, q: Query, request_id: str | None,
+            respond: Callable[[torch.Tensor, Reservation], Response]) -> Response:
+        """Limit, reserve, answer, encode (``respond``: the protocol's response for the outputs), settle; a
+        retried ``request_id`` is answered from the log, uncharged. Shared by the /v1 and /v2 endpoints."""
         self.rate_limit(key, "images", q.cost)
         res = self.reserve(key, q, request_id)
         if isinstance(res, Replay):
@@ -244,13 +251,13 @@ class Service:
                             headers=json.loads(res.headers) | {"X-Stealkit-Replayed": "1"})
         try:
             out, labels = self.answer(key, q)
-            response = encode(q, out, res, accept)
+            response = respond(out, res)
             kept = Replay(response.media_type or payloads.JSON, json.dumps(_replay_headers(response)), response.body) \
                 if request_id is not None else None
             self.store.settle(res, digest_tensor(out), answer=kept)
         except BaseException as exc:
             self.store.refund(res, f"not delivered: {type(exc).__name__}: {str(exc)[:200]}")
-            log.error("refunded %d %s queries of key %s: the answer could not be produced (%r)", q.cost, endpoint,
+            log.error("refunded %d %s queries of key %s: the answer could not be produced (%r)", q.cost, q.endpoint,
                       key.key_id, exc)
             if isinstance(exc, InputError | ApiError):
                 raise
@@ -288,10 +295,21 @@ class Service:
         }
 
 
-def encode(q: Query, out: torch.Tensor, res: Reservation, accept: str | None) -> Response:
-    """The response body and headers, built before the charge is settled; a non-finite output raises."""
+def check_request_id(request_id: str | None) -> None:
+    if request_id is not None and (not request_id or len(request_id) > MAX_REQUEST_ID
+                                   or not request_id.isprintable()):
+        raise InputError(f"Idempotency-Key must be 1 to {MAX_REQUEST_ID} printable characters")
+
+
+def check_finite(out: torch.Tensor) -> None:
+    """Refuse to send (so the charge is refunded) an answer holding NaN or Inf."""
     if out.dtype.is_floating_point and not bool(torch.isfinite(out).all()):
         raise ValueError("the model produced a non-finite number (NaN or Inf) for this request")
+
+
+def encode(q: Query, out: torch.Tensor, res: Reservation, accept: str | None) -> Response:
+    """The response body and headers, built before the charge is settled; a non-finite output raises."""
+    check_finite(out)
     usage = res.usage
     used = usage.as_dict()
     arr = payloads.to_numpy(out)
@@ -312,10 +330,11 @@ def encode(q: Query, out: torch.Tensor, res: Reservation, accept: str | None) ->
 
 
 def _replay_headers(response: Response) -> dict[str, str]:
-    return {k: v for k, v in response.headers.items() if k.lower().startswith("x-stealkit-")}
+    return {k: v for k, v in response.headers.items()
+            if k.lower().startswith("x-stealkit-") or k.lower() == "inference-header-content-length"}
 
 
-def _target(value: Any, n: int, num_classes: int) -> torch.Tensor | None:
+def parse_target(value: Any, n: int, num_classes: int) -> torch.Tensor | None:
     if value is None:
         return None
     vals = value if isinstance(value, list) else [value]
