@@ -59,14 +59,16 @@ def free_port() -> int:
 
 
 def start_server(model: Path, keys: Path, db: Path, *, workers: int = 1, log: Path | None = None,
-                 timeout: float = 180.0, port: int | None = None) -> tuple[subprocess.Popen[bytes], str]:
-    """Start ``stealkit serve`` on ``port`` (default: a free loopback port) and wait until /healthz answers."""
+                 timeout: float = 180.0, port: int | None = None, extra: tuple[str, ...] = ()
+                 ) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``stealkit serve`` on ``port`` (default: a free loopback port), with ``extra`` arguments, and wait
+    until /healthz answers."""
     port = port or free_port()
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(
         [sys.executable, "-m", "stealkit.cli", "-q", "serve", "--model", str(model), "--keys", str(keys),
-         "--db", str(db), "--port", str(port), "--workers", str(workers), "--threads", "1"],
+         "--db", str(db), "--port", str(port), "--workers", str(workers), "--threads", "1", *extra],
         stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
