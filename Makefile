@@ -3,8 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# KServe, the real v2 (Open Inference Protocol) server of tests/test_v2_kserve.py, in its own environment: its
+# pins (protobuf<7, pandas<3, python-dateutil<3) conflict with .venv's
+KSERVE_VENV := .venv-kserve
+KSERVE_STAMP := $(KSERVE_VENV)/.installed
 
-.PHONY: demo test test-fast test-gpu lint venv clean
+.PHONY: demo test test-fast test-gpu lint venv venv-kserve clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,15 +20,23 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+$(KSERVE_STAMP): tests/v2server/requirements.txt
+	test -x $(KSERVE_VENV)/bin/python || $(PYTHON) -m venv $(KSERVE_VENV)
+	$(KSERVE_VENV)/bin/python -m pip install -q --upgrade pip
+	$(KSERVE_VENV)/bin/python -m pip install -q -r tests/v2server/requirements.txt
+	touch $(KSERVE_STAMP)
+
+venv-kserve: $(KSERVE_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/stealkit demo --out runs/demo
 
-test: $(STAMP)
+test: $(STAMP) $(KSERVE_STAMP)
 	$(PY) -m ruff check src tests benchmarks
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(KSERVE_STAMP)
 	$(PY) -m pytest -q -m 'not slow'
 
 # the GPU tier (tests marked gpu; skipped where torch sees no CUDA device): see docs/gpu.md
