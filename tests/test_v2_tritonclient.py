@@ -3,8 +3,6 @@ binary and JSON tensors, the key in ``Authorization: Bearer``, budgets and error
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch

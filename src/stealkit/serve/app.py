@@ -187,9 +187,10 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         detail = f"no endpoint {request.method} {request.url.path}; see /openapi.json for {list(ENDPOINTS)}" \
             if exc.status_code in (404, 405) else str(exc.detail)
+        v2_path = protocol == "v2" and request.url.path.startswith("/v2")
         if protocol == "v2" and exc.status_code in (404, 405):
             detail += f" and the v2 routes under /v2/models/{name}"
-        doc = {"error": detail, "code": code} if request.url.path.startswith("/v2") else {"error": code, "detail": detail}
+        doc = {"error": detail, "code": code} if v2_path else {"error": code, "detail": detail}
         return JSONResponse(doc, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)

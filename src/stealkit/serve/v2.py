@@ -131,7 +131,7 @@ def _tensor(spec: Any, binary: bytes, offset: int, where: str) -> tuple[Any, lis
 
 def _array(data: Any, shape: list[int], dtype: str, where: str) -> np.ndarray:
     if isinstance(data, np.ndarray):
-        return data.reshape(shape)
+        return data.reshape(shape).copy()  # a writable copy of the body's bytes
     if not isinstance(data, list):
         raise InputError(f"{where}: data must be a list (flat row-major or nested)")
     try:
