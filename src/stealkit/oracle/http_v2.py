@@ -29,7 +29,6 @@ Explanations come from the second model ``NAME-explain`` that ``stealkit serve -
 
 from __future__ import annotations
 
-import logging
 import math
 import urllib.parse
 from typing import Any
@@ -49,11 +48,9 @@ from stealkit.oracle.base import (
 from stealkit.oracle.http import HttpOracle
 from stealkit.oracle.ledger import QueryKind, QueryLedger
 
-log = logging.getLogger(__name__)
-
 SCHEME = "v2+"
-FLOAT_TYPES = {"FP32": torch.float32, "FP64": torch.float64, "FP16": torch.float16}
-INPUT_TYPES = (*FLOAT_TYPES, "UINT8")
+FLOAT_TYPES = frozenset({"FP32", "FP64", "FP16"})
+INPUT_TYPES = ("FP32", "FP64", "FP16", "UINT8")
 INT_TYPES = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"})
 EXPLAIN_SUFFIX = "-explain"
 
