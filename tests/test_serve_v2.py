@@ -13,6 +13,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from stealkit.cli import main
+from stealkit.commands.common import _v2_victim
 from stealkit.errors import BudgetExhausted, InputError, StealkitError
 from stealkit.models import load_model
 from stealkit.oracle import LocalExplanationOracle, LocalOracle
@@ -227,6 +228,28 @@ def test_v2_oracle_errors_against_foreign_servers():
     assert label.query(x).tolist() == [2, 0]
 
 
+def test_retries_like_the_v1_client():
+    """429/503 are retried (not charged, counted once when answered); a generic server's 500 is not retried."""
+    calls: list[int] = []
+    good = {"outputs": [{"name": "scores", "datatype": "FP32", "shape": [1, 3], "data": [0.2, 0.3, 0.5]}]}
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v2/models/m":
+            return fake_server().handle_request(request)
+        calls.append(1)
+        if len(calls) == 1:
+            return httpx.Response(503, json={"error": "busy"}, headers={"Retry-After": "0"})
+        if len(calls) == 2:
+            return httpx.Response(429, json={"error": "slow down"})
+        return httpx.Response(500 if len(calls) == 4 else 200, json={"error": "boom"} if len(calls) == 4 else good)
+
+    oracle = V2HttpOracle("v2+http://h:1", model="m", transport=httpx.MockTransport(flaky), backoff=0.001)
+    assert torch.allclose(oracle.query(torch.rand(1, 1, 4, 4)), torch.tensor([[0.2, 0.3, 0.5]])) and len(calls) == 3
+    with pytest.raises(StealkitError, match="HTTP 500: boom"):
+        oracle.query(torch.rand(1, 1, 4, 4))
+    assert len(calls) == 4 and oracle.ledger.total == 1  # the 500 was neither retried nor charged
+
+
 def test_v2_addresses_and_cli_flags(victim: Path, capsys: pytest.CaptureFixture[str]):
     assert v2_address("v2+http://h:8080", "digits") == "v2+http://h:8080/v2/models/digits"
     assert v2_address("http://h:8080/v2/models/digits", None, 10) == "v2+http://h:8080/v2/models/digits?num_classes=10"
@@ -241,3 +264,7 @@ def test_v2_addresses_and_cli_flags(victim: Path, capsys: pytest.CaptureFixture[
     assert "--model/--protocol v2 name a model on a v2" in capsys.readouterr().err
     assert main([*args, "--victim", "v2+http://127.0.0.1:9", "--model", "m", "--input-shape", "1,8,8"]) == 2
     assert "only apply to an ONNX or TorchScript file" in capsys.readouterr().err
+    assert _v2_victim("http://h:1", {"protocol": "v2", "v2_model": "m"}, {"num_classes": "4"}) \
+        == "v2+http://h:1/v2/models/m?num_classes=4"
+    with pytest.raises(InputError, match="not one"):
+        _v2_victim("http://h:1", {"protocol": "v1", "v2_model": "m"}, {})

@@ -84,6 +84,8 @@ class HttpOracle:
             budgets["explain"] = int(self.info["explain_left"])
         self._ledger = QueryLedger(budget=min(caps) if caps else None, budgets=budgets)
 
+    _server = "`stealkit serve`"  # what "cannot reach" asks about
+
     def _connect(self, url: str, key: str | None, *, batch_size: int, timeout: float, retries: int, backoff: float,
                  transport: httpx.BaseTransport | None, key_required: bool = True) -> None:
         """Check the address and settings and open the HTTP client (shared by the v1 and v2 oracles)."""
@@ -225,7 +227,7 @@ class HttpOracle:
                 resp = self._client.request(method, path, **kwargs)
             except httpx.ConnectError as exc:
                 if attempt >= self.retries:
-                    raise StealkitError(f"cannot reach {self.url}: {exc}; is `stealkit serve` running?") from None
+                    raise StealkitError(f"cannot reach {self.url}: {exc}; is {self._server} running?") from None
                 self._sleep(attempt, None)
                 attempt += 1
                 continue

@@ -112,6 +112,8 @@ class V2HttpOracle(HttpOracle):
         num_classes: only for a label-only server whose metadata does not say how many classes there are.
     """
 
+    _server = "the v2 server"
+
     def __init__(self, url: str, *, model: str | None = None, key: str | None = None,
                  mode: str | OutputMode | None = None, budget: int | None = None, batch_size: int = 256,
                  num_classes: int | None = None, timeout: float = 60.0, retries: int = 5, backoff: float = 0.25,
@@ -142,15 +144,7 @@ class V2HttpOracle(HttpOracle):
     # -- metadata --------------------------------------------------------------------------------------
     def _metadata(self, path: str) -> dict[str, Any]:
         where = f"{self.url}{path}"
-        try:
-            resp = self._client.get(path)
-        except httpx.HTTPError as exc:
-            raise StealkitError(f"cannot reach {where}: {exc}; is the v2 server running?") from None
-        if resp.status_code == 404:
-            raise InputError(f"{where}: the server has no model {self.model_name!r} (HTTP 404: "
-                             f"{_error_text(resp)}); check --model")
-        if resp.status_code >= 400:
-            self._raise(resp, path)
+        resp = self._request("GET", path)  # retried like a query: 429/503 and refused connections
         try:
             meta = resp.json()
         except ValueError:
@@ -324,6 +318,9 @@ class V2HttpOracle(HttpOracle):
             super()._raise(resp, path)
         if code == 403:
             raise InputError(f"{where} refused this key (HTTP 403: {detail})")
+        if code == 404 and path == self.path:
+            raise InputError(f"{where}: the server has no model {self.model_name!r} (HTTP 404: {detail}); "
+                             "check --model")
         if code == 404:
             raise InputError(f"{where}: no such model or endpoint (HTTP 404: {detail}); check --model")
         if 400 <= code < 500:
