@@ -46,6 +46,7 @@ from stealkit.evade.decision import (
     find_starts,
 )
 from stealkit.evade.priors import SubstitutePrior, prior_estimate, prior_probes, tilt, transfer_starts, unit
+from stealkit.evade.starts import best_of_noise
 from stealkit.evade.subspace import check_side, random_directions, subspace_dim
 from stealkit.oracle import Oracle
 
@@ -67,6 +68,7 @@ class HopSkipJumpConfig:
     subspace: int = 0
     prior_spread: float = 0.5
     prior_agreement: float = 0.3
+    start_tries: int = 0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -74,6 +76,8 @@ class HopSkipJumpConfig:
             raise InputError("iterations must be >= 0; init_evals, max_evals and init_trials positive")
         if not (self.gamma > 0 and math.isfinite(self.gamma)):
             raise InputError(f"gamma must be a positive number, got {self.gamma!r}")
+        if self.start_tries < 0:
+            raise InputError(f"start_tries must be >= 0, got {self.start_tries}")
         if self.subspace < 0:
             raise InputError(f"subspace must be 0 (full space) or a positive grid side, got {self.subspace}")
         if not (0 < self.prior_spread < 10 and 0 < self.prior_agreement < 1):
@@ -129,6 +133,10 @@ class _Run:
         """Improve ``best[idx]`` (verified adversarial) in place."""
         x = self.x
         best[idx] = binary_search(self.access, x[idx], best[idx], idx, self.theta)
+        if self.cfg.start_tries:
+            d = idx.to(x.device)
+            best[d] = best_of_noise(self.access, x[d], best[d], idx, tries=self.cfg.start_tries, tol=self.theta,
+                                    gen=self.gen)
         active = torch.zeros(x.shape[0], dtype=torch.bool)
         active[idx] = True
         for t in range(1, self.cfg.iterations + 1):
