@@ -48,6 +48,7 @@ from stealkit.evade.decision import (
 from stealkit.evade.priors import SubstitutePrior, prior_estimate, prior_probes, tilt, transfer_starts, unit
 from stealkit.evade.starts import best_of_noise
 from stealkit.evade.subspace import check_side, random_directions, subspace_dim
+from stealkit.evade.tangent import tangent_points
 from stealkit.oracle import Oracle
 
 #: the fewest probes worth spending on one estimate
@@ -69,6 +70,8 @@ class HopSkipJumpConfig:
     prior_spread: float = 0.5
     prior_agreement: float = 0.3
     start_tries: int = 0
+    history: bool = False
+    tangent: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -128,6 +131,8 @@ class _Run:
         #: queries a binary search to tolerance theta needs, plus a few step-size halvings
         self.reserve = math.ceil(math.log2(1 / self.theta)) + 3
         self.agree = torch.full((x.shape[0],), cfg.prior_agreement)
+        #: each example's last estimate, the prior of the next one with ``history`` (zero: none yet)
+        self.last = torch.zeros_like(x)
 
     def attack(self, best: torch.Tensor, idx: torch.Tensor) -> None:
         """Improve ``best[idx]`` (verified adversarial) in place."""
@@ -179,6 +184,8 @@ class _Run:
         delta = torch.full_like(dist, 0.1) if t == 1 else math.sqrt(x[0].numel()) * self.theta * dist
         priors = self.prior.direction(best[d_all], self.y[d_all], None if self.tgt is None else self.tgt[d_all]) \
             if self.prior is not None else None
+        if priors is None and cfg.history and t > 1:
+            priors = self.last[d_all]
         probes: list[torch.Tensor] = []
         for j, n in enumerate(evals.tolist()):
             r = random_directions(n, self.shape, cfg.subspace, self.gen, x.device)
@@ -204,7 +211,9 @@ class _Run:
             w = (part - mean) if abs(mean) < 1.0 else torch.full_like(part, mean)
             g = (w.view(-1, *([1] * (x.dim() - 1))) * u).mean(0, keepdim=True)
             out.append(g / g.norm().clamp_min(TINY))
-        return torch.cat(out)
+        grads = torch.cat(out)
+        self.last[d_all] = grads
+        return grads
 
     def _step(self, best: torch.Tensor, idx: torch.Tensor, grads: torch.Tensor, t: int
               ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -223,7 +232,10 @@ class _Run:
             if sel.numel() == 0:
                 break
             s = sel.to(x.device)
-            cand = clip_box(best[d_all[s]] + xi[s].view(-1, *([1] * (x.dim() - 1))) * grads[s])
+            if self.cfg.tangent:
+                cand = clip_box(tangent_points(best[d_all[s]], x[d_all[s]], grads[s], xi[s]))
+            else:
+                cand = clip_box(best[d_all[s]] + xi[s].view(-1, *([1] * (x.dim() - 1))) * grads[s])
             ok = self.access.is_adv(cand, idx[sel]).cpu()
             stepped[s[ok.to(x.device)]] = cand[ok.to(x.device)]
             moved[sel[ok]] = True
