@@ -75,3 +75,11 @@ def test_additions_honour_the_per_image_cap_and_the_ledger(max_queries: int, ext
 def test_negative_start_tries_is_one_clear_error() -> None:
     with pytest.raises(InputError, match="start_tries"):
         HopSkipJumpConfig(start_tries=-1)
+
+
+@pytest.mark.parametrize("substitute", [False, True])
+def test_tuned_settings_are_valid_config_fields(substitute: bool) -> None:
+    from stealkit.evade.hopskipjump import tuned_settings
+
+    cfg = HopSkipJumpConfig(**tuned_settings(substitute=substitute))  # type: ignore[arg-type]
+    assert cfg != HopSkipJumpConfig()

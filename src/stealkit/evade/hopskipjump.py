@@ -87,6 +87,16 @@ class HopSkipJumpConfig:
             raise InputError("prior_spread must be in (0, 10) and prior_agreement in (0, 1)")
 
 
+#: settings chosen on validation images (``benchmarks/decision_attacks.py --tune``, docs/decision-attacks.md),
+#: the CLI's ``--preset tuned``: without and with a substitute
+TUNED: dict[bool, dict[str, object]] = {False: {"start_tries": 100}, True: {"start_tries": 100}}
+
+
+def tuned_settings(*, substitute: bool) -> dict[str, object]:
+    """The validated settings (:data:`TUNED`) for a run without or with a substitute."""
+    return dict(TUNED[substitute])
+
+
 def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool = False,
                 target: torch.Tensor | int | None = None, starting_points: torch.Tensor | None = None,
                 max_queries: int | None = None, config: HopSkipJumpConfig | None = None,
@@ -245,4 +255,4 @@ class _Run:
         return stepped, moved
 
 
-__all__ = ["HopSkipJumpConfig", "hopskipjump"]
+__all__ = ["TUNED", "HopSkipJumpConfig", "hopskipjump", "tuned_settings"]
