@@ -83,3 +83,10 @@ def test_tuned_settings_are_valid_config_fields(substitute: bool) -> None:
 
     cfg = HopSkipJumpConfig(**tuned_settings(substitute=substitute))  # type: ignore[arg-type]
     assert cfg != HopSkipJumpConfig()
+
+
+def test_tuned_settings_leave_out_the_image_subspace_for_flat_inputs() -> None:
+    from stealkit.evade.hopskipjump import tuned_settings
+
+    assert "subspace" not in tuned_settings(substitute=True, shape=(30,))
+    assert tuned_settings(substitute=True, shape=(1, 28, 28)) == tuned_settings(substitute=True)

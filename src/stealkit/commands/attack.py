@@ -158,7 +158,8 @@ def _make_decision(method: str) -> click.Command:
         if method == "hopskipjump" and preset == "tuned":
             from stealkit.evade.hopskipjump import tuned_settings
 
-            rounds = rounds | tuned_settings(substitute=sub is not None)  # type: ignore[operator]
+            tuned = tuned_settings(substitute=sub is not None, shape=tuple(v.oracle.input_shape))
+            rounds = rounds | tuned  # type: ignore[operator]
         config = apply_settings(spec.config(seed=seed, **rounds), parse_kv(settings), who=method)  # type: ignore[misc]
         clean = v.oracle.query(x)  # which images the victim gets right (charged)
         from stealkit.oracle import labels_from_answer

@@ -89,12 +89,17 @@ class HopSkipJumpConfig:
 
 #: settings chosen on validation images (``benchmarks/decision_attacks.py --tune``, docs/decision-attacks.md),
 #: the CLI's ``--preset tuned``: without and with a substitute
-TUNED: dict[bool, dict[str, object]] = {False: {"start_tries": 100}, True: {"start_tries": 100}}
+TUNED: dict[bool, dict[str, object]] = {False: {"start_tries": 100},
+                                       True: {"start_tries": 100, "init_evals": 50, "subspace": 14}}
 
 
-def tuned_settings(*, substitute: bool) -> dict[str, object]:
-    """The validated settings (:data:`TUNED`) for a run without or with a substitute."""
-    return dict(TUNED[substitute])
+def tuned_settings(*, substitute: bool, shape: tuple[int, ...] | None = None) -> dict[str, object]:
+    """The validated settings (:data:`TUNED`) for a run without or with a substitute; for inputs of ``shape``
+    that are not [C, H, W] images the subspace (an image grid) is left out."""
+    out = dict(TUNED[substitute])
+    if shape is not None and len(shape) != 3:
+        out.pop("subspace", None)
+    return out
 
 
 def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool = False,
