@@ -7,7 +7,9 @@ sample; ``--val`` further, disjoint images form the validation set that ``--tune
 ones). Rows:
 
 * ``stealkit-hsj`` / ``stealkit-hsj-sub`` / ``stealkit-boundary`` / ``stealkit-boundary-sub``: one run per
-  per-image budget (``--budgets``, ``--max-queries`` of the CLI), queries from the ledger.
+  per-image budget (``--budgets``, ``--max-queries`` of the CLI), queries from the ledger; HopSkipJump with
+  the validated settings of ``attack hopskipjump --preset tuned`` (:func:`stealkit.evade.hopskipjump.tuned_settings`).
+* ``stealkit-hsj-paper`` / ``stealkit-hsj-paper-sub``: the same with the paper's settings (``--preset paper``).
 * ``stealkit-hsj-art-settings``: stealkit HopSkipJump with ART's settings (40 rounds, at most 1,000
   evaluations per estimate, 100 initial), no cap.
 * ``art-hsj`` (40 iterations, max_eval 1,000, init_eval 100, init_size 100) and ``art-boundary``
@@ -19,7 +21,8 @@ Every row reports median L2 over successes, success rate, mean and max queries p
 JSON also holds the L2-vs-queries curve of every tool. Run one data set at a time on a quiet machine:
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/decision_attacks.py --dataset digits --seeds 0,1
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/decision_attacks.py --dataset fashion-mnist --tune
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/decision_attacks.py --dataset fashion-mnist --val 30 \
+        --tune-budget 5000 --tune '[{"start_tries": 100}, {"start_tries": 100, "init_evals": 50}]'
 """
 
 from __future__ import annotations
@@ -222,7 +225,7 @@ def table(path: str) -> str:
         for r in rows:
             if r["dataset"] == ds:
                 groups.setdefault((r["tool"], str(r["budget"])), []).append(r)
-        order = {b: i for i, b in enumerate(["500", "1000", "2000", "5000", "10000", "full"])}
+        order = {b: int(b) if b.isdigit() else 10**9 for _, b in groups}
         for (tool, budget), g in sorted(groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 99))):
             meds = [r["median_l2"] for r in g if r["median_l2"] is not None]
             med = f"{statistics.fmean(meds):.3f} ({min(meds):.3f}-{max(meds):.3f})" if meds else "-"
