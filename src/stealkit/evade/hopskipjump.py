@@ -90,7 +90,7 @@ class HopSkipJumpConfig:
 #: settings chosen on validation images (``benchmarks/decision_attacks.py --tune``, docs/decision-attacks.md),
 #: the CLI's ``--preset tuned``: without and with a substitute
 TUNED: dict[bool, dict[str, object]] = {False: {"start_tries": 100},
-                                       True: {"start_tries": 100, "init_evals": 50, "subspace": 14}}
+                                       True: {"init_evals": 50, "subspace": 14}}
 
 
 def tuned_settings(*, substitute: bool, shape: tuple[int, ...] | None = None) -> dict[str, object]:
