@@ -13,12 +13,21 @@ Algorithm 2 of the paper, with the reference code's constants: from an adversari
 3. geometric step-size search (Sec. 4.2): ``xi = ||x_t - x|| / sqrt(t)``, halved until ``x_t + xi v`` is
    adversarial; then clip to [0, 1].
 
-Two optional additions, both off by default (then the attack is the paper's):
+Optional additions, all off by default (then the attack is the paper's):
 
 * ``substitute=`` a stolen model: the transfer adversarial example is the starting point and its input
   gradient the prior of step 2 (:mod:`stealkit.evade.priors`: Suya et al. 2020; Cheng et al. 2019, P-RGF).
 * ``config.subspace = s``: the random directions of step 2 are drawn on an ``s x s`` grid and upsampled
   (:mod:`stealkit.evade.subspace`: Li et al. 2020, QEBA-S, Sec. 3.3).
+* ``config.start_tries = k``: after the first binary search, ``k`` more uniform-noise directions, one query
+  each, replace the start when nearer (:mod:`stealkit.evade.starts`: Cheng et al. 2019, OPT-attack).
+* ``config.tangent``: step 3 goes to the tangent point of a hemisphere of radius ``xi`` instead of along the
+  normal (:mod:`stealkit.evade.tangent`: Ma et al. 2021, Tangent Attack, Sec. 3.2-3.3).
+* ``config.history``: without a substitute, the previous round's estimate is the prior of step 2 (the
+  P-RGF estimator of :mod:`stealkit.evade.priors` with a time-dependent prior, Ilyas et al., "Prior
+  Convictions", ICLR 2019, Sec. 3.1).
+
+:data:`TUNED` holds the additions chosen on validation images (the CLI's default ``--preset tuned``).
 
 Every image goes through the oracle via :class:`~stealkit.evade.decision.LabelAccess`, never past
 ``max_queries`` per example or the ledger's budget; when the caps bind, the last verified point is kept.
