@@ -191,9 +191,10 @@ def boundary_config(seed: int, **kw: Any) -> Any:
 
 
 def tune(model: nn.Module, sub: nn.Module, xv: torch.Tensor, yv: torch.Tensor, budget: int, configs: list[Any],
-         seeds: list[int], log: Any) -> list[dict[str, Any]]:
-    """Each of ``configs`` (HopSkipJumpConfig fields; ``"substitute": true`` to use the substitute) on the
-    validation images at one budget, per seed: the median and the geometric mean of the L2 over images."""
+         seeds: list[int], k: int, log: Any) -> list[dict[str, Any]]:
+    """Each of ``configs`` (HopSkipJumpConfig fields; ``"substitute": true`` to use the substitute; ``{"art":
+    true}`` for ART's HopSkipJump full run, the reference) on the validation images at one budget, per seed:
+    the median and the geometric mean of the L2 over images."""
     rows = []
     for extra in configs:
         kw = dict(extra)
@@ -201,7 +202,12 @@ def tune(model: nn.Module, sub: nn.Module, xv: torch.Tensor, yv: torch.Tensor, b
         meds, gms = [], []
         t0 = time.perf_counter()
         for seed in seeds:
-            norms, _, _ = run_stealkit("hsj", model, xv, yv, budget, hsj_config(seed, **kw), sub if with_sub else None)
+            if kw.get("art"):
+                curves, _, _ = run_art("hsj", model, xv, yv, seed, k)
+                norms = [c[-1][1] if c else float("inf") for c in curves]
+            else:
+                norms, _, _ = run_stealkit("hsj", model, xv, yv, budget, hsj_config(seed, **kw),
+                                           sub if with_sub else None)
             ok = [d for d in norms if d != float("inf")]
             meds.append(round(statistics.median(ok), 4) if ok else None)
             gms.append(round(math.exp(statistics.fmean(math.log(d) for d in ok)), 4) if ok else None)
@@ -288,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M")}
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.tune:
-        rows = tune(model, sub, xv, yv, args.tune_budget, json.loads(args.tune), seeds, log)
+        rows = tune(model, sub, xv, yv, args.tune_budget, json.loads(args.tune), seeds, k, log)
         print(json.dumps(meta | {"tune_budget": args.tune_budget, "tune": rows}, indent=1))
         return 0
     rows: list[dict[str, Any]] = []
