@@ -7,7 +7,9 @@ sample; ``--val`` further, disjoint images form the validation set that ``--tune
 ones). Rows:
 
 * ``stealkit-hsj`` / ``stealkit-hsj-sub`` / ``stealkit-boundary`` / ``stealkit-boundary-sub``: one run per
-  per-image budget (``--budgets``, ``--max-queries`` of the CLI), queries from the ledger.
+  per-image budget (``--budgets``, ``--max-queries`` of the CLI), queries from the ledger; HopSkipJump with
+  the validated settings of ``attack hopskipjump --preset tuned`` (:func:`stealkit.evade.hopskipjump.tuned_settings`).
+* ``stealkit-hsj-paper`` / ``stealkit-hsj-paper-sub``: the same with the paper's settings (``--preset paper``).
 * ``stealkit-hsj-art-settings``: stealkit HopSkipJump with ART's settings (40 rounds, at most 1,000
   evaluations per estimate, 100 initial), no cap.
 * ``art-hsj`` (40 iterations, max_eval 1,000, init_eval 100, init_size 100) and ``art-boundary``
@@ -19,13 +21,15 @@ Every row reports median L2 over successes, success rate, mean and max queries p
 JSON also holds the L2-vs-queries curve of every tool. Run one data set at a time on a quiet machine:
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/decision_attacks.py --dataset digits --seeds 0,1
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/decision_attacks.py --dataset fashion-mnist --tune
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/decision_attacks.py --dataset fashion-mnist --val 30 \
+        --tune-budget 5000 --tune '[{"start_tries": 100}, {"start_tries": 100, "init_evals": 50}]'
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -186,26 +190,32 @@ def boundary_config(seed: int, **kw: Any) -> Any:
     return BoundaryConfig(**({"steps": 100_000, "seed": seed} | kw))
 
 
-def tune(model: nn.Module, sub: nn.Module, xv: torch.Tensor, yv: torch.Tensor, budget: int, log: Any
-         ) -> dict[str, Any]:
-    """Grid over probe counts and subspace side on the validation images at one budget; best by median L2."""
-    grid: dict[str, Any] = {}
-    for with_sub in (False, True):
-        rows = []
-        for init_evals in (25, 50, 100):
-            for side in (0, 14, 7):
-                if with_sub and side == 7:
-                    continue
-                cfg = hsj_config(0, init_evals=init_evals, subspace=side)
-                norms, _, secs = run_stealkit("hsj", model, xv, yv, budget, cfg, sub if with_sub else None)
-                ok = [d for d in norms if d != float("inf")]
-                row = {"init_evals": init_evals, "subspace": side, "median_l2": statistics.median(ok) if ok else None,
-                       "seconds": round(secs, 1)}
-                log(f"tune sub={with_sub} {row}")
-                rows.append(row)
-        best = min((r for r in rows if r["median_l2"] is not None), key=lambda r: r["median_l2"])
-        grid["sub" if with_sub else "nosub"] = {"rows": rows, "best": best}
-    return grid
+def tune(model: nn.Module, sub: nn.Module, xv: torch.Tensor, yv: torch.Tensor, budget: int, configs: list[Any],
+         seeds: list[int], k: int, log: Any) -> list[dict[str, Any]]:
+    """Each of ``configs`` (HopSkipJumpConfig fields; ``"substitute": true`` to use the substitute; ``{"art":
+    true}`` for ART's HopSkipJump full run, the reference) on the validation images at one budget, per seed:
+    the median and the geometric mean of the L2 over images."""
+    rows = []
+    for extra in configs:
+        kw = dict(extra)
+        with_sub = bool(kw.pop("substitute", False))
+        meds, gms = [], []
+        t0 = time.perf_counter()
+        for seed in seeds:
+            if kw.get("art"):
+                curves, _, _ = run_art("hsj", model, xv, yv, seed, k)
+                norms = [c[-1][1] if c else float("inf") for c in curves]
+            else:
+                norms, _, _ = run_stealkit("hsj", model, xv, yv, budget, hsj_config(seed, **kw),
+                                           sub if with_sub else None)
+            ok = [d for d in norms if d != float("inf")]
+            meds.append(round(statistics.median(ok), 4) if ok else None)
+            gms.append(round(math.exp(statistics.fmean(math.log(d) for d in ok)), 4) if ok else None)
+        row = {"config": extra, "budget": budget, "median_l2": meds, "geo_mean_l2": gms, "seeds": seeds,
+               "success": len(ok) / len(norms), "seconds": round(time.perf_counter() - t0, 1)}
+        log(f"tune {json.dumps(row)}")
+        rows.append(row)
+    return rows
 
 
 def table(path: str) -> str:
@@ -221,7 +231,7 @@ def table(path: str) -> str:
         for r in rows:
             if r["dataset"] == ds:
                 groups.setdefault((r["tool"], str(r["budget"])), []).append(r)
-        order = {b: i for i, b in enumerate(["500", "1000", "2000", "5000", "10000", "full"])}
+        order = {b: int(b) if b.isdigit() else 10**9 for _, b in groups}
         for (tool, budget), g in sorted(groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 99))):
             meds = [r["median_l2"] for r in g if r["median_l2"] is not None]
             med = f"{statistics.fmean(meds):.3f} ({min(meds):.3f}-{max(meds):.3f})" if meds else "-"
@@ -254,12 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tools", default="hsj,hsj-sub,boundary,boundary-sub,hsj-art-settings,art-hsj,art-boundary")
     p.add_argument("--pool", type=int, default=10_000, help="substitute: attacker-pool images queried (at most)")
     p.add_argument("--sub-epochs", type=int, default=10)
-    p.add_argument("--tune", action="store_true", help="only tune init_evals and subspace on the validation set")
+    p.add_argument("--tune", default=None, metavar="JSON",
+                   help="only run these HopSkipJump settings on the validation images, e.g. "
+                        "'[{\"start_tries\": 100}, {\"start_tries\": 100, \"substitute\": true}]'")
     p.add_argument("--tune-budget", type=int, default=2000)
-    p.add_argument("--init-evals", type=int, default=100, help="stealkit HSJ without substitute (from --tune)")
-    p.add_argument("--subspace", type=int, default=0, help="stealkit HSJ without substitute (from --tune)")
-    p.add_argument("--sub-init-evals", type=int, default=100, help="stealkit HSJ with substitute (from --tune)")
-    p.add_argument("--sub-subspace", type=int, default=0, help="stealkit HSJ with substitute (from --tune)")
     p.add_argument("--jsonl", default=None, help="also append each row here as soon as it is measured")
     p.add_argument("--table", default=None, metavar="JSONL", help="only print markdown tables of a --jsonl file")
     args = p.parse_args(argv)
@@ -284,9 +292,10 @@ def main(argv: list[str] | None = None) -> int:
             "val": int(xv.shape[0]), "substitute": sub_info, "torch": torch.__version__,
             "machine": f"{platform.machine()} {os.cpu_count()} cores", "load_avg": os.getloadavg(),
             "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M")}
+    seeds = [int(s) for s in args.seeds.split(",")]
     if args.tune:
-        print(json.dumps(meta | {"tune_budget": args.tune_budget,
-                                 "tune": tune(model, sub, xv, yv, args.tune_budget, log)}, indent=1))
+        rows = tune(model, sub, xv, yv, args.tune_budget, json.loads(args.tune), seeds, k, log)
+        print(json.dumps(meta | {"tune_budget": args.tune_budget, "tune": rows}, indent=1))
         return 0
     rows: list[dict[str, Any]] = []
     curves: dict[str, Any] = {}
@@ -300,9 +309,12 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.jsonl, "a") as fh:
                 fh.write(json.dumps(row | {"dataset": args.dataset}) + "\n")
 
-    for seed in (int(s) for s in args.seeds.split(",")):
-        cfgs = {"hsj": hsj_config(seed, init_evals=args.init_evals, subspace=args.subspace),
-                "hsj-sub": hsj_config(seed, init_evals=args.sub_init_evals, subspace=args.sub_subspace),
+    from stealkit.evade.hopskipjump import tuned_settings
+
+    for seed in seeds:
+        cfgs = {"hsj": hsj_config(seed, **tuned_settings(substitute=False)),
+                "hsj-sub": hsj_config(seed, **tuned_settings(substitute=True)),
+                "hsj-paper": hsj_config(seed), "hsj-paper-sub": hsj_config(seed),
                 "boundary": boundary_config(seed), "boundary-sub": boundary_config(seed)}
         for tool in tools:
             if tool in cfgs:
@@ -325,9 +337,9 @@ def main(argv: list[str] | None = None) -> int:
                     emit(summarise(tool, b, [at_budget(c, b) for c in art_curves], [min(b, n) for n in counts],
                                    secs, seed) | {"anytime": True, "seconds": None, "queries_per_s": None})
     print(json.dumps(meta | {"settings": {"art_hsj": ART_HSJ, "art_boundary": ART_BOUNDARY,
-                                          "stealkit_hsj": repr(hsj_config(0)),
-                                          "init_evals": args.init_evals, "subspace": args.subspace,
-                                          "sub_init_evals": args.sub_init_evals, "sub_subspace": args.sub_subspace},
+                                          "stealkit_hsj_paper": repr(hsj_config(0)),
+                                          "stealkit_hsj_tuned": tuned_settings(substitute=False),
+                                          "stealkit_hsj_sub_tuned": tuned_settings(substitute=True)},
                              "rows": rows, "art_curves": curves}, indent=1))
     return 0
 

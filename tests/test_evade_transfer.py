@@ -116,12 +116,14 @@ def test_cli_decision_attack_respects_budget(digits_models: tuple[Path, Path], t
     from stealkit.cli import main
 
     victim, _ = digits_models
-    out = tmp_path / "hsj"
-    rc = main(["-q", "attack", "hopskipjump", "--victim", str(victim), "--n", "4", "--budget", "300",
-               "--max-queries", "100", "--iterations", "3", "--out", str(out)])
-    assert rc == 0
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["victim_queries"]["predict"] <= 300
+    for preset in ("tuned", "paper"):
+        out = tmp_path / f"hsj-{preset}"
+        rc = main(["-q", "attack", "hopskipjump", "--victim", str(victim), "--n", "4", "--budget", "300",
+                   "--max-queries", "100", "--iterations", "3", "--preset", preset, "--out", str(out)])
+        assert rc == 0
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["victim_queries"]["predict"] <= 300
+        assert json.loads((out / "config.json").read_text())["config"]["preset"] == preset
 
 
 @pytest.mark.slow

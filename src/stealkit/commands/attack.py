@@ -139,7 +139,7 @@ def _make_decision(method: str) -> click.Command:
     @device_option
     def cmd(victim: str, key: str | None, budget: int | None, dataset: str | None, data_dir: str | None, n: int,
             targeted: str | None, seed: int, out: str, max_queries: int, iterations: int | None,
-            substitute: str | None, settings: tuple[str, ...], device: str) -> None:
+            substitute: str | None, settings: tuple[str, ...], device: str, preset: str = "paper") -> None:
         from stealkit.errors import InputError
         from stealkit.extract.common import open_victim
         from stealkit.rundir import RunDir
@@ -155,6 +155,11 @@ def _make_decision(method: str) -> click.Command:
         x, y = _test_sample(v, data_dir, n, seed)
         spec = ATTACKS[method]
         rounds = {"steps": iterations or 5000} if method == "boundary" else {"iterations": iterations or 40}
+        if method == "hopskipjump" and preset == "tuned":
+            from stealkit.evade.hopskipjump import tuned_settings
+
+            tuned = tuned_settings(substitute=sub is not None, shape=tuple(v.oracle.input_shape))
+            rounds = rounds | tuned  # type: ignore[operator]
         config = apply_settings(spec.config(seed=seed, **rounds), parse_kv(settings), who=method)  # type: ignore[misc]
         clean = v.oracle.query(x)  # which images the victim gets right (charged)
         from stealkit.oracle import labels_from_answer
@@ -165,6 +170,7 @@ def _make_decision(method: str) -> click.Command:
                              "is nothing to attack; raise --n or check the victim and --dataset")
         run_config = {"victim": victim, "dataset": v.dataset, "n": n, "max_queries": max_queries,
                       "iterations": iterations, "substitute": substitute} | (
+                          {"preset": preset} if method == "hopskipjump" else {}) | (
                           {"settings": parse_kv(settings)} if settings else {})
         run = RunDir(out).create(command=f"attack {method}", seed=seed, config=run_config)
         res = spec.run(v.oracle, x[ok], y[ok], max_queries=max_queries, config=config, substitute=sub)
@@ -188,6 +194,12 @@ def _make_decision(method: str) -> click.Command:
         click.echo(f"success {summary['asr']}, median L2 {summary['median_norm_successful']}, victim queries "
                    f"{summary['victim_queries']}; report: {run.report_path}")
 
+    if method == "hopskipjump":
+        cmd = click.option(
+            "--preset", type=click.Choice(["tuned", "paper"]), default="tuned", show_default=True,
+            help="tuned: the settings chosen on validation images (docs/decision-attacks.md), without or with "
+                 "--substitute; paper: Chen et al.'s HopSkipJump (with --substitute: its prior and start only). "
+                 "--set overrides either.")(cmd)
     return cmd
 
 

@@ -13,12 +13,21 @@ Algorithm 2 of the paper, with the reference code's constants: from an adversari
 3. geometric step-size search (Sec. 4.2): ``xi = ||x_t - x|| / sqrt(t)``, halved until ``x_t + xi v`` is
    adversarial; then clip to [0, 1].
 
-Two optional additions, both off by default (then the attack is the paper's):
+Optional additions, all off by default (then the attack is the paper's):
 
 * ``substitute=`` a stolen model: the transfer adversarial example is the starting point and its input
   gradient the prior of step 2 (:mod:`stealkit.evade.priors`: Suya et al. 2020; Cheng et al. 2019, P-RGF).
 * ``config.subspace = s``: the random directions of step 2 are drawn on an ``s x s`` grid and upsampled
   (:mod:`stealkit.evade.subspace`: Li et al. 2020, QEBA-S, Sec. 3.3).
+* ``config.start_tries = k``: after the first binary search, ``k`` more uniform-noise directions, one query
+  each, replace the start when nearer (:mod:`stealkit.evade.starts`: Cheng et al. 2019, OPT-attack).
+* ``config.tangent``: step 3 goes to the tangent point of a hemisphere of radius ``xi`` instead of along the
+  normal (:mod:`stealkit.evade.tangent`: Ma et al. 2021, Tangent Attack, Sec. 3.2-3.3).
+* ``config.history``: without a substitute, the previous round's estimate is the prior of step 2 (the
+  P-RGF estimator of :mod:`stealkit.evade.priors` with a time-dependent prior, Ilyas et al., "Prior
+  Convictions", ICLR 2019, Sec. 3.1).
+
+:data:`TUNED` holds the additions chosen on validation images (the CLI's default ``--preset tuned``).
 
 Every image goes through the oracle via :class:`~stealkit.evade.decision.LabelAccess`, never past
 ``max_queries`` per example or the ledger's budget; when the caps bind, the last verified point is kept.
@@ -46,7 +55,9 @@ from stealkit.evade.decision import (
     find_starts,
 )
 from stealkit.evade.priors import SubstitutePrior, prior_estimate, prior_probes, tilt, transfer_starts, unit
+from stealkit.evade.starts import best_of_noise
 from stealkit.evade.subspace import check_side, random_directions, subspace_dim
+from stealkit.evade.tangent import tangent_points
 from stealkit.oracle import Oracle
 
 #: the fewest probes worth spending on one estimate
@@ -67,6 +78,9 @@ class HopSkipJumpConfig:
     subspace: int = 0
     prior_spread: float = 0.5
     prior_agreement: float = 0.3
+    start_tries: int = 0
+    history: bool = False
+    tangent: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -74,10 +88,27 @@ class HopSkipJumpConfig:
             raise InputError("iterations must be >= 0; init_evals, max_evals and init_trials positive")
         if not (self.gamma > 0 and math.isfinite(self.gamma)):
             raise InputError(f"gamma must be a positive number, got {self.gamma!r}")
+        if self.start_tries < 0:
+            raise InputError(f"start_tries must be >= 0, got {self.start_tries}")
         if self.subspace < 0:
             raise InputError(f"subspace must be 0 (full space) or a positive grid side, got {self.subspace}")
         if not (0 < self.prior_spread < 10 and 0 < self.prior_agreement < 1):
             raise InputError("prior_spread must be in (0, 10) and prior_agreement in (0, 1)")
+
+
+#: settings chosen on validation images (``benchmarks/decision_attacks.py --tune``, docs/decision-attacks.md),
+#: the CLI's ``--preset tuned``: without and with a substitute
+TUNED: dict[bool, dict[str, object]] = {False: {"start_tries": 100},
+                                       True: {"init_evals": 50, "subspace": 14}}
+
+
+def tuned_settings(*, substitute: bool, shape: tuple[int, ...] | None = None) -> dict[str, object]:
+    """The validated settings (:data:`TUNED`) for a run without or with a substitute; for inputs of ``shape``
+    that are not [C, H, W] images the subspace (an image grid) is left out."""
+    out = dict(TUNED[substitute])
+    if shape is not None and len(shape) != 3:
+        out.pop("subspace", None)
+    return out
 
 
 def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool = False,
@@ -124,11 +155,17 @@ class _Run:
         #: queries a binary search to tolerance theta needs, plus a few step-size halvings
         self.reserve = math.ceil(math.log2(1 / self.theta)) + 3
         self.agree = torch.full((x.shape[0],), cfg.prior_agreement)
+        #: each example's last estimate, the prior of the next one with ``history`` (zero: none yet)
+        self.last = torch.zeros_like(x)
 
     def attack(self, best: torch.Tensor, idx: torch.Tensor) -> None:
         """Improve ``best[idx]`` (verified adversarial) in place."""
         x = self.x
         best[idx] = binary_search(self.access, x[idx], best[idx], idx, self.theta)
+        if self.cfg.start_tries:
+            d = idx.to(x.device)
+            best[d] = best_of_noise(self.access, x[d], best[d], idx, tries=self.cfg.start_tries, tol=self.theta,
+                                    gen=self.gen)
         active = torch.zeros(x.shape[0], dtype=torch.bool)
         active[idx] = True
         for t in range(1, self.cfg.iterations + 1):
@@ -171,6 +208,8 @@ class _Run:
         delta = torch.full_like(dist, 0.1) if t == 1 else math.sqrt(x[0].numel()) * self.theta * dist
         priors = self.prior.direction(best[d_all], self.y[d_all], None if self.tgt is None else self.tgt[d_all]) \
             if self.prior is not None else None
+        if priors is None and cfg.history and t > 1:
+            priors = self.last[d_all]
         probes: list[torch.Tensor] = []
         for j, n in enumerate(evals.tolist()):
             r = random_directions(n, self.shape, cfg.subspace, self.gen, x.device)
@@ -196,7 +235,9 @@ class _Run:
             w = (part - mean) if abs(mean) < 1.0 else torch.full_like(part, mean)
             g = (w.view(-1, *([1] * (x.dim() - 1))) * u).mean(0, keepdim=True)
             out.append(g / g.norm().clamp_min(TINY))
-        return torch.cat(out)
+        grads = torch.cat(out)
+        self.last[d_all] = grads
+        return grads
 
     def _step(self, best: torch.Tensor, idx: torch.Tensor, grads: torch.Tensor, t: int
               ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,7 +256,10 @@ class _Run:
             if sel.numel() == 0:
                 break
             s = sel.to(x.device)
-            cand = clip_box(best[d_all[s]] + xi[s].view(-1, *([1] * (x.dim() - 1))) * grads[s])
+            if self.cfg.tangent:
+                cand = clip_box(tangent_points(best[d_all[s]], x[d_all[s]], grads[s], xi[s]))
+            else:
+                cand = clip_box(best[d_all[s]] + xi[s].view(-1, *([1] * (x.dim() - 1))) * grads[s])
             ok = self.access.is_adv(cand, idx[sel]).cpu()
             stepped[s[ok.to(x.device)]] = cand[ok.to(x.device)]
             moved[sel[ok]] = True
@@ -225,4 +269,4 @@ class _Run:
         return stepped, moved
 
 
-__all__ = ["HopSkipJumpConfig", "hopskipjump"]
+__all__ = ["TUNED", "HopSkipJumpConfig", "hopskipjump", "tuned_settings"]

@@ -1,0 +1,92 @@
+"""HopSkipJump's additions: best-of-noise starts (OPT-attack), tangent-point steps (Tangent Attack), the
+previous estimate as prior (history); budgets honoured exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stealkit.errors import InputError
+from stealkit.evade.decision import LabelAccess, binary_search, find_starts
+from stealkit.evade.hopskipjump import HopSkipJumpConfig, hopskipjump
+from stealkit.evade.starts import best_of_noise
+from stealkit.evade.tangent import tangent_points
+from stealkit.oracle import LocalOracle
+from tests.conftest import TinyNet
+
+SHAPE = (1, 4, 4)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(_quiet: None) -> None:
+    torch.set_num_threads(1)
+
+
+def test_tangent_point_is_on_the_sphere_tangent_from_x_and_on_the_normal_side() -> None:
+    gen = torch.Generator().manual_seed(0)
+    o, x = torch.rand(5, *SHAPE, generator=gen), torch.rand(5, *SHAPE, generator=gen)
+    u = torch.randn(5, *SHAPE, generator=gen)
+    u = u - 0.5 * (x - o)  # pointing away from x, as a boundary normal does
+    u = u / u.flatten(1).norm(dim=1).view(-1, 1, 1, 1)
+    r = 0.3 * (x - o).flatten(1).norm(dim=1)
+    k = tangent_points(o, x, u, r)
+    ko, kx = (k - o).flatten(1), (k - x).flatten(1)
+    assert torch.allclose(ko.norm(dim=1), r, atol=1e-5)
+    assert torch.allclose((ko * kx).sum(1), torch.zeros(5), atol=1e-5)  # tangent: radius _|_ line from x
+    assert bool(((ko * u.flatten(1)).sum(1) >= 0).all())
+    # the tangent point is nearer to x than HopSkipJump's step o + r u
+    assert bool((kx.norm(dim=1) < (o + r.view(-1, 1, 1, 1) * u - x).flatten(1).norm(dim=1)).all())
+
+
+def test_best_of_noise_only_moves_nearer_and_stays_adversarial() -> None:
+    victim = TinyNet(seed=3).eval()
+    x = torch.rand(6, *SHAPE, generator=torch.Generator().manual_seed(4))
+    y = victim(x).argmax(1)
+    oracle = LocalOracle(victim, SHAPE, mode="label")
+    access = LabelAccess(oracle, y, None, max_queries=400)
+    gen = torch.Generator().manual_seed(0)
+    starts, found = find_starts(access, x, trials=50, gen=gen)
+    idx = found.nonzero().squeeze(1)
+    assert idx.numel() >= 4
+    first = binary_search(access, x[idx], starts[idx], idx, 1e-3)
+    better = best_of_noise(access, x[idx], first, idx, tries=60, tol=1e-3, gen=gen)
+    before, after = (first - x[idx]).flatten(1).norm(dim=1), (better - x[idx]).flatten(1).norm(dim=1)
+    assert bool((after <= before + 1e-6).all()) and bool((after < before).any())
+    assert bool((victim(better).argmax(1) != y[idx]).all())
+    assert int(access.used.max()) <= 400 and int(access.used.sum()) == oracle.ledger.total
+
+
+@pytest.mark.parametrize("max_queries", [5, 40, 250])
+@pytest.mark.parametrize("extra", [{"start_tries": 30}, {"tangent": True}, {"history": True},
+                                   {"start_tries": 30, "tangent": True, "history": True}])
+def test_additions_honour_the_per_image_cap_and_the_ledger(max_queries: int, extra: dict[str, object]) -> None:
+    victim = TinyNet(seed=0).eval()
+    x = torch.rand(5, *SHAPE, generator=torch.Generator().manual_seed(3))
+    y = victim(x).argmax(1)
+    oracle = LocalOracle(victim, SHAPE, mode="label", budget=900)
+    r = hopskipjump(oracle, x, y, max_queries=max_queries,
+                    config=HopSkipJumpConfig(iterations=50, init_evals=20, **extra))  # type: ignore[arg-type]
+    per = r.extra["queries_per_example"]
+    assert int(per.max()) <= max_queries
+    assert int(per.sum()) == oracle.ledger.total <= 900
+    assert bool((victim(r.x_adv[r.success]).argmax(1) != y[r.success]).all())
+
+
+def test_negative_start_tries_is_one_clear_error() -> None:
+    with pytest.raises(InputError, match="start_tries"):
+        HopSkipJumpConfig(start_tries=-1)
+
+
+@pytest.mark.parametrize("substitute", [False, True])
+def test_tuned_settings_are_valid_config_fields(substitute: bool) -> None:
+    from stealkit.evade.hopskipjump import tuned_settings
+
+    cfg = HopSkipJumpConfig(**tuned_settings(substitute=substitute))  # type: ignore[arg-type]
+    assert cfg != HopSkipJumpConfig()
+
+
+def test_tuned_settings_leave_out_the_image_subspace_for_flat_inputs() -> None:
+    from stealkit.evade.hopskipjump import tuned_settings
+
+    assert "subspace" not in tuned_settings(substitute=True, shape=(30,))
+    assert tuned_settings(substitute=True, shape=(1, 28, 28)) == tuned_settings(substitute=True)
