@@ -43,7 +43,13 @@ def disagreement_loss(probs: torch.Tensor) -> torch.Tensor:
     """Disagreement loss: ``-mean_{i,k} std_e p_e(x_i)_k`` over ``probs`` of shape ``[B, E, K]`` (``E >= 2``)."""
     if probs.shape[1] < 2:
         raise ValueError("the disagreement loss needs at least two clones")
-    return -probs.std(dim=1).mean()
+    return -_std(probs).mean()
+
+
+def _std(probs: torch.Tensor) -> torch.Tensor:
+    """The clones' standard deviation ``[B, K]``, kept differentiable where the clones agree exactly (the
+    square root's gradient at zero would be infinite, and turn the generator's weights into NaN)."""
+    return (probs.var(dim=1) + 1e-12).sqrt()
 
 
 def class_diversity_loss(probs: torch.Tensor) -> torch.Tensor:
@@ -59,4 +65,4 @@ def sample_disagreement(probs: torch.Tensor) -> torch.Tensor:
     if probs.shape[1] < 2:
         p = probs[:, 0].clamp_min(1e-12)
         return -(p * p.log()).sum(dim=1)
-    return probs.std(dim=1).mean(dim=1)
+    return _std(probs).mean(dim=1)
