@@ -176,3 +176,19 @@ def test_cli_default_is_the_validated_recipe_and_names_it(tmp_path: Path) -> Non
     assert json.dumps(a).count(VALIDATED) >= 1 and json.dumps(b).count('"paper"') >= 1
     want = CoDFeConfig(**recipe_settings(VALIDATED, "codfe", "label"), ngf=4)
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["queries"]["predict"] == want.noise_set
+
+
+def test_disagreement_objective_costs_only_the_clone_steps_and_needs_no_smoothing() -> None:
+    from stealkit.extract.dfme import DFMEConfig, dfme_cost, extract_dfme
+    from stealkit.extract.maze import MAZEConfig, maze_cost
+
+    assert dfme_cost(DFMEConfig(objective="disagreement")) == 256 * 5
+    assert maze_cost(MAZEConfig(objective="disagreement")) == 128 * 5
+    with pytest.raises(InputError, match="students >= 2"):
+        MAZEConfig(objective="disagreement", students=1)
+    loop = LoopConfig(eval_every=10**9, checkpoint_every=0, grid_samples=0, max_iterations=2)
+    config = DFMEConfig(batch_size=8, nz=8, ngf=4, student_steps=2, objective="disagreement", label_smoothing=0.0,
+                        loop=loop)
+    o = LocalOracle(Victim().eval(), SHAPE, num_classes=4, mode="label", budget=None)
+    extract_dfme(o, make_student=student, evaluator=None, config=config)
+    assert o.ledger.as_dict()["predict"] == 2 * 16

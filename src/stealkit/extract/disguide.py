@@ -23,15 +23,21 @@ Algorithm box (one round, as stealkit runs it inside the shared data-free loop):
    batches drawn from the store, at no query cost (:mod:`stealkit.extract.replay`, with the hard-sample
    weighting of :mod:`stealkit.extract.cabage` as an option).
 
-In stealkit the terms are weights of CoDFe's generator loss (:mod:`stealkit.extract.codfe`:
+DFME and MAZE take the objective with ``objective="disagreement"`` (:class:`Committee`): their generator then
+spends no query, so an iteration costs only the clone steps' queries. In CoDFe the terms are weights of its
+generator loss (:mod:`stealkit.extract.codfe`:
 ``disagreement``, ``diversity``, ``students``), so DisGUIDE's objective can run alone (``confidence=0``) or
 together with CoDFe's confidence loss (Eq. 2 there).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 def ensemble_probs(logits: list[torch.Tensor]) -> torch.Tensor:
@@ -66,3 +72,42 @@ def sample_disagreement(probs: torch.Tensor) -> torch.Tensor:
         p = probs[:, 0].clamp_min(1e-12)
         return -(p * p.log()).sum(dim=1)
     return _std(probs).mean(dim=1)
+
+
+def check_disguide(who: str, config: Any) -> None:
+    """The settings of the disagreement objective that DFME and MAZE share."""
+    from stealkit.errors import InputError
+
+    if config.objective not in ("victim", "disagreement"):
+        raise InputError(f"{who} objective must be 'victim' or 'disagreement', got {config.objective!r}")
+    if config.objective == "disagreement" and config.students < 2:
+        raise InputError(f"{who}: the disagreement objective needs students >= 2")
+    if not 0 <= config.holdout < 1 or config.diversity < 0 or config.holdout_capacity < 1:
+        raise InputError(f"{who}: holdout must be in [0, 1), diversity >= 0 and holdout_capacity >= 1")
+
+
+class Committee:
+    """The clones DisGUIDE trains: the attack's own student plus ``size - 1`` re-initialised copies (the
+    student factory seeds itself, so each copy is re-initialised from its own seed), with their optimisers
+    named ``student1``, ``student2``, ..."""
+
+    def __init__(self, student: nn.Module, make_student: Callable[[], nn.Module], size: int, seed: int,
+                 make_optimizer: Callable[[nn.Module], torch.optim.Optimizer], device: str) -> None:
+        self.clones = [student]
+        for i in range(1, size):
+            clone = make_student()
+            torch.manual_seed(seed + 1000 + i)
+            for mod in clone.modules():
+                if hasattr(mod, "reset_parameters"):
+                    mod.reset_parameters()
+            self.clones.append(clone.to(device).train())
+        self.optimizers = {f"student{i}": make_optimizer(c) for i, c in enumerate(self.clones) if i > 0}
+
+    def named(self) -> dict[str, nn.Module]:
+        return {"student" if i == 0 else f"student{i}": c for i, c in enumerate(self.clones)}
+
+    def generator_loss(self, x: torch.Tensor, diversity: float) -> torch.Tensor:
+        """The generator's loss on ``x = G(z)``: disagreement plus ``diversity`` times the class-diversity term."""
+        probs = ensemble_probs([c(x) for c in self.clones])
+        loss = disagreement_loss(probs)
+        return loss + diversity * class_diversity_loss(probs) if diversity > 0 else loss
