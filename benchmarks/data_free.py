@@ -82,13 +82,16 @@ def run_one(victim_name: str, method: str, mode: str, budget: int, marks: list[i
             "seconds": pts[0]["seconds"], "best_in_hindsight": pts[0].get("best_in_hindsight", pts[0]["accuracy"]),
             "selection_gap_points": pts[0].get("selection_gap_points", 0.0)}
     best = max(result.curve, key=lambda p: p["accuracy"]) if result.curve else None
+    accs = [p["accuracy"] for p in result.curve]
+    # the largest fall of the reported student's test accuracy below an earlier point of the curve (points)
+    max_drop = max((100 * (max(accs[: i + 1]) - a) for i, a in enumerate(accs)), default=0.0)
     return {
         "victim": victim_name, "method": method, "mode": mode, "variant": result.extra.get("variant", mode),
         "seed": seed, "recipe": recipe, "split": split,
         "victim_accuracy": result.victim_accuracy, "final_accuracy": result.accuracy,
         "final_fidelity": result.fidelity, "queries": result.queries, "at": at,
         "best": None if best is None else {"accuracy": best["accuracy"], "queries": best["queries"]},
-        "wall_seconds": round(wall, 1), "queries_per_second": round(result.queries["predict"] / wall, 1),
+        "max_drop_points": round(max_drop, 2), "wall_seconds": round(wall, 1), "queries_per_second": round(result.queries["predict"] / wall, 1),
         "iterations": result.extra["iterations"], "cost_per_iteration": result.extra["cost_per_iteration"],
         "config": cfg_json, "student_dir": student_dir,
         "curve": result.curve,
@@ -132,7 +135,8 @@ def aggregate(runs: list[dict[str, Any]], marks: list[int]) -> list[dict[str, An
         group = [r for r in runs if (r["method"], r["mode"]) == key]
         row: dict[str, Any] = {"method": key[0], "mode": key[1], "seeds": [r["seed"] for r in group],
                                "victim_accuracy": group[0]["victim_accuracy"], "marks": {},
-                               "wall_seconds": ms([r["wall_seconds"] for r in group])}
+                               "wall_seconds": ms([r["wall_seconds"] for r in group]),
+                               "max_drop_points": max(r["max_drop_points"] for r in group)}
         for m in marks:
             pts = [r["at"][str(m)] for r in group if r["at"].get(str(m))]
             if len(pts) == len(group):

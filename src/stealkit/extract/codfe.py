@@ -42,7 +42,7 @@ from torch import nn
 from stealkit.extract.cabage import HardReplayBuffer, balanced_selection
 from stealkit.extract.datafree_attack import DataFreeAttack, QueryFn, check_positive
 from stealkit.extract.datafree_loop import DataFreeResult, LoopConfig, run_datafree
-from stealkit.extract.disguide import disagreement_loss, ensemble_probs, sample_disagreement
+from stealkit.extract.disguide import Committee, disagreement_loss, ensemble_probs, sample_disagreement
 from stealkit.extract.losses import soft_cross_entropy
 from stealkit.extract.replay import ReplayBuffer
 from stealkit.extract.selection import ExponentialAverage, StudentSelector
@@ -117,22 +117,16 @@ class CoDFeAttack(DataFreeAttack):
                          device=device)
         self.config = config
         self.student = make_student().to(device).train()
-        self.clones = [self.student]
-        for i in range(1, config.students):  # DisGUIDE's further clones, each from its own initialisation
-            clone = make_student()  # (the factory seeds itself: re-initialise from another seed)
-            torch.manual_seed(config.seed + 1000 + i)
-            for mod in clone.modules():
-                if hasattr(mod, "reset_parameters"):
-                    mod.reset_parameters()
-            self.clones.append(clone.to(device).train())
+
+        def adam(m: nn.Module) -> torch.optim.Optimizer:
+            return torch.optim.Adam(m.parameters(), lr=config.lr_substitute)
+
+        committee = Committee(self.student, make_student, config.students, config.seed, adam, device)
+        self.clones = committee.clones  # DisGUIDE's clones (just the student when students=1)
         torch.manual_seed(config.seed + 1)
         self.generator = UpsampleGenerator(config.nz, input_shape, ngf=config.ngf).to(device).train()
-        self.optimizers = {
-            "student": torch.optim.Adam(self.student.parameters(), lr=config.lr_substitute),
-            **{f"student{i}": torch.optim.Adam(c.parameters(), lr=config.lr_substitute)
-               for i, c in enumerate(self.clones) if i > 0},
-            "generator": torch.optim.Adam(self.generator.parameters(), lr=config.lr_generator),
-        }
+        self.optimizers = {"student": adam(self.student), **committee.optimizers,
+                           "generator": torch.optim.Adam(self.generator.parameters(), lr=config.lr_generator)}
         self.z = self.noise(config.noise_set, config.nz)  # the fixed noise set Z, drawn once
         self.replay: ReplayBuffer = (HardReplayBuffer(config.replay_capacity, input_shape, num_classes,
                                                       config.hard_replay) if config.hard_replay > 0

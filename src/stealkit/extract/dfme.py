@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stealkit.extract.datafree_attack import DataFreeAttack, QueryFn, check_positive, needs_probabilities
+from stealkit.extract.datafree_attack import QueryFn, check_positive, needs_probabilities
 from stealkit.extract.datafree_loop import DataFreeResult, LoopConfig, run_datafree
-from stealkit.extract.disguide import Committee, check_disguide
+from stealkit.extract.disguide import Committee, CommitteeAttack, check_disguide
 from stealkit.extract.schedules import multistep_factor, set_lr
 from stealkit.extract.selection import StudentSelector
 from stealkit.extract.targets import answer_logits, answer_probs
@@ -93,7 +93,7 @@ def dfme_cost(config: DFMEConfig) -> int:
     return config.batch_size * (config.generator_steps * (config.directions + 1) + config.student_steps)
 
 
-class DFMEAttack(DataFreeAttack):
+class DFMEAttack(CommitteeAttack):
     name = "dfme"
 
     def __init__(self, *, input_shape: tuple[int, int, int], num_classes: int, mode: OutputMode,
@@ -133,26 +133,6 @@ class DFMEAttack(DataFreeAttack):
         return F.kl_div(F.log_softmax(student_logits, 1), F.log_softmax(victim_logits, 1), reduction="none",
                         log_target=True).sum(dim=1)
 
-    def modules(self) -> dict[str, nn.Module]:
-        selected = {"selected": self.selector.snapshot} if self.selector is not None else {}
-        return {**self.committee.named(), "generator": self.generator, **selected}
-
-    def candidates(self) -> dict[str, nn.Module]:
-        return self.committee.named()
-
-    def reported(self) -> nn.Module:
-        return self.selector.snapshot if self.selector is not None and self.selector.source else self.student
-
-    def extra_tensors(self) -> dict[str, torch.Tensor]:
-        return self.selector.tensors() if self.selector is not None else {}
-
-    def extra_scalars(self) -> dict[str, Any]:
-        return {"selector": self.selector.scalars()} if self.selector is not None else {}
-
-    def load_extra(self, tensors: dict[str, torch.Tensor], scalars: dict[str, Any]) -> None:
-        if self.selector is not None and "selector" in scalars:
-            self.selector.load(tensors, scalars["selector"])
-
     def _disagreement_step(self, query: QueryFn) -> dict[str, float]:
         """DisGUIDE's iteration (module docstring): generator on the clones' disagreement, clones on answers."""
         cfg = self.config
@@ -168,9 +148,8 @@ class DFMEAttack(DataFreeAttack):
                 x = self.generator(self.noise(cfg.batch_size, cfg.nz))
             answer = query(x).to(self.device)
             if self.selector is not None:
-                cut = x.shape[0] - int(x.shape[0] * (1 - cfg.holdout))
-                self.selector.add(x[:cut], answer_probs(answer[:cut], self.mode, self.num_classes))
-                x, answer = x[cut:], answer[cut:]
+                _, kept = self.hold_out(x, answer_probs(answer, self.mode, self.num_classes), cfg.holdout)
+                x, answer = x[-kept.shape[0]:], answer[-kept.shape[0]:]
             for name, clone in self.committee.named().items():
                 if self.mode is OutputMode.LABEL:
                     loss = F.cross_entropy(clone(x), answer.long())

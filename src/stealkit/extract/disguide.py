@@ -39,6 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stealkit.extract.datafree_attack import DataFreeAttack
+from stealkit.extract.selection import StudentSelector
+
 
 def ensemble_probs(logits: list[torch.Tensor]) -> torch.Tensor:
     """``[B, E, K]`` softmax vectors of ``E`` clones' logits ``[B, K]`` each."""
@@ -111,3 +114,40 @@ class Committee:
         probs = ensemble_probs([c(x) for c in self.clones])
         loss = disagreement_loss(probs)
         return loss + diversity * class_diversity_loss(probs) if diversity > 0 else loss
+
+
+class CommitteeAttack(DataFreeAttack):
+    """What DFME and MAZE share with the disagreement objective: a :class:`Committee` (``self.committee``),
+    an optional :class:`~stealkit.extract.selection.StudentSelector` (``self.selector``), and the checkpoint,
+    candidate and reported-student plumbing for both."""
+
+    committee: Committee
+    selector: StudentSelector | None = None
+
+    def hold_out(self, x: torch.Tensor, probs: torch.Tensor, share: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Give the first ``share`` of an answered batch to the selector; return the rest to train on."""
+        if self.selector is None:
+            return x, probs
+        cut = x.shape[0] - int(x.shape[0] * (1 - share))
+        self.selector.add(x[:cut], probs[:cut])
+        return x[cut:], probs[cut:]
+
+    def modules(self) -> dict[str, nn.Module]:
+        selected = {"selected": self.selector.snapshot} if self.selector is not None else {}
+        return {**self.committee.named(), "generator": self.generator, **selected}
+
+    def candidates(self) -> dict[str, nn.Module]:
+        return self.committee.named()
+
+    def reported(self) -> nn.Module:
+        return self.selector.snapshot if self.selector is not None and self.selector.source else self.student
+
+    def extra_tensors(self) -> dict[str, torch.Tensor]:
+        return self.selector.tensors() if self.selector is not None else {}
+
+    def extra_scalars(self) -> dict[str, Any]:
+        return {"selector": self.selector.scalars()} if self.selector is not None else {}
+
+    def load_extra(self, tensors: dict[str, torch.Tensor], scalars: dict[str, Any]) -> None:
+        if self.selector is not None and "selector" in scalars:
+            self.selector.load(tensors, scalars["selector"])

@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stealkit.extract.datafree_attack import DataFreeAttack, QueryFn, check_positive, needs_probabilities
+from stealkit.extract.datafree_attack import QueryFn, check_positive, needs_probabilities
 from stealkit.extract.datafree_loop import DataFreeResult, LoopConfig, run_datafree
-from stealkit.extract.disguide import Committee, check_disguide
+from stealkit.extract.disguide import Committee, CommitteeAttack, check_disguide
 from stealkit.extract.replay import ReplayBuffer
 from stealkit.extract.schedules import cosine_factor, set_lr
 from stealkit.extract.selection import StudentSelector
@@ -98,7 +98,7 @@ def kl_victim_clone(clone_logits: torch.Tensor, victim_probs: torch.Tensor) -> t
     return F.kl_div(F.log_softmax(clone_logits, 1), victim_probs, reduction="none").sum(dim=1)
 
 
-class MAZEAttack(DataFreeAttack):
+class MAZEAttack(CommitteeAttack):
     name = "maze"
 
     def __init__(self, *, input_shape: tuple[int, int, int], num_classes: int, mode: OutputMode,
@@ -146,16 +146,6 @@ class MAZEAttack(DataFreeAttack):
             out = float(loss.detach()) if name == "student" else out
         return out
 
-    def modules(self) -> dict[str, nn.Module]:
-        selected = {"selected": self.selector.snapshot} if self.selector is not None else {}
-        return {**self.committee.named(), "generator": self.generator, **selected}
-
-    def candidates(self) -> dict[str, nn.Module]:
-        return self.committee.named()
-
-    def reported(self) -> nn.Module:
-        return self.selector.snapshot if self.selector is not None and self.selector.source else self.student
-
     def _answered(self, query: QueryFn) -> tuple[torch.Tensor, torch.Tensor]:
         """A fresh generator batch and the victim's answers as probabilities, less the held-out share."""
         with torch.no_grad():
@@ -165,11 +155,7 @@ class MAZEAttack(DataFreeAttack):
             p = answer_probs(answer, self.mode, self.num_classes)  # one-hot: no smoothing needed
         else:
             p = self.probs(answer)
-        if self.selector is not None:
-            cut = x.shape[0] - int(x.shape[0] * (1 - self.config.holdout))
-            self.selector.add(x[:cut], p[:cut])
-            x, p = x[cut:], p[cut:]
-        return x, p
+        return self.hold_out(x, p, self.config.holdout)
 
     def _disagreement_step(self, query: QueryFn) -> dict[str, float]:
         cfg = self.config
@@ -235,15 +221,14 @@ class MAZEAttack(DataFreeAttack):
         return out
 
     def extra_tensors(self) -> dict[str, torch.Tensor]:
-        return self.replay.tensors() | (self.selector.tensors() if self.selector is not None else {})
+        return self.replay.tensors() | super().extra_tensors()
 
     def extra_scalars(self) -> dict[str, Any]:
-        return self.replay.scalars() | ({"selector": self.selector.scalars()} if self.selector is not None else {})
+        return self.replay.scalars() | super().extra_scalars()
 
     def load_extra(self, tensors: dict[str, torch.Tensor], scalars: dict[str, Any]) -> None:
         self.replay.load(tensors, scalars)
-        if self.selector is not None and "selector" in scalars:
-            self.selector.load(tensors, scalars["selector"])
+        super().load_extra(tensors, scalars)
 
 
 def extract_maze(
