@@ -136,13 +136,8 @@ class DFMEAttack(CommitteeAttack):
     def _disagreement_step(self, query: QueryFn) -> dict[str, float]:
         """DisGUIDE's iteration (module docstring): generator on the clones' disagreement, clones on answers."""
         cfg = self.config
-        g_losses, s_losses = [], []
-        for _ in range(cfg.generator_steps):
-            loss = self.committee.generator_loss(self.generator(self.noise(cfg.batch_size, cfg.nz)), cfg.diversity)
-            self.optimizers["generator"].zero_grad(set_to_none=True)
-            loss.backward()
-            self.optimizers["generator"].step()
-            g_losses.append(float(loss.detach()))
+        g_losses = self.generator_steps(cfg.generator_steps, cfg.batch_size, cfg.nz, cfg.diversity)
+        s_losses = []
         for _ in range(cfg.student_steps):
             with torch.no_grad():
                 x = self.generator(self.noise(cfg.batch_size, cfg.nz))
@@ -160,11 +155,8 @@ class DFMEAttack(CommitteeAttack):
                 self.optimizers[name].step()
                 if name == "student":
                     s_losses.append(float(loss.detach()))
-        out = {"loss_generator": sum(g_losses) / len(g_losses), "loss_student": sum(s_losses) / len(s_losses)}
-        if self.selector is not None:
-            self.selector.consider(self.candidates())
-            out["selected_agreement"] = self.selector.score
-        return out
+        return self.select({"loss_generator": sum(g_losses) / len(g_losses),
+                            "loss_student": sum(s_losses) / len(s_losses)})
 
     def step(self, query: QueryFn, progress: float) -> dict[str, float]:
         cfg = self.config

@@ -132,6 +132,24 @@ class CommitteeAttack(DataFreeAttack):
         self.selector.add(x[:cut], probs[:cut])
         return x[cut:], probs[cut:]
 
+    def generator_steps(self, steps: int, batch: int, nz: int, diversity: float) -> list[float]:
+        """``steps`` generator updates on the committee's disagreement (no victim query); their losses."""
+        losses = []
+        for _ in range(steps):
+            loss = self.committee.generator_loss(self.generator(self.noise(batch, nz)), diversity)
+            self.optimizers["generator"].zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizers["generator"].step()
+            losses.append(float(loss.detach()))
+        return losses
+
+    def select(self, out: dict[str, float]) -> dict[str, float]:
+        """After an iteration: let the selector choose among the clones; ``out`` gains its agreement."""
+        if self.selector is not None:
+            self.selector.consider(self.candidates())
+            out["selected_agreement"] = self.selector.score
+        return out
+
     def modules(self) -> dict[str, nn.Module]:
         selected = {"selected": self.selector.snapshot} if self.selector is not None else {}
         return {**self.committee.named(), "generator": self.generator, **selected}

@@ -159,13 +159,7 @@ class MAZEAttack(CommitteeAttack):
 
     def _disagreement_step(self, query: QueryFn) -> dict[str, float]:
         cfg = self.config
-        g_losses = []
-        for _ in range(cfg.generator_steps):
-            loss = self.committee.generator_loss(self.generator(self.noise(cfg.batch_size, cfg.nz)), cfg.diversity)
-            self.optimizers["generator"].zero_grad(set_to_none=True)
-            loss.backward()
-            self.optimizers["generator"].step()
-            g_losses.append(float(loss.detach()))
+        g_losses = self.generator_steps(cfg.generator_steps, cfg.batch_size, cfg.nz, cfg.diversity)
         c_losses = []
         for _ in range(cfg.clone_steps):
             x, p = self._answered(query)
@@ -176,10 +170,7 @@ class MAZEAttack(CommitteeAttack):
         out = {"loss_generator": sum(g_losses) / len(g_losses), "loss_clone": sum(c_losses) / len(c_losses)}
         if r_losses:
             out["loss_replay"] = sum(r_losses) / len(r_losses)
-        if self.selector is not None:
-            self.selector.consider(self.candidates())
-            out["selected_agreement"] = self.selector.score
-        return out
+        return self.select(out)
 
     def step(self, query: QueryFn, progress: float) -> dict[str, float]:
         cfg = self.config
