@@ -18,12 +18,22 @@ VALIDATED = "labelonly-v1"
 #: the recipe a command uses when none is named
 DEFAULT = VALIDATED
 
-_CODFE_COMMON: dict[str, Any] = {}
+#: CoDFe with DisGUIDE's second clone and disagreement term, CaBaGE-style balanced filtering (2x candidates)
+#: and hard-sample replay, fresh noise every round, 3x the substitute steps per query, and held-out selection
+_CODFE: dict[str, Any] = {
+    "noise_set": 500, "substitute_iterations": 150, "students": 2, "disagreement": 1.0, "diversity": 1.0,
+    "replay_capacity": 100_000, "fresh_noise": True, "candidates": 2, "hard_replay": 0.5, "ema": 0.99,
+    "holdout": 0.1,
+}
+#: DFME / MAZE on labels: DisGUIDE's objective instead of the zeroth-order estimate through the victim
+_DISAGREEMENT: dict[str, Any] = {"objective": "disagreement", "diversity": 1.0, "holdout": 0.05}
 
 RECIPES: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
     PAPER: {},
     VALIDATED: {
-        "codfe": {"label": dict(_CODFE_COMMON), "probs": dict(_CODFE_COMMON)},
+        "codfe": {"label": dict(_CODFE), "probs": dict(_CODFE)},
+        "dfme": {"label": dict(_DISAGREEMENT), "probs": {}},
+        "maze": {"label": dict(_DISAGREEMENT), "probs": {}},
     },
 }
 
