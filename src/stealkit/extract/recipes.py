@@ -25,15 +25,15 @@ _CODFE: dict[str, Any] = {
     "replay_capacity": 100_000, "fresh_noise": True, "candidates": 2, "hard_replay": 0.5, "ema": 0.99,
     "holdout": 0.1,
 }
-#: DFME / MAZE on labels: DisGUIDE's objective instead of the zeroth-order estimate through the victim
+#: DFME / MAZE: DisGUIDE's objective instead of the zeroth-order estimate through the victim (both modes)
 _DISAGREEMENT: dict[str, Any] = {"objective": "disagreement", "diversity": 1.0, "holdout": 0.05}
 
 RECIPES: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
     PAPER: {},
     VALIDATED: {
         "codfe": {"label": dict(_CODFE), "probs": dict(_CODFE)},
-        "dfme": {"label": dict(_DISAGREEMENT), "probs": {}},
-        "maze": {"label": dict(_DISAGREEMENT), "probs": {}},
+        "dfme": {"label": dict(_DISAGREEMENT), "probs": dict(_DISAGREEMENT)},
+        "maze": {"label": dict(_DISAGREEMENT), "probs": dict(_DISAGREEMENT)},
     },
 }
 
