@@ -17,6 +17,7 @@ fit the 2-core budget; ``--preset reference`` keeps every reference default (``n
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -40,20 +41,24 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def run_one(victim_name: str, method: str, mode: str, budget: int, marks: list[int], preset: str,
-            device: str, seed: int, overrides: dict[str, Any], save_dir: Path | None = None) -> dict[str, Any]:
+            device: str, seed: int, overrides: dict[str, Any], save_dir: Path | None = None,
+            recipe: str = "paper", split: str = "test") -> dict[str, Any]:
     from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
     from stealkit.extract.datafree_loop import LoopConfig
+    from stealkit.extract.recipes import recipe_settings
     from stealkit.extract.registry import METHODS
     from stealkit.victims import standard_victim
 
     tv = standard_victim(victim_name, device=device)
     v = open_victim(tv.path, mode=mode, budget=budget, device=device, seed=seed)
     splits = victim_splits(v)
-    ev = make_evaluator(v, splits.test.x, splits.test.y, device)
+    scored = splits.test if split == "test" else splits.attacker_pool  # validation: the attack never sees it
+    ev = make_evaluator(v, scored.x, scored.y, device)
     arch, skw = PRESETS[preset]["student"]
     entry = METHODS[method]
     loop = LoopConfig(eval_every=max(marks), eval_at=tuple(marks), checkpoint_every=0, grid_samples=0)
-    config = entry.config(seed=seed, loop=loop, **{**PRESETS[preset][method], **overrides.get(method, {})})
+    config = entry.config(seed=seed, loop=loop, **{**PRESETS[preset][method], **recipe_settings(recipe, method, mode),
+                                                   **overrides.get(method, {})})
     start = time.perf_counter()
     result = entry.run(v.oracle, make_student=student_factory(arch, v, seed, **skw), evaluator=ev, config=config,
                        device=device)
@@ -72,15 +77,21 @@ def run_one(victim_name: str, method: str, mode: str, budget: int, marks: list[i
     for m in marks:
         # the first point at or past the mark; the last point stands for a mark the budget's last iteration missed
         pts = [p for p in result.curve if p["queries"] >= min(m, budget - result.extra["cost_per_iteration"] + 1)]
-        at[str(m)] = None if not pts or m > budget else {"queries": pts[0]["queries"], "accuracy": pts[0]["accuracy"],
-                                                         "fidelity": pts[0]["fidelity"], "seconds": pts[0]["seconds"]}
+        at[str(m)] = None if not pts or m > budget else {
+            "queries": pts[0]["queries"], "accuracy": pts[0]["accuracy"], "fidelity": pts[0]["fidelity"],
+            "seconds": pts[0]["seconds"], "best_in_hindsight": pts[0].get("best_in_hindsight", pts[0]["accuracy"]),
+            "selection_gap_points": pts[0].get("selection_gap_points", 0.0)}
     best = max(result.curve, key=lambda p: p["accuracy"]) if result.curve else None
+    accs = [p["accuracy"] for p in result.curve]
+    # the largest fall of the reported student's test accuracy below an earlier point of the curve (points)
+    max_drop = max((100 * (max(accs[: i + 1]) - a) for i, a in enumerate(accs)), default=0.0)
     return {
         "victim": victim_name, "method": method, "mode": mode, "variant": result.extra.get("variant", mode),
+        "seed": seed, "recipe": recipe, "split": split,
         "victim_accuracy": result.victim_accuracy, "final_accuracy": result.accuracy,
         "final_fidelity": result.fidelity, "queries": result.queries, "at": at,
         "best": None if best is None else {"accuracy": best["accuracy"], "queries": best["queries"]},
-        "wall_seconds": round(wall, 1), "queries_per_second": round(result.queries["predict"] / wall, 1),
+        "max_drop_points": round(max_drop, 2), "wall_seconds": round(wall, 1), "queries_per_second": round(result.queries["predict"] / wall, 1),
         "iterations": result.extra["iterations"], "cost_per_iteration": result.extra["cost_per_iteration"],
         "config": cfg_json, "student_dir": student_dir,
         "curve": result.curve,
@@ -110,6 +121,34 @@ def goals(runs: list[dict[str, Any]], budget: int) -> dict[str, Any]:
     return out
 
 
+def aggregate(runs: list[dict[str, Any]], marks: list[int]) -> list[dict[str, Any]]:
+    """Mean and std over seeds, per method and mode and mark: accuracy, its ratio to the victim, the
+    selected-vs-best-in-hindsight gap (points) and the wall time to the mark."""
+    import statistics
+
+    def ms(values: list[float]) -> dict[str, float]:
+        return {"mean": round(statistics.fmean(values), 4),
+                "std": round(statistics.stdev(values), 4) if len(values) > 1 else 0.0}
+
+    rows = []
+    for key in sorted({(r["method"], r["mode"]) for r in runs}):
+        group = [r for r in runs if (r["method"], r["mode"]) == key]
+        row: dict[str, Any] = {"method": key[0], "mode": key[1], "seeds": [r["seed"] for r in group],
+                               "victim_accuracy": group[0]["victim_accuracy"], "marks": {},
+                               "wall_seconds": ms([r["wall_seconds"] for r in group]),
+                               "max_drop_points": max(r["max_drop_points"] for r in group)}
+        for m in marks:
+            pts = [r["at"][str(m)] for r in group if r["at"].get(str(m))]
+            if len(pts) == len(group):
+                row["marks"][str(m)] = {
+                    "accuracy": ms([p["accuracy"] for p in pts]),
+                    "ratio": ms([p["accuracy"] / r["victim_accuracy"] for p, r in zip(pts, group, strict=True)]),
+                    "selection_gap_points": ms([p["selection_gap_points"] for p in pts]),
+                    "seconds": ms([p["seconds"] for p in pts])}
+        rows.append(row)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--victim", default="fmnist-conv2", help="standard victim (fmnist-conv2, fmnist-cnn4, ...)")
@@ -123,6 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default=None, help="comma-separated seeds (overrides --seed), e.g. 0,1,2")
+    ap.add_argument("--recipe", default="paper",
+                    help="settings recipe of stealkit.extract.recipes (paper, labelonly-v1); --set overrides it")
+    ap.add_argument("--split", choices=["test", "validation"], default="test",
+                    help="score on the test split (report) or the attacker split (validation, to choose settings)")
     ap.add_argument("--jsonl", type=Path, default=None, help="also append each finished run here")
     ap.add_argument("--save-students", type=Path, default=None, metavar="DIR",
                     help="also save each student as a run directory DIR/METHOD-MODE (for attack study --substitute)")
@@ -133,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("STEALKIT_QUIET", "1")
     if args.quick:
         args.victim, args.budget, args.marks = "digits-conv2", 20_000, "5000,10000,20000"
+    load_at_start = os.getloadavg()
     marks = [int(float(m)) for m in args.marks.split(",") if m]
     marks = [m for m in marks if m <= args.budget] or [args.budget]
     overrides: dict[str, dict[str, Any]] = {}
@@ -143,21 +188,24 @@ def main(argv: list[str] | None = None) -> int:
         method, field = key.split(".", 1)
         overrides.setdefault(method, {}).update(parse_kv((f"{field}={value}",)))
     runs = []
-    for method in args.methods.split(","):
-        for mode in args.modes.split(","):
-            print(f"running {method} {mode} to {args.budget} queries", file=sys.stderr, flush=True)
-            r = run_one(args.victim, method, mode, args.budget, marks, args.preset, args.device, args.seed, overrides,
-                        args.save_students)
-            r["config"] = {k: v for k, v in r["config"].items() if k != "loop"}
-            print(json.dumps({k: v for k, v in r.items() if k != "curve"}), file=sys.stderr, flush=True)
-            if args.jsonl:
-                with open(args.jsonl, "a", encoding="utf-8") as fh:
-                    fh.write(json.dumps(r) + "\n")
-            runs.append(r)
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
+    for method, mode, seed in itertools.product(args.methods.split(","), args.modes.split(","), seeds):
+        print(f"running {method} {mode} seed {seed} to {args.budget} queries", file=sys.stderr, flush=True)
+        save = args.save_students / f"seed{seed}" if args.save_students and len(seeds) > 1 else args.save_students
+        r = run_one(args.victim, method, mode, args.budget, marks, args.preset, args.device, seed, overrides, save,
+                    recipe=args.recipe, split=args.split)
+        r["config"] = {k: v for k, v in r["config"].items() if k != "loop"}
+        print(json.dumps({k: v for k, v in r.items() if k != "curve"}), file=sys.stderr, flush=True)
+        if args.jsonl:
+            with open(args.jsonl, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(r) + "\n")
+        runs.append(r)
     doc = {
-        "benchmark": "data_free", "victim": args.victim, "preset": args.preset, "budget": args.budget,
+        "benchmark": "data_free", "victim": args.victim, "preset": args.preset, "recipe": args.recipe,
+        "split": args.split, "seeds": seeds, "budget": args.budget,
         "marks": marks, "device": args.device, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
         "load_average_at_end": os.getloadavg(), "platform": platform.platform(), "torch": torch.__version__,
+        "load_average_at_start": load_at_start, "aggregate": aggregate(runs, marks),
         "runs": runs, "goals": goals(runs, args.budget),
     }
     print(json.dumps(doc, indent=1))

@@ -64,8 +64,25 @@ TINY = {
     "codfe-replay": (extract_codfe, CoDFeConfig(noise_set=24, batch_size=8, substitute_iterations=3,
                                                 generator_iterations=2, nz=8, ngf=4, diversity=1.0,
                                                 replay_capacity=40, loop=LOOP)),
+    # the label-only extensions (tests/test_datafree_labelonly.py tests their parts)
+    "codfe-disguide": (extract_codfe, CoDFeConfig(noise_set=24, batch_size=8, substitute_iterations=3,
+                                                  generator_iterations=2, nz=8, ngf=4, students=2, confidence=0.0,
+                                                  disagreement=1.0, diversity=1.0, fresh_noise=True,
+                                                  replay_capacity=40, loop=LOOP)),
+    "codfe-cabage": (extract_codfe, CoDFeConfig(noise_set=24, batch_size=8, substitute_iterations=3,
+                                                generator_iterations=2, nz=8, ngf=4, candidates=3, hard_replay=0.5,
+                                                replay_capacity=40, loop=LOOP)),
+    "dfme-disguide": (extract_dfme, DFMEConfig(batch_size=8, nz=8, ngf=4, student_steps=3, objective="disagreement",
+                                               diversity=1.0, holdout=0.25, holdout_capacity=20, loop=LOOP)),
+    "maze-disguide": (extract_maze, MAZEConfig(batch_size=8, nz=8, ngf=4, clone_steps=3, replay_steps=2,
+                                               objective="disagreement", holdout=0.25, loop=LOOP)),
+    "codfe-selected": (extract_codfe, CoDFeConfig(noise_set=24, batch_size=8, substitute_iterations=3,
+                                                  generator_iterations=2, nz=8, ngf=4, students=2, disagreement=1.0,
+                                                  candidates=2, hard_replay=0.5, replay_capacity=40, ema=0.9,
+                                                  holdout=0.25, holdout_capacity=30, loop=LOOP)),
 }
-COST = {"dfme": dfme_cost, "maze": maze_cost, "dast": dast_cost, "codfe": codfe_cost, "codfe-replay": codfe_cost}
+COST = {"dfme": dfme_cost, "maze": maze_cost, "dast": dast_cost, "dfme-disguide": dfme_cost,
+        "maze-disguide": maze_cost, **{k: codfe_cost for k in TINY if "codfe" in k}}
 
 
 def with_loop(config, **kw):  # noqa: ANN001, ANN201

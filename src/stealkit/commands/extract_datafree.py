@@ -16,6 +16,7 @@ import click
 
 from stealkit.commands.common import device_option, parse_kv, run_options, set_option, victim_options
 from stealkit.errors import InputError
+from stealkit.extract.recipes import DEFAULT, PAPER, VALIDATED
 from stealkit.extract.registry import DATAFREE, METHODS
 from stealkit.rundir import RunDir
 from stealkit.settings import typed_settings
@@ -46,6 +47,9 @@ def datafree_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Iterations between checkpoints (0: only at the end)."),
         click.option("--max-iterations", type=int, default=None, help="Stop after N iterations (rounds)."),
         click.option("--resume", is_flag=True, help="Continue the stopped run in --out from its checkpoint."),
+        click.option("--preset", type=click.Choice([VALIDATED, PAPER]), default=DEFAULT, show_default=True,
+                     help=f"Settings recipe: {VALIDATED} was chosen on a validation split (docs/label-only.md); "
+                          f"{PAPER} is the paper's exact settings. --set, --ngf and --batch-size override it."),
     ]
     return functools.reduce(lambda f, o: o(f), reversed(opts), fn)
 
@@ -54,7 +58,7 @@ def run_method(method: str, *, victim: str, key: str | None, mode: str, temperat
                budget: int, dataset: str | None, data_dir: str | None, student: str,
                student_args: tuple[str, ...], batch_size: int | None, ngf: int | None, settings: dict[str, Any],
                eval_every: int, eval_at: str, checkpoint_every: int, max_iterations: int | None, resume: bool,
-               seed: int, out: str, device: str) -> Any:
+               seed: int, out: str, device: str, preset: str = DEFAULT) -> Any:
     """What each command does: open the victim, run the method, save student, summary and report."""
     from stealkit.commands.common import parse_int_list
     from stealkit.extract.common import (
@@ -64,8 +68,9 @@ def run_method(method: str, *, victim: str, key: str | None, mode: str, temperat
         student_factory,
         victim_splits,
     )
+    from stealkit.extract.recipes import recipe_settings
 
-    settings = dict(settings)
+    settings = recipe_settings(preset, method, mode) | dict(settings)
     if batch_size is not None:
         settings["batch_size"] = batch_size
     if ngf is not None:
@@ -86,7 +91,7 @@ def run_method(method: str, *, victim: str, key: str | None, mode: str, temperat
             raise
         click.echo("the victim's data set is unknown: no accuracy curve (pass --dataset to get one)", err=True)
     cfg = {"victim": victim, "mode": mode, "budget": budget, "student": student, "student_kwargs": kwargs,
-           "dataset": v.dataset, method: config}
+           "dataset": v.dataset, "recipe": preset, method: config}
     run = RunDir(out)
     if not resume and (run.path / "checkpoint" / "checkpoint.json").exists():
         raise InputError(f"{out} holds a checkpoint of an earlier run: pass --resume to continue it, or choose "

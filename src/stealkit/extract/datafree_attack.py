@@ -51,6 +51,14 @@ class DataFreeAttack:
         """One iteration; ``progress`` in [0, 1) drives the learning-rate schedule. Returns its losses."""
         raise NotImplementedError
 
+    def reported(self) -> nn.Module:
+        """The student the run reports and saves (a method that selects among students overrides this)."""
+        return self.student
+
+    def candidates(self) -> dict[str, nn.Module]:
+        """The students a selection chooses among; the loop scores them for the selected-vs-best gap only."""
+        return {"student": self.student}
+
     def extra_tensors(self) -> dict[str, torch.Tensor]:
         return {}
 

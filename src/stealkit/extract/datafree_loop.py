@@ -85,6 +85,22 @@ def _eval_marks(loop: LoopConfig, total_queries: int) -> list[int]:
     return sorted(marks)
 
 
+def scored_point(attack: DataFreeAttack, oracle: Oracle, evaluator: Evaluator, earlier: list[dict[str, Any]],
+                 **extra: Any) -> dict[str, Any]:
+    """A curve point for the reported student, plus (for the report only, never for selection) the test
+    accuracy of every candidate student and the gap, in points, between the best student seen at this or any
+    earlier mark (best in hindsight) and the reported one."""
+    point = curve_point(oracle, evaluator, attack.reported(), **extra)
+    cands = attack.candidates()
+    if len(cands) > 1 or next(iter(cands.values())) is not attack.reported():
+        scores = {name: evaluator(m)["accuracy"] for name, m in cands.items()}
+        best = max([point["accuracy"], *scores.values(),
+                    *(p.get("best_in_hindsight", p["accuracy"]) for p in earlier)])
+        point.update(candidates=scores, best_in_hindsight=best,
+                     selection_gap_points=round(100 * (best - point["accuracy"]), 2))
+    return point
+
+
 def run_datafree(
     attack: DataFreeAttack,
     oracle: Oracle,
@@ -156,8 +172,8 @@ def run_datafree(
             if marks and total >= marks[0] and evaluator is not None:
                 while marks and total >= marks[0]:
                     marks.pop(0)
-                point = curve_point(oracle, evaluator, attack.student, iteration=state["iteration"],
-                                    seconds=round(time.perf_counter() - started, 2))
+                point = scored_point(attack, oracle, evaluator, state["curve"], iteration=state["iteration"],
+                                     seconds=round(time.perf_counter() - started, 2))
                 state["curve"].append(point)
                 log.info("%s: %d queries, accuracy %.4f", attack.name, total, point["accuracy"])
                 if on_point is not None:
@@ -171,8 +187,8 @@ def run_datafree(
         journaled.close()
     total = sum(oracle.ledger.as_dict().values())
     if evaluator is not None and (not state["curve"] or state["curve"][-1]["queries"] != total):
-        point = curve_point(oracle, evaluator, attack.student, iteration=state["iteration"],
-                            seconds=round(time.perf_counter() - started, 2))
+        point = scored_point(attack, oracle, evaluator, state["curve"], iteration=state["iteration"],
+                             seconds=round(time.perf_counter() - started, 2))
         state["curve"].append(point)
         if on_point is not None:
             on_point(point)
@@ -183,7 +199,7 @@ def run_datafree(
     samples = attack.sample_images(loop.grid_samples) if loop.grid_samples > 0 else None
     return DataFreeResult(
         method=attack.name,
-        student=attack.student,
+        student=attack.reported(),
         queries=oracle.ledger.as_dict(),
         accuracy=final["accuracy"],
         fidelity=final["fidelity"],

@@ -15,6 +15,13 @@ Label-only adaptation (not in the paper): the victim's label is turned into a sm
 ``(1 - s) onehot + s / K`` and treated as its probabilities, so the logit recovery gives the label's class a
 margin ``log((1 - s + s/K) / (s/K))`` over the others; the forward differences then only see label flips.
 This is weak by construction (most finite differences are exactly zero) and is measured, not assumed.
+
+``objective="disagreement"`` (not in the paper; DisGUIDE's, :mod:`stealkit.extract.disguide`, which its
+authors built on DFME's code): ``students`` clones, the generator maximises their disagreement (plus
+``diversity`` times the class-diversity term) with no victim query, and the clones learn by cross-entropy on
+the victim's labels (label mode) or DFME's l1/KL (scores). One iteration then costs ``B * n_S``. ``holdout``
+sets that share of every answered batch aside to choose the reported clone by held-out agreement
+(:mod:`stealkit.extract.selection`).
 """
 
 from __future__ import annotations
@@ -27,10 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stealkit.extract.datafree_attack import DataFreeAttack, QueryFn, check_positive, needs_probabilities
+from stealkit.extract.datafree_attack import QueryFn, check_positive, needs_probabilities
 from stealkit.extract.datafree_loop import DataFreeResult, LoopConfig, run_datafree
+from stealkit.extract.disguide import Committee, CommitteeAttack, check_disguide
 from stealkit.extract.schedules import multistep_factor, set_lr
-from stealkit.extract.targets import answer_logits
+from stealkit.extract.selection import StudentSelector
+from stealkit.extract.targets import answer_logits, answer_probs
 from stealkit.extract.zoo_grad import estimate_gradient
 from stealkit.metrics import Evaluator
 from stealkit.models.generators import UpsampleGenerator
@@ -56,10 +65,16 @@ class DFMEConfig:
     milestones: tuple[float, ...] = (0.1, 0.3, 0.5)
     gamma: float = 0.3
     label_smoothing: float = 0.1
+    objective: Literal["victim", "disagreement"] = "victim"
+    students: int = 2
+    diversity: float = 0.0
+    holdout: float = 0.0
+    holdout_capacity: int = 5000
     seed: int = 0
     loop: LoopConfig = field(default_factory=LoopConfig)
 
     def __post_init__(self) -> None:
+        check_disguide("DFME", self)
         check_positive("DFME", batch_size=self.batch_size, directions=self.directions, epsilon=self.epsilon,
                        nz=self.nz, ngf=self.ngf, student_steps=self.student_steps,
                        generator_steps=self.generator_steps, lr_student=self.lr_student,
@@ -71,25 +86,37 @@ class DFMEConfig:
 
 
 def dfme_cost(config: DFMEConfig) -> int:
-    """Victim queries per DFME iteration: ``B * (n_G * (m + 1) + n_S)``."""
+    """Victim queries per DFME iteration: ``B * (n_G * (m + 1) + n_S)``; ``B * n_S`` with the disagreement
+    objective (the generator queries nothing)."""
+    if config.objective == "disagreement":
+        return config.batch_size * config.student_steps
     return config.batch_size * (config.generator_steps * (config.directions + 1) + config.student_steps)
 
 
-class DFMEAttack(DataFreeAttack):
+class DFMEAttack(CommitteeAttack):
     name = "dfme"
 
     def __init__(self, *, input_shape: tuple[int, int, int], num_classes: int, mode: OutputMode,
                  make_student: Callable[[], nn.Module], config: DFMEConfig, device: str = "cpu") -> None:
         super().__init__(input_shape=input_shape, num_classes=num_classes, mode=mode, seed=config.seed,
                          device=device)
-        needs_probabilities("DFME", self.mode, config.label_smoothing)
+        if config.objective == "victim":
+            needs_probabilities("DFME", self.mode, config.label_smoothing)
         self.config = config
         self.student = make_student().to(device).train()
+
+        def sgd(m: nn.Module) -> torch.optim.Optimizer:
+            return torch.optim.SGD(m.parameters(), lr=config.lr_student, momentum=config.momentum,
+                                   weight_decay=config.weight_decay)
+
+        self.committee = Committee(self.student, make_student, config.students if config.objective ==
+                                   "disagreement" else 1, config.seed, sgd, device)
+        self.selector = (StudentSelector(make_student(), config.holdout_capacity, input_shape, num_classes, device)
+                         if config.holdout > 0 else None)
         torch.manual_seed(config.seed + 1)
         self.generator = UpsampleGenerator(config.nz, input_shape, ngf=config.ngf).to(device).train()
         self.optimizers = {
-            "student": torch.optim.SGD(self.student.parameters(), lr=config.lr_student, momentum=config.momentum,
-                                       weight_decay=config.weight_decay),
+            "student": sgd(self.student), **self.committee.optimizers,
             "generator": torch.optim.Adam(self.generator.parameters(), lr=config.lr_generator),
         }
 
@@ -106,11 +133,38 @@ class DFMEAttack(DataFreeAttack):
         return F.kl_div(F.log_softmax(student_logits, 1), F.log_softmax(victim_logits, 1), reduction="none",
                         log_target=True).sum(dim=1)
 
+    def _disagreement_step(self, query: QueryFn) -> dict[str, float]:
+        """DisGUIDE's iteration (module docstring): generator on the clones' disagreement, clones on answers."""
+        cfg = self.config
+        g_losses = self.generator_steps(cfg.generator_steps, cfg.batch_size, cfg.nz, cfg.diversity)
+        s_losses = []
+        for _ in range(cfg.student_steps):
+            with torch.no_grad():
+                x = self.generator(self.noise(cfg.batch_size, cfg.nz))
+            answer = query(x).to(self.device)
+            if self.selector is not None:
+                _, kept = self.hold_out(x, answer_probs(answer, self.mode, self.num_classes), cfg.holdout)
+                x, answer = x[-kept.shape[0]:], answer[-kept.shape[0]:]
+            for name, clone in self.committee.named().items():
+                if self.mode is OutputMode.LABEL:
+                    loss = F.cross_entropy(clone(x), answer.long())
+                else:
+                    loss = self.disagreement(clone(x), self.victim_logits(answer)).mean()
+                self.optimizers[name].zero_grad(set_to_none=True)
+                loss.backward()
+                self.optimizers[name].step()
+                if name == "student":
+                    s_losses.append(float(loss.detach()))
+        return self.select({"loss_generator": sum(g_losses) / len(g_losses),
+                            "loss_student": sum(s_losses) / len(s_losses)})
+
     def step(self, query: QueryFn, progress: float) -> dict[str, float]:
         cfg = self.config
         factor = multistep_factor(progress, cfg.milestones, cfg.gamma)
-        set_lr(self.optimizers["student"], cfg.lr_student * factor)
-        set_lr(self.optimizers["generator"], cfg.lr_generator * factor)
+        for name in self.optimizers:
+            set_lr(self.optimizers[name], (cfg.lr_generator if name == "generator" else cfg.lr_student) * factor)
+        if cfg.objective == "disagreement":
+            return self._disagreement_step(query)
         g_losses = []
         for _ in range(cfg.generator_steps):
             x_pre = self.generator(self.noise(cfg.batch_size, cfg.nz), pre_x=True)

@@ -15,22 +15,31 @@ Deviation, documented: the reference keeps every replayed batch forever; here th
 
 Label-only adaptation (not in the paper): as for DFME, the victim's label becomes the smoothed one-hot
 ``(1 - s) onehot + s / K`` and is used as its probability vector in every KL.
+
+``objective="disagreement"`` (not in the paper; DisGUIDE's, :mod:`stealkit.extract.disguide`): ``students``
+clones; the generator maximises their disagreement (plus ``diversity`` times the class-diversity term) with no
+victim query, so every clone step queries a fresh batch and one iteration costs ``B * n_C``; the clones learn
+by cross-entropy on labels (label mode) or the KL above, on answers and on replay. ``holdout`` sets that share
+of every answered batch aside to choose the reported clone by held-out agreement
+(:mod:`stealkit.extract.selection`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stealkit.extract.datafree_attack import DataFreeAttack, QueryFn, check_positive, needs_probabilities
+from stealkit.extract.datafree_attack import QueryFn, check_positive, needs_probabilities
 from stealkit.extract.datafree_loop import DataFreeResult, LoopConfig, run_datafree
+from stealkit.extract.disguide import Committee, CommitteeAttack, check_disguide
 from stealkit.extract.replay import ReplayBuffer
 from stealkit.extract.schedules import cosine_factor, set_lr
+from stealkit.extract.selection import StudentSelector
 from stealkit.extract.targets import answer_probs
 from stealkit.extract.zoo_grad import estimate_gradient
 from stealkit.metrics import Evaluator
@@ -56,10 +65,16 @@ class MAZEConfig:
     momentum: float = 0.9
     weight_decay: float = 5e-4
     label_smoothing: float = 0.1
+    objective: Literal["victim", "disagreement"] = "victim"
+    students: int = 2
+    diversity: float = 0.0
+    holdout: float = 0.0
+    holdout_capacity: int = 5000
     seed: int = 0
     loop: LoopConfig = field(default_factory=LoopConfig)
 
     def __post_init__(self) -> None:
+        check_disguide("MAZE", self)
         check_positive("MAZE", batch_size=self.batch_size, directions=self.directions, epsilon=self.epsilon,
                        nz=self.nz, ngf=self.ngf, clone_steps=self.clone_steps,
                        generator_steps=self.generator_steps, replay_capacity=self.replay_capacity,
@@ -71,7 +86,10 @@ class MAZEConfig:
 
 
 def maze_cost(config: MAZEConfig) -> int:
-    """Victim queries per MAZE iteration: ``B * ((n_C - 1) + (m + 1) * n_G)``."""
+    """Victim queries per MAZE iteration: ``B * ((n_C - 1) + (m + 1) * n_G)``; ``B * n_C`` with the
+    disagreement objective."""
+    if config.objective == "disagreement":
+        return config.batch_size * config.clone_steps
     return config.batch_size * ((config.clone_steps - 1) + (config.directions + 1) * config.generator_steps)
 
 
@@ -80,21 +98,30 @@ def kl_victim_clone(clone_logits: torch.Tensor, victim_probs: torch.Tensor) -> t
     return F.kl_div(F.log_softmax(clone_logits, 1), victim_probs, reduction="none").sum(dim=1)
 
 
-class MAZEAttack(DataFreeAttack):
+class MAZEAttack(CommitteeAttack):
     name = "maze"
 
     def __init__(self, *, input_shape: tuple[int, int, int], num_classes: int, mode: OutputMode,
                  make_student: Callable[[], nn.Module], config: MAZEConfig, device: str = "cpu") -> None:
         super().__init__(input_shape=input_shape, num_classes=num_classes, mode=mode, seed=config.seed,
                          device=device)
-        needs_probabilities("MAZE", self.mode, config.label_smoothing)
+        if config.objective == "victim":
+            needs_probabilities("MAZE", self.mode, config.label_smoothing)
         self.config = config
         self.student = make_student().to(device).train()
+        sgd = {"momentum": config.momentum, "weight_decay": config.weight_decay}
+
+        def clone_sgd(m: nn.Module) -> torch.optim.Optimizer:
+            return torch.optim.SGD(m.parameters(), lr=config.lr_clone, **sgd)
+
+        self.committee = Committee(self.student, make_student, config.students if config.objective ==
+                                   "disagreement" else 1, config.seed, clone_sgd, device)
+        self.selector = (StudentSelector(make_student(), config.holdout_capacity, input_shape, num_classes, device)
+                         if config.holdout > 0 else None)
         torch.manual_seed(config.seed + 1)
         self.generator = UpsampleGenerator(config.nz, input_shape, ngf=config.ngf).to(device).train()
-        sgd = {"momentum": config.momentum, "weight_decay": config.weight_decay}
         self.optimizers = {
-            "student": torch.optim.SGD(self.student.parameters(), lr=config.lr_clone, **sgd),
+            "student": clone_sgd(self.student), **self.committee.optimizers,
             "generator": torch.optim.SGD(self.generator.parameters(), lr=config.lr_generator, **sgd),
         }
         self.replay = ReplayBuffer(config.replay_capacity, input_shape, num_classes)
@@ -107,17 +134,51 @@ class MAZEAttack(DataFreeAttack):
                             smoothing=self.config.label_smoothing)
 
     def _clone_step(self, x: torch.Tensor, p: torch.Tensor) -> float:
-        loss = kl_victim_clone(self.student(x), p).mean()
-        self.optimizers["student"].zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizers["student"].step()
-        return float(loss.detach())
+        """One step of every clone on ``(x, p)``; returns the first clone's loss. With the disagreement
+        objective on labels, the cross-entropy on the label (``p`` holds one-hot rows then)."""
+        hard = self.config.objective == "disagreement" and self.mode is OutputMode.LABEL
+        out = 0.0
+        for name, clone in self.committee.named().items():
+            loss = F.cross_entropy(clone(x), p.argmax(1)) if hard else kl_victim_clone(clone(x), p).mean()
+            self.optimizers[name].zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizers[name].step()
+            out = float(loss.detach()) if name == "student" else out
+        return out
+
+    def _answered(self, query: QueryFn) -> tuple[torch.Tensor, torch.Tensor]:
+        """A fresh generator batch and the victim's answers as probabilities, less the held-out share."""
+        with torch.no_grad():
+            x = self.generator(self.noise(self.config.batch_size, self.config.nz))
+        answer = query(x).to(self.device)
+        if self.config.objective == "disagreement" and self.mode is OutputMode.LABEL:
+            p = answer_probs(answer, self.mode, self.num_classes)  # one-hot: no smoothing needed
+        else:
+            p = self.probs(answer)
+        return self.hold_out(x, p, self.config.holdout)
+
+    def _disagreement_step(self, query: QueryFn) -> dict[str, float]:
+        cfg = self.config
+        g_losses = self.generator_steps(cfg.generator_steps, cfg.batch_size, cfg.nz, cfg.diversity)
+        c_losses = []
+        for _ in range(cfg.clone_steps):
+            x, p = self._answered(query)
+            c_losses.append(self._clone_step(x, p))
+        self.replay.add(x, p)
+        r_losses = [self._clone_step(*self.replay.sample(cfg.batch_size, self.rng, self.device))
+                    for _ in range(cfg.replay_steps if len(self.replay) >= cfg.batch_size else 0)]
+        out = {"loss_generator": sum(g_losses) / len(g_losses), "loss_clone": sum(c_losses) / len(c_losses)}
+        if r_losses:
+            out["loss_replay"] = sum(r_losses) / len(r_losses)
+        return self.select(out)
 
     def step(self, query: QueryFn, progress: float) -> dict[str, float]:
         cfg = self.config
         factor = cosine_factor(progress)
-        set_lr(self.optimizers["student"], cfg.lr_clone * factor)
-        set_lr(self.optimizers["generator"], cfg.lr_generator * factor)
+        for name in self.optimizers:
+            set_lr(self.optimizers[name], (cfg.lr_generator if name == "generator" else cfg.lr_clone) * factor)
+        if cfg.objective == "disagreement":
+            return self._disagreement_step(query)
         g_losses = []
         est = None
         for _ in range(cfg.generator_steps):
@@ -151,13 +212,14 @@ class MAZEAttack(DataFreeAttack):
         return out
 
     def extra_tensors(self) -> dict[str, torch.Tensor]:
-        return self.replay.tensors()
+        return self.replay.tensors() | super().extra_tensors()
 
     def extra_scalars(self) -> dict[str, Any]:
-        return self.replay.scalars()
+        return self.replay.scalars() | super().extra_scalars()
 
     def load_extra(self, tensors: dict[str, torch.Tensor], scalars: dict[str, Any]) -> None:
         self.replay.load(tensors, scalars)
+        super().load_extra(tensors, scalars)
 
 
 def extract_maze(

@@ -76,6 +76,7 @@ def run(config: CoDFeStudyConfig, *, on_record: Callable[[dict[str, Any]], None]
     from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
     from stealkit.extract.dast import DaSTConfig, extract_dast
     from stealkit.extract.datafree_loop import LoopConfig
+    from stealkit.extract.recipes import PAPER, recipe_settings
     from stealkit.victims import standard_victim
 
     seed, device = config.seed, config.device
@@ -92,7 +93,8 @@ def run(config: CoDFeStudyConfig, *, on_record: Callable[[dict[str, Any]], None]
                 loop = LoopConfig(eval_every=eval_every[ds], checkpoint_every=0, grid_samples=0)
                 make = student_factory("cnn3", v, seed)
                 if method == "codfe":
-                    cc = replace(CoDFeConfig(seed=seed, ngf=16, loop=loop), **config.codfe_overrides)
+                    paper = recipe_settings(PAPER, "codfe", mode)  # the paper's settings, explicitly
+                    cc = replace(CoDFeConfig(seed=seed, ngf=16, loop=loop, **paper), **config.codfe_overrides)
                     result = extract_codfe(v.oracle, make_student=make, evaluator=ev, config=cc, device=device)
                 else:
                     dc = DaSTConfig(seed=seed, ngf=16, loop=loop)

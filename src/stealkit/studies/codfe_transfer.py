@@ -140,6 +140,7 @@ def train_substitutes(cfg: StudyConfig, victim: Any, splits: Any, *, device: str
     """Steal the victim with the real-data baseline and the available data-free methods, in both modes."""
     from stealkit.extract.baseline import BaselineConfig, extract_baseline
     from stealkit.extract.common import Victim, make_evaluator, student_factory
+    from stealkit.extract.recipes import PAPER, recipe_settings
     from stealkit.oracle import LocalOracle
     from stealkit.train import TrainConfig
 
@@ -173,7 +174,7 @@ def train_substitutes(cfg: StudyConfig, victim: Any, splits: Any, *, device: str
             oracle = LocalOracle(victim.model, v.input_shape, num_classes=v.num_classes, mode=mode,
                                  budget=cfg.datafree_budget, device=device)
             try:
-                res = extract(oracle, make_student=make, evaluator=evaluator, config=config_cls(seed=cfg.seed),
+                res = extract(oracle, make_student=make, evaluator=evaluator, config=config_cls(seed=cfg.seed, **recipe_settings(PAPER, method, mode)),
                               device=device)
             except InputError as exc:  # e.g. a method that needs probabilities, asked for labels
                 on_note(f"{nice}-{_mode_suffix(mode)}: {exc}; skipped")

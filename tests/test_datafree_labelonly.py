@@ -1,0 +1,194 @@
+"""The label-only parts of the data-free loop: DisGUIDE's objective, CaBaGE-style balanced filtering and hard
+replay, the held-out-agreement selection of the reported student, and the named recipes. (Ledger counts and
+stop/resume for these configurations run with the other methods in tests/test_datafree.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from stealkit.errors import InputError
+from stealkit.extract.cabage import HardReplayBuffer, balanced_selection
+from stealkit.extract.codfe import CoDFeConfig, codfe_cost, extract_codfe
+from stealkit.extract.datafree_loop import LoopConfig
+from stealkit.extract.disguide import class_diversity_loss, disagreement_loss, sample_disagreement
+from stealkit.extract.recipes import PAPER, VALIDATED, recipe_settings
+from stealkit.extract.selection import ExponentialAverage, StudentSelector, agreement
+from stealkit.oracle import LocalOracle
+
+from .test_datafree import SHAPE, Victim, student
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+# -- DisGUIDE ------------------------------------------------------------------------------------------------------
+def test_disagreement_is_zero_for_agreeing_clones_and_its_gradient_stays_finite() -> None:
+    p = torch.softmax(torch.randn(5, 1, 4), dim=2).repeat(1, 2, 1).requires_grad_(True)
+    loss = disagreement_loss(p)
+    loss.backward()
+    assert abs(float(loss.detach())) < 1e-5
+    assert torch.isfinite(p.grad).all()
+
+
+def test_disagreement_grows_as_the_clones_part() -> None:
+    a = torch.tensor([[0.7, 0.1, 0.1, 0.1]])
+    close = torch.stack([a, torch.tensor([[0.6, 0.2, 0.1, 0.1]])], dim=1)
+    far = torch.stack([a, torch.tensor([[0.1, 0.1, 0.1, 0.7]])], dim=1)
+    assert float(disagreement_loss(far)) < float(disagreement_loss(close)) < 0
+    assert float(sample_disagreement(far)[0]) > float(sample_disagreement(close)[0])
+
+
+def test_class_diversity_is_lowest_for_a_balanced_batch() -> None:
+    balanced = torch.eye(4).unsqueeze(1)  # four samples, one clone, one class each
+    one_class = torch.eye(4)[[0, 0, 0, 0]].unsqueeze(1)
+    assert float(class_diversity_loss(balanced)) < float(class_diversity_loss(one_class))
+
+
+def test_disagreement_needs_two_clones() -> None:
+    with pytest.raises(InputError, match="students >= 2"):
+        CoDFeConfig(disagreement=1.0)
+
+
+# -- CaBaGE-style filtering and replay -------------------------------------------------------------------------------
+def test_balanced_selection_fills_the_rare_class_first_hardest_first() -> None:
+    pred = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    hard = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8])
+    counts = torch.tensor([0, 100])  # class 0 was never answered: its whole quota
+    pick = balanced_selection(pred, hard, counts, 3)
+    assert sorted(pick.tolist()) == [1, 2, 3]
+    pick = balanced_selection(pred, hard, torch.tensor([10, 10]), 4)
+    assert sorted(pick.tolist()) == [2, 3, 6, 7]  # even quotas, the hardest of each class
+    assert balanced_selection(pred, hard, counts, 20).tolist() == list(range(8))
+
+
+def test_hard_replay_draws_hard_rows_more_often() -> None:
+    buf = HardReplayBuffer(10, (1, 2, 2), 3, hard=1.0)
+    buf.add(torch.zeros(10, 1, 2, 2), torch.eye(3)[torch.arange(10) % 3])
+    g = torch.Generator().manual_seed(0)
+    buf.sample(10, g, "cpu")
+    losses = torch.full((10,), 0.01)
+    losses[buf.last_idx == 4] = 10.0  # row 4 is hard
+    buf.update_hardness(losses)
+    buf.sample(1000, g, "cpu")
+    assert float((buf.last_idx == 4).float().mean()) > 0.5
+    restored = HardReplayBuffer(10, (1, 2, 2), 3, hard=1.0)
+    restored.load(buf.tensors(), buf.scalars())
+    assert torch.equal(restored.w[:10], buf.w[:10])
+
+
+# -- choosing the student without labels ---------------------------------------------------------------------------
+def test_selector_never_trades_its_student_for_a_worse_one() -> None:
+    x = torch.randn(50, 1, 8, 8)
+    good = student()
+    labels = good(x).argmax(1)
+    bad = student()
+    torch.manual_seed(11)
+    for layer in bad.modules():
+        if hasattr(layer, "reset_parameters"):
+            layer.reset_parameters()
+    assert agreement(bad, x, labels) < 1.0
+    sel = StudentSelector(student(), 100, SHAPE, 4, "cpu")
+    sel.add(x, torch.eye(4)[labels])
+    assert sel.consider({"good": good}) == "good"
+    assert agreement(sel.snapshot, x, labels) == 1.0
+    assert sel.consider({"bad": bad}) == "good" and sel.score == 1.0
+    assert agreement(sel.snapshot, x, labels) == 1.0
+
+
+def test_exponential_average_moves_towards_the_weights() -> None:
+    m = nn.Linear(2, 2)
+    avg = ExponentialAverage(m, 0.5)
+    with torch.no_grad():
+        m.weight.add_(2.0)
+    before = avg.module.weight.clone()
+    avg.update(m)
+    assert torch.allclose(avg.module.weight, before + 1.0)
+
+
+def test_holdout_rows_are_paid_for_but_never_trained_on() -> None:
+    loop = LoopConfig(eval_every=10**9, checkpoint_every=0, grid_samples=0, max_iterations=3)
+    config = CoDFeConfig(noise_set=20, batch_size=8, substitute_iterations=2, generator_iterations=1, nz=8, ngf=4,
+                         holdout=0.25, replay_capacity=100, students=2, disagreement=1.0, ema=0.9, loop=loop)
+    o = LocalOracle(Victim().eval(), SHAPE, num_classes=4, mode="label", budget=None)
+    result = extract_codfe(o, make_student=student, evaluator=None, config=config)
+    assert o.ledger.as_dict()["predict"] == 3 * codfe_cost(config) == 60
+    assert result.extra["losses"][-1]["selected_agreement"] >= 0
+    assert result.student is not None
+
+
+def test_selection_settings_are_checked() -> None:
+    for bad in ({"holdout": 1.0}, {"ema": -0.1}, {"hard_replay": 2.0}, {"candidates": 0}, {"students": 0},
+                {"noise_set": 2, "holdout": 0.6}):
+        with pytest.raises(InputError):
+            CoDFeConfig(**bad)
+
+
+def test_curve_reports_the_selected_student_and_its_gap() -> None:
+    from stealkit.metrics import Evaluator
+
+    x = torch.rand(40, *SHAPE)
+    victim = Victim().eval()
+    ev = Evaluator(x, victim(x).argmax(1), victim(x).argmax(1))
+    loop = LoopConfig(eval_every=40, checkpoint_every=0, grid_samples=0, max_iterations=4)
+    config = CoDFeConfig(noise_set=20, batch_size=8, substitute_iterations=2, generator_iterations=1, nz=8, ngf=4,
+                         holdout=0.25, students=2, disagreement=1.0, loop=loop)
+    o = LocalOracle(victim, SHAPE, num_classes=4, mode="label", budget=None)
+    result = extract_codfe(o, make_student=student, evaluator=ev, config=config)
+    for point in result.curve:
+        assert set(point["candidates"]) == {"student", "student1"}
+        assert point["best_in_hindsight"] >= point["accuracy"]
+        assert point["selection_gap_points"] == pytest.approx(100 * (point["best_in_hindsight"] - point["accuracy"]),
+                                                              abs=0.01)
+    assert result.accuracy == ev(result.student)["accuracy"]
+
+
+# -- recipes ------------------------------------------------------------------------------------------------------
+def test_paper_recipe_is_the_dataclass_defaults_and_the_validated_one_is_valid() -> None:
+    assert recipe_settings(PAPER, "codfe", "label") == {} and recipe_settings(PAPER, "dfme", "probs") == {}
+    for mode in ("label", "probs", "topk"):
+        CoDFeConfig(**recipe_settings(VALIDATED, "codfe", mode))
+    with pytest.raises(InputError, match="unknown recipe"):
+        recipe_settings("best", "codfe", "label")
+
+
+@pytest.mark.slow
+def test_cli_default_is_the_validated_recipe_and_names_it(tmp_path: Path) -> None:
+    from stealkit.cli import main
+    from stealkit.models import ModelSpec, build_model, save_model
+
+    torch.manual_seed(0)
+    model = build_model("mlp2", input_shape=(1, 8, 8), num_classes=10, hidden=8)
+    victim = tmp_path / "victim"
+    save_model(model, ModelSpec("mlp2", (1, 8, 8), 10, kwargs={"hidden": 8}, extra={"dataset": "digits"}), victim)
+    common = ["-q", "extract", "codfe", "--victim", str(victim), "--budget", "4000", "--mode", "label", "--student",
+              "mlp2", "--student-arg", "hidden=8", "--ngf", "4", "--max-iterations", "1"]
+    assert main([*common, "--out", str(tmp_path / "a")]) == 0
+    assert main([*common, "--preset", "paper", "--out", str(tmp_path / "b")]) == 0
+    a = json.loads((tmp_path / "a" / "config.json").read_text())
+    b = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert json.dumps(a).count(VALIDATED) >= 1 and json.dumps(b).count('"paper"') >= 1
+    want = CoDFeConfig(**recipe_settings(VALIDATED, "codfe", "label"), ngf=4)
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["queries"]["predict"] == want.noise_set
+
+
+def test_disagreement_objective_costs_only_the_clone_steps_and_needs_no_smoothing() -> None:
+    from stealkit.extract.dfme import DFMEConfig, dfme_cost, extract_dfme
+    from stealkit.extract.maze import MAZEConfig, maze_cost
+
+    assert dfme_cost(DFMEConfig(objective="disagreement")) == 256 * 5
+    assert maze_cost(MAZEConfig(objective="disagreement")) == 128 * 5
+    with pytest.raises(InputError, match="students >= 2"):
+        MAZEConfig(objective="disagreement", students=1)
+    loop = LoopConfig(eval_every=10**9, checkpoint_every=0, grid_samples=0, max_iterations=2)
+    config = DFMEConfig(batch_size=8, nz=8, ngf=4, student_steps=2, objective="disagreement", label_smoothing=0.0,
+                        loop=loop)
+    o = LocalOracle(Victim().eval(), SHAPE, num_classes=4, mode="label", budget=None)
+    extract_dfme(o, make_student=student, evaluator=None, config=config)
+    assert o.ledger.as_dict()["predict"] == 2 * 16
