@@ -227,9 +227,13 @@ def ours_variant(name: str, victim_dir: str, mode: str, pool: torch.Tensor, budg
     from stealkit.extract.semi_supervised import FixMatchConfig
 
     v = open_victim(victim_dir, mode=mode, budget=budget)
+    from stealkit.settings import apply_settings, parse_value
+
     config = SurrogateConfig(max_distinct=budget, epochs=args.epochs, batch_size=args.batch_size,
                              select=select, ssl=ssl, fixmatch=FixMatchConfig(flip=flip),  # type: ignore[arg-type]
                              seed=args.seed)
+    config = apply_settings(config, {k: parse_value(x) for k, _, x in (s.partition("=") for s in args.set)},
+                            who="benchmark")
     t0 = time.perf_counter()
     r = extract_surrogate(v.oracle, pool, make_student=student_factory(args.student, v, args.seed), config=config,
                           evaluator=evaluator)
@@ -300,6 +304,8 @@ def active_main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=30, help="epochs of every tool's student (equal training)")
     p.add_argument("--batch-size", type=int, default=64, help="batch of every tool's student")
     p.add_argument("--validate", action="store_true", help="score on a held-out part of the pool, not the test split")
+    p.add_argument("--set", action="append", default=[],
+                   help="a SurrogateConfig setting for every ours row, e.g. fixmatch.ema=0")
     p.add_argument("--jsonl", default=None)
     p.add_argument("--report-out", default=None,
                    help="also write a run directory whose report plots accuracy against queries for every row")

@@ -20,13 +20,29 @@ by up to ``shift`` pixels (and flips horizontally only where the data set is fli
 MNIST, never digits); the strong view shifts by up to twice that, flips likewise, jitters brightness and
 contrast, adds Gaussian noise and cuts out a random square (Cutout, DeVries & Taylor 2017, which FixMatch's
 strong augmentation always ends with). Differences from the paper: no RandAugment (its colour and shear ops
-do not suit 8x8 or 28x28 grayscale images), no EMA of the weights, and training runs for the extraction's own
-number of epochs, an epoch being one pass over the pool (``epoch="pool"``: the labelled images cycle) or over
-the queried images (``epoch="labelled"``).
+do not suit 8x8 or 28x28 grayscale images), and training runs for the extraction's own number of epochs, an
+epoch being one pass over the pool (``epoch="pool"``: the labelled images cycle) or over the queried images
+(``epoch="labelled"``).
+
+Against confirmation bias with a weak start (a student that has seen 100 answers is confidently wrong on a
+fifth of the pool it keeps, and its confident pseudo-labels pile onto a few classes:
+``benchmarks/fixmatch_diagnosis.py``, docs/surrogate-active.md), three remedies from the field, each a setting:
+
+* ``warmup``: the unlabelled term is off for the first ``warmup`` fraction of the steps (the student learns
+  the answers first), then ramps linearly to ``lambda_u`` over as many steps (the ramp-up of Laine & Aila,
+  ICLR 2017, Sec. 3.1, used by MixMatch and by Jagielski et al.);
+* ``ema``: pseudo-labels come from an exponential moving average of the student's weights (mean teacher,
+  Tarvainen & Valpola, NeurIPS 2017, Sec. 2; FixMatch evaluates its EMA model too), steadier than the student;
+* ``align``: distribution alignment (ReMixMatch, Berthelot et al., ICLR 2020, Sec. 3.2): the teacher's
+  prediction is multiplied by ``p(y) / p~(y)`` and renormalised, ``p(y)`` being the running mean of the
+  victim's answers (one-hot labels or probabilities: the only class marginal the attacker knows) and ``p~(y)``
+  the running mean of the teacher's predictions on the pool, so pseudo-labels cannot collapse onto a few
+  classes.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -51,7 +67,10 @@ class FixMatchConfig:
     view's Gaussian noise. ``cutout``: side of the strong view's cut-out square as a fraction of the image.
     ``epoch``: ``pool`` -- an epoch ends when ``mu`` times the labelled images drawn cover the pool once (the
     labelled images are cycled; FixMatch measures training by unlabelled data); ``labelled`` -- one pass over
-    the queried images, the plain attack's epoch (few steps at small budgets).
+    the queried images, the plain attack's epoch (few steps at small budgets). ``warmup``: fraction of the
+    steps before the unlabelled term starts (then ramped in over as many). ``ema``: decay of the mean-teacher
+    weights that make the pseudo-labels (0: the student itself, as in FixMatch). ``align``: distribution
+    alignment of the pseudo-labels with the answers' class marginal.
     """
 
     mu: int = 3
@@ -62,6 +81,9 @@ class FixMatchConfig:
     noise: float = 0.1
     cutout: float = 0.4
     epoch: Literal["pool", "labelled"] = "pool"
+    warmup: float = 0.0
+    ema: float = 0.0
+    align: bool = False
 
     def __post_init__(self) -> None:
         if self.mu < 1 or not 0.0 <= self.threshold <= 1.0 or self.lambda_u < 0 or self.shift < 0:
@@ -70,6 +92,15 @@ class FixMatchConfig:
             raise InputError(f"fixmatch epoch must be pool or labelled, got {self.epoch!r}")
         if self.noise < 0 or not 0.0 <= self.cutout < 1.0:
             raise InputError("fixmatch: noise must be >= 0 and cutout in [0, 1)")
+        if not 0.0 <= self.warmup < 0.5 or not 0.0 <= self.ema < 1.0:
+            raise InputError("fixmatch: warmup must be in [0, 0.5) and ema in [0, 1)")
+
+    def ramp(self, step: int, total: int) -> float:
+        """The unlabelled term's weight at ``step`` of ``total``: 0 during the warm-up, then a linear ramp."""
+        if self.warmup <= 0:
+            return self.lambda_u
+        start = self.warmup * total
+        return self.lambda_u * min(1.0, max(0.0, (step - start) / max(start, 1.0)))
 
     def pixels(self, side: int) -> int:
         return self.shift if self.shift > 0 else max(1, side // 8)
@@ -118,33 +149,104 @@ def strong_view(x: torch.Tensor, config: FixMatchConfig, gen: torch.Generator) -
 
 
 def fixmatch_unlabelled_loss(model: nn.Module, u: torch.Tensor, config: FixMatchConfig, gen: torch.Generator,
-                             device: str | torch.device = "cpu") -> tuple[torch.Tensor, float]:
+                             device: str | torch.device = "cpu", *, teacher: nn.Module | None = None,
+                             align: Callable[[torch.Tensor], torch.Tensor] | None = None
+                             ) -> tuple[torch.Tensor, float]:
     """FixMatch's ``l_u`` (eq. 4) on the unlabelled batch ``u`` (views are drawn on the CPU with ``gen``, then
-    moved to ``device``); returns it and the fraction of pseudo-labels kept."""
+    moved to ``device``); pseudo-labels come from ``teacher`` (default: ``model``) on the weak view, adjusted
+    by ``align`` if given. Returns the loss and the fraction of pseudo-labels kept."""
     weak = weak_view(u, config, gen).to(device)
     strong = strong_view(u, config, gen).to(device)
     with torch.no_grad():
-        q = torch.softmax(model(weak), dim=1)
+        q = torch.softmax((teacher if teacher is not None else model)(weak), dim=1)
+        if align is not None:
+            q = align(q)
     conf, pseudo = q.max(dim=1)
     mask = (conf >= config.threshold).float()
     per = F.cross_entropy(model(strong), pseudo, reduction="none")
     return (per * mask).mean(), float(mask.mean())
 
 
+class DistributionAlignment:
+    """ReMixMatch's distribution alignment: ``q * p(y) / p~(y)``, renormalised, with running means (momentum
+    ``m``) of the answers' class marginal ``p(y)`` and of the teacher's predictions ``p~(y)``."""
+
+    def __init__(self, num_classes: int, momentum: float = 0.99) -> None:
+        self.m = momentum
+        self.answers = torch.full((num_classes,), 1.0 / num_classes)
+        self.predicted = torch.full((num_classes,), 1.0 / num_classes)
+
+    def observe_answers(self, target: torch.Tensor, num_classes: int) -> None:
+        if target.dim() == 1:  # labels
+            p = F.one_hot(target.long(), num_classes).float()
+        elif (target < 0).any():  # logits
+            p = torch.softmax(target.float(), dim=1)
+        else:  # probabilities (top-k answers: the rest of the mass is unknown, renormalised)
+            p = target.float() / target.float().sum(dim=1, keepdim=True).clamp_min(1e-12)
+        self.answers = self.m * self.answers + (1 - self.m) * p.mean(0).cpu()
+
+    def __call__(self, q: torch.Tensor) -> torch.Tensor:
+        self.predicted = self.m * self.predicted + (1 - self.m) * q.mean(0).cpu()
+        out = q * (self.answers / self.predicted.clamp_min(1e-6)).to(q.device)
+        return out / out.sum(dim=1, keepdim=True)
+
+
+class MeanTeacher:
+    """An exponential moving average of a model's weights (Tarvainen & Valpola 2017), updated per step."""
+
+    def __init__(self, model: nn.Module, decay: float) -> None:
+        self.decay = decay
+        self.model = copy.deepcopy(model).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        for t, s in zip(self.model.parameters(), model.parameters(), strict=True):
+            t.mul_(self.decay).add_(s.detach(), alpha=1 - self.decay)
+
+
 def with_fixmatch(labelled_loss: Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Generator], torch.Tensor],
-                  pool: torch.Tensor, config: FixMatchConfig,
-                  device: str | torch.device = "cpu") -> Callable[..., torch.Tensor]:
-    """A ``batch_loss`` for :func:`stealkit.train.fit`: ``labelled_loss`` plus ``lambda_u * l_u`` on ``mu``
-    times as many images drawn (with the loop's generator) from the unlabelled ``pool``."""
+                  pool: torch.Tensor, config: FixMatchConfig, device: str | torch.device = "cpu", *,
+                  total_steps: int = 0, answers: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                  num_classes: int = 0) -> Callable[..., torch.Tensor]:
+    """A ``batch_loss`` for :func:`stealkit.train.fit`: ``labelled_loss`` plus ``ramp * l_u`` on ``mu`` times
+    as many images drawn (with the loop's generator) from the unlabelled ``pool``. ``total_steps`` sizes the
+    warm-up; ``answers(idx)`` returns the cached victim answers of a labelled batch (for ``align``)."""
     if pool.shape[0] == 0:
         raise InputError("fixmatch needs an unlabelled pool; it is empty")
+    if config.align and (answers is None or num_classes < 2):
+        raise InputError("fixmatch align needs the victim's answers and the number of classes")
+    state: dict[str, object] = {"step": 0, "teacher": None}
+    dist = DistributionAlignment(num_classes) if config.align else None
+
+    def finish(model: nn.Module) -> None:
+        """With ``ema``, the mean teacher is the result (FixMatch reports its EMA model): copy it in."""
+        teacher = state["teacher"]
+        if teacher is not None:
+            teacher.update(model)  # type: ignore[attr-defined]
+            model.load_state_dict(teacher.model.state_dict())  # type: ignore[attr-defined]
 
     def batch_loss(model: nn.Module, idx: torch.Tensor, target: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         loss = labelled_loss(model, idx, target, gen)
-        if config.lambda_u == 0:
+        step = int(state["step"])  # type: ignore[call-overload]
+        state["step"] = step + 1
+        teacher = state["teacher"]
+        if config.ema > 0:
+            if teacher is None:
+                teacher = state["teacher"] = MeanTeacher(model, config.ema)
+            else:
+                teacher.update(model)  # type: ignore[attr-defined]  # the weights after the previous step
+        if dist is not None and answers is not None:
+            dist.observe_answers(answers(idx), num_classes)
+        weight = config.ramp(step, total_steps)
+        if weight == 0:
             return loss
         pick = torch.randint(0, pool.shape[0], (config.mu * idx.shape[0],), generator=gen)
-        lu, _ = fixmatch_unlabelled_loss(model, pool[pick], config, gen, device)
-        return loss + config.lambda_u * lu
+        lu, _ = fixmatch_unlabelled_loss(model, pool[pick], config, gen, device,
+                                         teacher=teacher.model if teacher is not None else None,  # type: ignore[attr-defined]
+                                         align=dist)
+        return loss + weight * lu
 
+    batch_loss.finish = finish  # type: ignore[attr-defined]
     return batch_loss

@@ -219,10 +219,15 @@ def train_student(
 
     batch_loss = labelled
     if config.ssl == "fixmatch":
-        batch_loss = with_fixmatch(labelled, cache.x, config.fixmatch, device)
         indices = epoch_indices(indices, len(cache), config.fixmatch)
+        steps = math.ceil(indices.numel() / tc.batch_size) * tc.epochs
+        batch_loss = with_fixmatch(labelled, cache.x, config.fixmatch, device, total_steps=steps,
+                                   answers=lambda idx: cache.answers[idx.cpu()],  # type: ignore[index]
+                                   num_classes=cache.oracle.num_classes)
 
     def epoch_done(epoch: int, rec: dict[str, float]) -> None:
+        if epoch == tc.epochs and hasattr(batch_loss, "finish"):
+            batch_loss.finish(student)  # FixMatch's mean teacher becomes the student
         if on_epoch is not None:
             on_epoch(epoch, student, rec)
             student.train()
