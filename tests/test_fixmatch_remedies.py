@@ -39,12 +39,17 @@ def test_alignment_moves_pseudo_labels_towards_the_answers_marginal():
 
 def test_mean_teacher_follows_the_student_slowly():
     student = nn.Linear(2, 2)
-    teacher = MeanTeacher(student, decay=0.5)
+    teacher = MeanTeacher(student, decay=0.5)  # (1 + t) / (10 + t) < 0.5 at the first updates
     before = teacher.model.weight.clone()
     with torch.no_grad():
         student.weight.add_(1.0)
+    teacher.update(student)  # t = 1: decay 2/11
+    assert torch.allclose(teacher.model.weight, before + 9 / 11)
+    teacher.updates = 100  # late: the configured decay
+    with torch.no_grad():
+        student.weight.add_(2.0 / 11)  # the student is now 1 + 2/11 above the start, the teacher 9/11
     teacher.update(student)
-    assert torch.allclose(teacher.model.weight, before + 0.5)
+    assert torch.allclose(teacher.model.weight, before + 1.0)
     assert not any(p.requires_grad for p in teacher.model.parameters())
 
 
@@ -63,8 +68,8 @@ def test_finish_makes_the_mean_teacher_the_result():
     with torch.no_grad():
         for p in model.parameters():
             p.add_(2.0)
-    loss.finish(model)  # teacher = 0.5 * start + 0.5 * (start + 2)
-    assert all(torch.allclose(p, s + 1.0) for p, s in zip(model.parameters(), start, strict=True))
+    loss.finish(model)  # first update, decay 2/11: teacher = start + 2 * 9/11
+    assert all(torch.allclose(p, s + 18 / 11) for p, s in zip(model.parameters(), start, strict=True))
 
 
 @pytest.mark.parametrize("mode", ["label", "probs"])

@@ -192,18 +192,25 @@ class DistributionAlignment:
 
 
 class MeanTeacher:
-    """An exponential moving average of a model's weights (Tarvainen & Valpola 2017), updated per step."""
+    """An exponential moving average of a model's weights (Tarvainen & Valpola 2017), updated per step.
+
+    The decay at update ``t`` is ``min(decay, (1 + t) / (10 + t))`` (TensorFlow's ``ExponentialMovingAverage``
+    with ``num_updates``): short runs -- a few hundred steps on a small pool -- would otherwise average in
+    the random initial weights.
+    """
 
     def __init__(self, model: nn.Module, decay: float) -> None:
-        self.decay = decay
+        self.decay, self.updates = decay, 0
         self.model = copy.deepcopy(model).eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
+        self.updates += 1
+        decay = min(self.decay, (1 + self.updates) / (10 + self.updates))
         for t, s in zip(self.model.parameters(), model.parameters(), strict=True):
-            t.mul_(self.decay).add_(s.detach(), alpha=1 - self.decay)
+            t.mul_(decay).add_(s.detach(), alpha=1 - decay)
 
 
 def with_fixmatch(labelled_loss: Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Generator], torch.Tensor],
