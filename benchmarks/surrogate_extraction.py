@@ -214,8 +214,8 @@ def run_seed(args: argparse.Namespace, attacks: list[str], budgets: list[int], t
 ACTIVE_ROWS = {  # row -> (select, ssl); "ours-default" is the command's default preset
     "ours-plain": ("random", "none"),
     "ours-ssl": ("random", "fixmatch"),
-    "ours-active": None,  # the default's selection, no SSL
-    "ours-default": None,
+    "ours-active": ("kcenter", "none"),
+    "ours-active-ssl": ("kcenter", "fixmatch"),
 }
 ART_ROWS = {"label": ["art-knockoff-random", "art-knockoff-adaptive", "art-copycat"],
             "probs": ["art-knockoff-prob-softmax"]}
@@ -290,7 +290,7 @@ def active_main(argv: list[str] | None = None) -> int:
     """
     import os
 
-    from stealkit.extract.surrogate import FLIP_INVARIANT, PRESETS
+    from stealkit.extract.surrogate import DEFAULT_PRESET, FLIP_INVARIANT, PRESETS
 
     p = argparse.ArgumentParser(description=active_main.__doc__)
     p.add_argument("--active", action="store_true")
@@ -299,7 +299,8 @@ def active_main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="label,probs")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--rows", default="ours-default,ours-plain,ours-ssl,ours-active,art",
-                   help="comma list of ours-default, ours-plain, ours-ssl, ours-active, art, or SELECT/SSL pairs")
+                   help="comma list of ours-default, ours-plain, ours-ssl, ours-active, ours-active-ssl, art, or "
+                        "SELECT/SSL pairs")
     p.add_argument("--student", default="conv2")
     p.add_argument("--epochs", type=int, default=30, help="epochs of every tool's student (equal training)")
     p.add_argument("--batch-size", type=int, default=64, help="batch of every tool's student")
@@ -342,12 +343,10 @@ def active_main(argv: list[str] | None = None) -> int:
                         continue
                     if "/" in row_name:
                         select, ssl = row_name.split("/")
+                    elif row_name == "ours-default":
+                        select, ssl = PRESETS[DEFAULT_PRESET]["select"], PRESETS[DEFAULT_PRESET]["ssl"]
                     else:
-                        pair = ACTIVE_ROWS[row_name]
-                        select, ssl = pair if pair is not None else (PRESETS["active"]["select"],
-                                                                     PRESETS["active"]["ssl"])
-                        if row_name == "ours-active":
-                            ssl = "none"
+                        select, ssl = ACTIVE_ROWS[row_name]
                     row = ours_variant(row_name, str(trained.path), mode, pool, budget, evaluator, a, select, ssl,
                                        flip)
                     rows.append(row)
@@ -355,7 +354,7 @@ def active_main(argv: list[str] | None = None) -> int:
                     _append_jsonl(args.jsonl, row)
     out = {"benchmark": "surrogate_extraction/active", "victim": args.victim, "validate": args.validate,
            "victim_accuracy": evaluator.victim_accuracy, "settings": vars(args),
-           "default": PRESETS["active"], "seconds": round(time.perf_counter() - t_all, 1),
+           "default": {"preset": DEFAULT_PRESET, **PRESETS[DEFAULT_PRESET]}, "seconds": round(time.perf_counter() - t_all, 1),
            "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(),
                        "torch": torch.__version__, "loadavg": list(os.getloadavg())},
            "table": _aggregate(rows), "rows": rows}

@@ -19,7 +19,7 @@ The attacker queries the victim with a surrogate data set and distils the answer
   the substitute's uncertainty or by k-center coverage (:mod:`stealkit.extract.active`), resumable.
 * **Semi-supervised training** (``ssl="fixmatch"``; Jagielski et al. USENIX Security 2020, Sec. 5.2; FixMatch,
   Sohn et al. 2020): the student also learns from the pool images never queried
-  (:mod:`stealkit.extract.semi_supervised`). ``PRESETS`` names the validated default and the plain attack.
+  (:mod:`stealkit.extract.semi_supervised`). ``PRESETS`` (:mod:`stealkit.extract.presets`) names the combinations.
 
 Surrogate sources (the victim's attacker pool, a skewed subset, another data set adapted by resizing and
 channel repetition, natural patches, Gaussian noise) come from :func:`stealkit.data.load_query_source`.
@@ -46,6 +46,8 @@ from stealkit.extract.common import ExtractionResult, curve_point
 from stealkit.extract.knockoff import KnockoffConfig, knockoff_select
 from stealkit.extract.logit_recovery import recover_logits
 from stealkit.extract.losses import LossFn
+from stealkit.extract.presets import DEFAULT_PRESET as DEFAULT_PRESET  # re-exported
+from stealkit.extract.presets import PRESETS as PRESETS
 from stealkit.extract.semi_supervised import SSL, FixMatchConfig, shift_images, with_fixmatch
 from stealkit.extract.targets import victim_log_probs
 from stealkit.metrics import Evaluator
@@ -61,14 +63,6 @@ Augment = Literal["none", "shift", "shift-flip"]
 
 _SCHEDULES: dict[str, str] = {"cyclic": "onecycle", "step": "step"}
 
-# The command's presets: ``plain`` / ``paper`` (the default) is the attack of DFME appendix A; ``active`` is the
-# combination that won the most validation cells (docs/surrogate-active.md) but lost on Fashion-MNIST, so it is
-# opt-in: a default must not be worse on any validated setting than the attack it replaces.
-PRESETS: dict[str, dict[str, str]] = {
-    "active": {"select": "kcenter", "ssl": "fixmatch"},
-    "plain": {"select": "random", "ssl": "none"},
-    "paper": {"select": "random", "ssl": "none"},
-}
 FLIP_INVARIANT = ("fashion-mnist", "cifar10", "cifar100", "svhn-flip")  # data sets whose mirror images are valid
 
 
