@@ -33,6 +33,7 @@ import os
 import platform
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -282,6 +283,25 @@ def _aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _combine(paths: list[str], report_out: str | None) -> int:
+    """One table (and report) from several runs of the same victim and split, e.g. one per budget."""
+    from stealkit.errors import InputError
+
+    runs = [json.loads(Path(path).read_text(encoding="utf-8")) for path in paths]
+    if len({(r["victim"], r["validate"]) for r in runs}) != 1:
+        raise InputError("--combine: the runs must share the victim and the split")
+    out = {**runs[0], "rows": [row for r in runs for row in r["rows"]], "combined": paths,
+           "seconds": round(sum(r["seconds"] for r in runs), 1),
+           "machine": {**runs[0]["machine"], "loadavg_each": [r["machine"]["loadavg"] for r in runs]}}
+    out["table"] = _aggregate(out["rows"])
+    out["settings"] = {**runs[0]["settings"], "budgets": ",".join(str(r["settings"]["budgets"]) for r in runs)}
+    if report_out:
+        _write_comparison_run(report_out, out)
+    json.dump(out, sys.stdout, indent=1)
+    print()
+    return 0
+
+
 def active_main(argv: list[str] | None = None) -> int:
     """Stealkit's default, each ingredient alone and ART at equal training (student, epochs, batch, pool).
 
@@ -310,7 +330,12 @@ def active_main(argv: list[str] | None = None) -> int:
     p.add_argument("--jsonl", default=None)
     p.add_argument("--report-out", default=None,
                    help="also write a run directory whose report plots accuracy against queries for every row")
+    p.add_argument("--combine", default=None,
+                   help="comma list of earlier --active JSON outputs (e.g. one per budget): merge their rows into "
+                        "one table and --report-out, running nothing")
     args = p.parse_args(argv)
+    if args.combine:
+        return _combine(args.combine.split(","), args.report_out)
     args.art_epochs, args.art_batch = args.epochs, args.batch_size  # equal training for ART
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     trained = standard_victim(args.victim)
