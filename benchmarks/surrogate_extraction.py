@@ -391,4 +391,9 @@ def active_main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(active_main() if "--active" in sys.argv else main())
+    from stealkit.errors import InputError
+
+    try:
+        sys.exit(active_main() if "--active" in sys.argv else main())
+    except InputError as e:
+        sys.exit(f"error: {e}")
