@@ -45,7 +45,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -63,9 +63,10 @@ class FixMatchConfig:
     ``threshold=0.95, warmup=0, ema=0, align=false``).
 
     ``mu``: unlabelled images per labelled one in each step (paper 7). ``threshold``: confidence needed to
-    keep a pseudo-label (paper 0.95; 0.98 here, fewer confidently wrong pseudo-labels from a weak start). ``lambda_u``: weight of the unlabelled term (paper 1). ``shift``: the
-    weak view's largest translation in pixels (0: automatic, 1/8 of the image side, at least 1). ``flip``:
-    horizontal flips in both views (only for flip-invariant data). ``noise``: standard deviation of the strong
+    keep a pseudo-label (paper 0.95; 0.98 here, fewer confidently wrong pseudo-labels from a weak start).
+    ``lambda_u``: weight of the unlabelled term (paper 1). ``shift``: the weak view's largest translation in
+    pixels (0: automatic, 1/8 of the image side, at least 1). ``flip``: horizontal flips in both views (only
+    for flip-invariant data). ``noise``: standard deviation of the strong
     view's Gaussian noise. ``cutout``: side of the strong view's cut-out square as a fraction of the image.
     ``epoch``: ``pool`` -- an epoch ends when ``mu`` times the labelled images drawn cover the pool once (the
     labelled images are cycled; FixMatch measures training by unlabelled data); ``labelled`` -- one pass over
@@ -215,47 +216,56 @@ class MeanTeacher:
             t.mul_(decay).add_(s.detach(), alpha=1 - decay)
 
 
-def with_fixmatch(labelled_loss: Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Generator], torch.Tensor],
-                  pool: torch.Tensor, config: FixMatchConfig, device: str | torch.device = "cpu", *,
-                  total_steps: int = 0, answers: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                  num_classes: int = 0) -> Callable[..., torch.Tensor]:
+LabelledLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Generator], torch.Tensor]
+
+
+class FixMatchLoss:
     """A ``batch_loss`` for :func:`stealkit.train.fit`: ``labelled_loss`` plus ``ramp * l_u`` on ``mu`` times
     as many images drawn (with the loop's generator) from the unlabelled ``pool``. ``total_steps`` sizes the
-    warm-up; ``answers(idx)`` returns the cached victim answers of a labelled batch (for ``align``)."""
-    if pool.shape[0] == 0:
-        raise InputError("fixmatch needs an unlabelled pool; it is empty")
-    if config.align and (answers is None or num_classes < 2):
-        raise InputError("fixmatch align needs the victim's answers and the number of classes")
-    state: dict[str, object] = {"step": 0, "teacher": None}
-    dist = DistributionAlignment(num_classes) if config.align else None
+    warm-up; ``answers(idx)`` returns the cached victim answers of a labelled batch (for ``align``).
+    :meth:`finish` makes the mean teacher the result."""
 
-    def finish(model: nn.Module) -> None:
-        """With ``ema``, the mean teacher is the result (FixMatch reports its EMA model): copy it in."""
-        teacher = state["teacher"]
-        if teacher is not None:
-            teacher.update(model)  # type: ignore[attr-defined]
-            model.load_state_dict(teacher.model.state_dict())  # type: ignore[attr-defined]
+    def __init__(self, labelled_loss: LabelledLoss, pool: torch.Tensor, config: FixMatchConfig,
+                 device: str | torch.device = "cpu", *, total_steps: int = 0,
+                 answers: Callable[[torch.Tensor], torch.Tensor] | None = None, num_classes: int = 0) -> None:
+        if pool.shape[0] == 0:
+            raise InputError("fixmatch needs an unlabelled pool; it is empty")
+        if config.align and (answers is None or num_classes < 2):
+            raise InputError("fixmatch align needs the victim's answers and the number of classes")
+        self.labelled_loss, self.pool, self.config, self.device = labelled_loss, pool, config, device
+        self.total_steps, self.answers, self.num_classes = total_steps, answers, num_classes
+        self.step = 0
+        self.teacher: MeanTeacher | None = None
+        self.align = DistributionAlignment(num_classes) if config.align else None
 
-    def batch_loss(model: nn.Module, idx: torch.Tensor, target: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        loss = labelled_loss(model, idx, target, gen)
-        step = int(state["step"])  # type: ignore[call-overload]
-        state["step"] = step + 1
-        teacher = state["teacher"]
-        if config.ema > 0:
-            if teacher is None:
-                teacher = state["teacher"] = MeanTeacher(model, config.ema)
+    def __call__(self, model: nn.Module, idx: torch.Tensor, target: torch.Tensor,
+                 gen: torch.Generator) -> torch.Tensor:
+        loss = self.labelled_loss(model, idx, target, gen)
+        step, self.step = self.step, self.step + 1
+        if self.config.ema > 0:
+            if self.teacher is None:
+                self.teacher = MeanTeacher(model, self.config.ema)
             else:
-                teacher.update(model)  # type: ignore[attr-defined]  # the weights after the previous step
-        if dist is not None and answers is not None:
-            dist.observe_answers(answers(idx), num_classes)
-        weight = config.ramp(step, total_steps)
+                self.teacher.update(model)  # the weights after the previous step
+        if self.align is not None and self.answers is not None:
+            self.align.observe_answers(self.answers(idx), self.num_classes)
+        weight = self.config.ramp(step, self.total_steps)
         if weight == 0:
             return loss
-        pick = torch.randint(0, pool.shape[0], (config.mu * idx.shape[0],), generator=gen)
-        lu, _ = fixmatch_unlabelled_loss(model, pool[pick], config, gen, device,
-                                         teacher=teacher.model if teacher is not None else None,  # type: ignore[attr-defined]
-                                         align=dist)
+        pick = torch.randint(0, self.pool.shape[0], (self.config.mu * idx.shape[0],), generator=gen)
+        lu, _ = fixmatch_unlabelled_loss(model, self.pool[pick], self.config, gen, self.device,
+                                         teacher=self.teacher.model if self.teacher is not None else None,
+                                         align=self.align)
         return loss + weight * lu
 
-    batch_loss.finish = finish  # type: ignore[attr-defined]
-    return batch_loss
+    def finish(self, model: nn.Module) -> None:
+        """With ``ema``, the mean teacher is the result (FixMatch reports its EMA model): copy it in."""
+        if self.teacher is not None:
+            self.teacher.update(model)
+            model.load_state_dict(self.teacher.model.state_dict())
+
+
+def with_fixmatch(labelled_loss: LabelledLoss, pool: torch.Tensor, config: FixMatchConfig,
+                  device: str | torch.device = "cpu", **kwargs: Any) -> FixMatchLoss:
+    """:class:`FixMatchLoss` (the name the callers have used since FixMatch was first built)."""
+    return FixMatchLoss(labelled_loss, pool, config, device, **kwargs)

@@ -48,7 +48,7 @@ from stealkit.extract.logit_recovery import recover_logits
 from stealkit.extract.losses import LossFn
 from stealkit.extract.presets import DEFAULT_PRESET as DEFAULT_PRESET  # re-exported
 from stealkit.extract.presets import PRESETS as PRESETS
-from stealkit.extract.semi_supervised import SSL, FixMatchConfig, shift_images, with_fixmatch
+from stealkit.extract.semi_supervised import SSL, FixMatchConfig, FixMatchLoss, shift_images
 from stealkit.extract.targets import victim_log_probs
 from stealkit.metrics import Evaluator
 from stealkit.oracle import Oracle, OutputMode
@@ -211,16 +211,16 @@ def train_student(
         answers = cache.get(idx).to(device)  # queried the first time an image is needed, then reused
         return loss_fn(model(augment_batch(cache.x[idx], config.augment, gen).to(device)), answers)
 
-    batch_loss = labelled
+    batch_loss: Callable[..., torch.Tensor] = labelled
     if config.ssl == "fixmatch":
         indices = epoch_indices(indices, len(cache), config.fixmatch)
         steps = math.ceil(indices.numel() / tc.batch_size) * tc.epochs
-        batch_loss = with_fixmatch(labelled, cache.x, config.fixmatch, device, total_steps=steps,
-                                   answers=lambda idx: cache.answers[idx.cpu()],  # type: ignore[index]
-                                   num_classes=cache.oracle.num_classes)
+        batch_loss = FixMatchLoss(labelled, cache.x, config.fixmatch, device, total_steps=steps,
+                                  answers=lambda idx: cache.answers[idx.cpu()],  # type: ignore[index]
+                                  num_classes=cache.oracle.num_classes)
 
     def epoch_done(epoch: int, rec: dict[str, float]) -> None:
-        if epoch == tc.epochs and hasattr(batch_loss, "finish"):
+        if epoch == tc.epochs and isinstance(batch_loss, FixMatchLoss):
             batch_loss.finish(student)  # FixMatch's mean teacher becomes the student
         if on_epoch is not None:
             on_epoch(epoch, student, rec)
