@@ -33,6 +33,7 @@ import os
 import platform
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -214,8 +215,8 @@ def run_seed(args: argparse.Namespace, attacks: list[str], budgets: list[int], t
 ACTIVE_ROWS = {  # row -> (select, ssl); "ours-default" is the command's default preset
     "ours-plain": ("random", "none"),
     "ours-ssl": ("random", "fixmatch"),
-    "ours-active": None,  # the default's selection, no SSL
-    "ours-default": None,
+    "ours-active": ("kcenter", "none"),
+    "ours-active-ssl": ("kcenter", "fixmatch"),
 }
 ART_ROWS = {"label": ["art-knockoff-random", "art-knockoff-adaptive", "art-copycat"],
             "probs": ["art-knockoff-prob-softmax"]}
@@ -227,9 +228,13 @@ def ours_variant(name: str, victim_dir: str, mode: str, pool: torch.Tensor, budg
     from stealkit.extract.semi_supervised import FixMatchConfig
 
     v = open_victim(victim_dir, mode=mode, budget=budget)
+    from stealkit.settings import apply_settings, parse_value
+
     config = SurrogateConfig(max_distinct=budget, epochs=args.epochs, batch_size=args.batch_size,
                              select=select, ssl=ssl, fixmatch=FixMatchConfig(flip=flip),  # type: ignore[arg-type]
                              seed=args.seed)
+    config = apply_settings(config, {k: parse_value(x) for k, _, x in (s.partition("=") for s in args.set)},
+                            who="benchmark")
     t0 = time.perf_counter()
     r = extract_surrogate(v.oracle, pool, make_student=student_factory(args.student, v, args.seed), config=config,
                           evaluator=evaluator)
@@ -278,6 +283,25 @@ def _aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _combine(paths: list[str], report_out: str | None) -> int:
+    """One table (and report) from several runs of the same victim and split, e.g. one per budget."""
+    from stealkit.errors import InputError
+
+    runs = [json.loads(Path(path).read_text(encoding="utf-8")) for path in paths]
+    if len({(r["victim"], r["validate"]) for r in runs}) != 1:
+        raise InputError("--combine: the runs must share the victim and the split")
+    out = {**runs[0], "rows": [row for r in runs for row in r["rows"]], "combined": paths,
+           "seconds": round(sum(r["seconds"] for r in runs), 1),
+           "machine": {**runs[0]["machine"], "loadavg_each": [r["machine"]["loadavg"] for r in runs]}}
+    out["table"] = _aggregate(out["rows"])
+    out["settings"] = {**runs[0]["settings"], "budgets": ",".join(str(r["settings"]["budgets"]) for r in runs)}
+    if report_out:
+        _write_comparison_run(report_out, out)
+    json.dump(out, sys.stdout, indent=1)
+    print()
+    return 0
+
+
 def active_main(argv: list[str] | None = None) -> int:
     """Stealkit's default, each ingredient alone and ART at equal training (student, epochs, batch, pool).
 
@@ -286,7 +310,7 @@ def active_main(argv: list[str] | None = None) -> int:
     """
     import os
 
-    from stealkit.extract.surrogate import FLIP_INVARIANT, PRESETS
+    from stealkit.extract.surrogate import DEFAULT_PRESET, FLIP_INVARIANT, PRESETS
 
     p = argparse.ArgumentParser(description=active_main.__doc__)
     p.add_argument("--active", action="store_true")
@@ -295,15 +319,23 @@ def active_main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="label,probs")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--rows", default="ours-default,ours-plain,ours-ssl,ours-active,art",
-                   help="comma list of ours-default, ours-plain, ours-ssl, ours-active, art, or SELECT/SSL pairs")
+                   help="comma list of ours-default, ours-plain, ours-ssl, ours-active, ours-active-ssl, art, or "
+                        "SELECT/SSL pairs")
     p.add_argument("--student", default="conv2")
     p.add_argument("--epochs", type=int, default=30, help="epochs of every tool's student (equal training)")
     p.add_argument("--batch-size", type=int, default=64, help="batch of every tool's student")
     p.add_argument("--validate", action="store_true", help="score on a held-out part of the pool, not the test split")
+    p.add_argument("--set", action="append", default=[],
+                   help="a SurrogateConfig setting for every ours row, e.g. fixmatch.ema=0")
     p.add_argument("--jsonl", default=None)
     p.add_argument("--report-out", default=None,
                    help="also write a run directory whose report plots accuracy against queries for every row")
+    p.add_argument("--combine", default=None,
+                   help="comma list of earlier --active JSON outputs (e.g. one per budget): merge their rows into "
+                        "one table and --report-out, running nothing")
     args = p.parse_args(argv)
+    if args.combine:
+        return _combine(args.combine.split(","), args.report_out)
     args.art_epochs, args.art_batch = args.epochs, args.batch_size  # equal training for ART
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     trained = standard_victim(args.victim)
@@ -336,12 +368,10 @@ def active_main(argv: list[str] | None = None) -> int:
                         continue
                     if "/" in row_name:
                         select, ssl = row_name.split("/")
+                    elif row_name == "ours-default":
+                        select, ssl = PRESETS[DEFAULT_PRESET]["select"], PRESETS[DEFAULT_PRESET]["ssl"]
                     else:
-                        pair = ACTIVE_ROWS[row_name]
-                        select, ssl = pair if pair is not None else (PRESETS["active"]["select"],
-                                                                     PRESETS["active"]["ssl"])
-                        if row_name == "ours-active":
-                            ssl = "none"
+                        select, ssl = ACTIVE_ROWS[row_name]
                     row = ours_variant(row_name, str(trained.path), mode, pool, budget, evaluator, a, select, ssl,
                                        flip)
                     rows.append(row)
@@ -349,7 +379,7 @@ def active_main(argv: list[str] | None = None) -> int:
                     _append_jsonl(args.jsonl, row)
     out = {"benchmark": "surrogate_extraction/active", "victim": args.victim, "validate": args.validate,
            "victim_accuracy": evaluator.victim_accuracy, "settings": vars(args),
-           "default": PRESETS["active"], "seconds": round(time.perf_counter() - t_all, 1),
+           "default": {"preset": DEFAULT_PRESET, **PRESETS[DEFAULT_PRESET]}, "seconds": round(time.perf_counter() - t_all, 1),
            "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(),
                        "torch": torch.__version__, "loadavg": list(os.getloadavg())},
            "table": _aggregate(rows), "rows": rows}
@@ -361,4 +391,9 @@ def active_main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(active_main() if "--active" in sys.argv else main())
+    from stealkit.errors import InputError
+
+    try:
+        sys.exit(active_main() if "--active" in sys.argv else main())
+    except InputError as e:
+        sys.exit(f"error: {e}")

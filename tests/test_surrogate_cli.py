@@ -24,7 +24,7 @@ def victim_dir(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", [[], ["--strategy", "knockoff", "--pool", "fashion-mnist"],
-                                   ["--mode", "label", "--pool", "gaussian"]])
+                                   ["--mode", "label", "--pool", "gaussian"], ["--preset", "semi", "--mode", "label"]])
 def test_extract_surrogate_cli(victim_dir, tmp_path, extra):
     out = tmp_path / "run"
     rc = main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", "120", "--epochs", "3",

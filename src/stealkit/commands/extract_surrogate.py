@@ -1,7 +1,6 @@
 """``stealkit extract surrogate``: surrogate-data extraction (DFME appendix A; Knockoff Nets' adaptive policy;
-ActiveThief's active selection and FixMatch on the unqueried pool with ``--preset active``; the default stays
-``plain``, the attack as it was, because no combination won on every validation cell: see
-docs/surrogate-active.md)."""
+ActiveThief's active selection and FixMatch on the unqueried pool). ``--preset`` picks the combination; its
+default is ``stealkit.extract.presets.DEFAULT_PRESET``, chosen on the validation split (docs/surrogate-active.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ import click
 
 from stealkit.commands.common import device_option, parse_kv, run_options, set_option, victim_options
 from stealkit.errors import InputError
+from stealkit.extract.presets import DEFAULT_PRESET, PRESETS
 from stealkit.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -72,10 +72,10 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
 @click.option("--ssl", type=click.Choice(["none", "fixmatch"]), default=None,
               help="Also train on the unqueried pool with FixMatch consistency (Jagielski et al. 2020). "
                    "Default: the preset's.")
-@click.option("--preset", type=click.Choice(["active", "plain", "paper"]), default="plain", show_default=True,
-              help="plain/paper: random queries, no SSL (DFME appendix A); active: k-center selection + FixMatch, "
-                   "best on digits (+14-16 points over ART at 50 queries) but worse on Fashion-MNIST, so opt-in "
-                   "(docs/surrogate-active.md).")
+@click.option("--preset", type=click.Choice(list(PRESETS)), default=DEFAULT_PRESET, show_default=True,
+              help="plain/paper: random queries, no SSL (DFME appendix A); semi: random queries + FixMatch on the "
+                   "unqueried pool (warm-up, mean teacher, distribution alignment); active: k-center selection + "
+                   "FixMatch (docs/surrogate-active.md).")
 @click.option("--resume", is_flag=True, help="Continue the stopped active rounds in --out from their checkpoint.")
 @click.option("--augment", type=click.Choice(["none", "shift", "shift-flip"]), default="none", show_default=True,
               help="Train on shifted/flipped copies of queried images with their cached answers (no queries).")
@@ -102,7 +102,7 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
         victim_splits,
     )
     from stealkit.extract.registry import METHODS
-    from stealkit.extract.surrogate import FLIP_INVARIANT, PRESETS, resolve_loss
+    from stealkit.extract.surrogate import FLIP_INVARIANT, resolve_loss
     from stealkit.settings import apply_settings
 
     resolve_loss(loss, mode)  # type: ignore[arg-type]  # refuse e.g. KL on labels before any work

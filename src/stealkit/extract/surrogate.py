@@ -19,7 +19,7 @@ The attacker queries the victim with a surrogate data set and distils the answer
   the substitute's uncertainty or by k-center coverage (:mod:`stealkit.extract.active`), resumable.
 * **Semi-supervised training** (``ssl="fixmatch"``; Jagielski et al. USENIX Security 2020, Sec. 5.2; FixMatch,
   Sohn et al. 2020): the student also learns from the pool images never queried
-  (:mod:`stealkit.extract.semi_supervised`). ``PRESETS`` names the validated default and the plain attack.
+  (:mod:`stealkit.extract.semi_supervised`). ``PRESETS`` (:mod:`stealkit.extract.presets`) names the combinations.
 
 Surrogate sources (the victim's attacker pool, a skewed subset, another data set adapted by resizing and
 channel repetition, natural patches, Gaussian noise) come from :func:`stealkit.data.load_query_source`.
@@ -46,7 +46,9 @@ from stealkit.extract.common import ExtractionResult, curve_point
 from stealkit.extract.knockoff import KnockoffConfig, knockoff_select
 from stealkit.extract.logit_recovery import recover_logits
 from stealkit.extract.losses import LossFn
-from stealkit.extract.semi_supervised import SSL, FixMatchConfig, shift_images, with_fixmatch
+from stealkit.extract.presets import DEFAULT_PRESET as DEFAULT_PRESET  # re-exported
+from stealkit.extract.presets import PRESETS as PRESETS
+from stealkit.extract.semi_supervised import SSL, FixMatchConfig, FixMatchLoss, shift_images
 from stealkit.extract.targets import victim_log_probs
 from stealkit.metrics import Evaluator
 from stealkit.oracle import Oracle, OutputMode
@@ -61,14 +63,6 @@ Augment = Literal["none", "shift", "shift-flip"]
 
 _SCHEDULES: dict[str, str] = {"cyclic": "onecycle", "step": "step"}
 
-# The command's presets: ``plain`` / ``paper`` (the default) is the attack of DFME appendix A; ``active`` is the
-# combination that won the most validation cells (docs/surrogate-active.md) but lost on Fashion-MNIST, so it is
-# opt-in: a default must not be worse on any validated setting than the attack it replaces.
-PRESETS: dict[str, dict[str, str]] = {
-    "active": {"select": "kcenter", "ssl": "fixmatch"},
-    "plain": {"select": "random", "ssl": "none"},
-    "paper": {"select": "random", "ssl": "none"},
-}
 FLIP_INVARIANT = ("fashion-mnist", "cifar10", "cifar100", "svhn-flip")  # data sets whose mirror images are valid
 
 
@@ -217,12 +211,17 @@ def train_student(
         answers = cache.get(idx).to(device)  # queried the first time an image is needed, then reused
         return loss_fn(model(augment_batch(cache.x[idx], config.augment, gen).to(device)), answers)
 
-    batch_loss = labelled
+    batch_loss: Callable[..., torch.Tensor] = labelled
     if config.ssl == "fixmatch":
-        batch_loss = with_fixmatch(labelled, cache.x, config.fixmatch, device)
         indices = epoch_indices(indices, len(cache), config.fixmatch)
+        steps = math.ceil(indices.numel() / tc.batch_size) * tc.epochs
+        batch_loss = FixMatchLoss(labelled, cache.x, config.fixmatch, device, total_steps=steps,
+                                  answers=lambda idx: cache.answers[idx.cpu()],  # type: ignore[index]
+                                  num_classes=cache.oracle.num_classes)
 
     def epoch_done(epoch: int, rec: dict[str, float]) -> None:
+        if epoch == tc.epochs and isinstance(batch_loss, FixMatchLoss):
+            batch_loss.finish(student)  # FixMatch's mean teacher becomes the student
         if on_epoch is not None:
             on_epoch(epoch, student, rec)
             student.train()

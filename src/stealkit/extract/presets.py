@@ -1,0 +1,19 @@
+"""The presets of ``stealkit extract surrogate`` (no torch here: the command reads them at import time).
+
+``plain`` / ``paper`` is the attack of DFME appendix A (random queries, no semi-supervised learning); ``semi``
+adds FixMatch with its remedies against confirmation bias on the unqueried pool
+(:mod:`stealkit.extract.semi_supervised`), still with random queries; ``active`` queries by k-center coverage
+(:mod:`stealkit.extract.active`) and adds FixMatch. ``DEFAULT_PRESET`` is the command's default, chosen on the
+validation split (docs/surrogate-active.md): a default must not be worse on any validated setting than the
+attack it replaces.
+"""
+
+from __future__ import annotations
+
+PRESETS: dict[str, dict[str, str]] = {
+    "semi": {"select": "random", "ssl": "fixmatch"},
+    "active": {"select": "kcenter", "ssl": "fixmatch"},
+    "plain": {"select": "random", "ssl": "none"},
+    "paper": {"select": "random", "ssl": "none"},
+}
+DEFAULT_PRESET = "plain"
