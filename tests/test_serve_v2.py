@@ -257,9 +257,12 @@ def test_v2_addresses_and_cli_flags(victim: Path, capsys: pytest.CaptureFixture[
     assert is_v2("http://h/v2/models/x") and is_v2("v2+http://h") and not is_v2("http://h")
     with pytest.raises(InputError, match="pass --model NAME"):
         parse_v2_address("v2+http://h:1")
+    args = ["-q", "extract", "baseline", "--budget", "10", "--out", "unused", "--device", "cpu"]
     with pytest.raises(InputError, match="names model 'a' but --model says 'b'"):
         parse_v2_address("v2+http://h:1/v2/models/a", "b")
-    args = ["-q", "extract", "baseline", "--budget", "10", "--out", "unused", "--device", "cpu"]
+    # a v2 address with no --model says to pass one (not that the address is malformed)
+    assert main([*args, "--victim", "v2+http://127.0.0.1:9"]) == 2
+    assert "which model? pass --model NAME" in capsys.readouterr().err
     assert main([*args, "--victim", str(victim), "--model", "digits"]) == 2
     assert "--model/--protocol v2 name a model on a v2" in capsys.readouterr().err
     assert main([*args, "--victim", "v2+http://127.0.0.1:9", "--model", "m", "--input-shape", "1,8,8"]) == 2

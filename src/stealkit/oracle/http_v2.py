@@ -68,7 +68,9 @@ def v2_address(url: str, model: str | None = None, num_classes: int | None = Non
     base, name, old_k = parse_v2_address(url, model, need_model=model is not None or "/v2/models/" in url)
     k = num_classes if num_classes is not None else old_k
     query = f"?num_classes={k}" if k is not None else ""
-    return f"{SCHEME}{base}/v2/models/{urllib.parse.quote(name or '', safe='')}{query}"
+    if not name:  # no model yet: opening it says "pass --model NAME"
+        return f"{SCHEME}{base}{query}"
+    return f"{SCHEME}{base}/v2/models/{urllib.parse.quote(name, safe='')}{query}"
 
 
 def parse_v2_address(victim: str, model: str | None = None, *, need_model: bool = True
