@@ -43,7 +43,7 @@ from stealkit.extract.cabage import HardReplayBuffer, balanced_selection
 from stealkit.extract.datafree_attack import DataFreeAttack, QueryFn, check_positive
 from stealkit.extract.datafree_loop import DataFreeResult, LoopConfig, run_datafree
 from stealkit.extract.disguide import Committee, disagreement_loss, ensemble_probs, sample_disagreement
-from stealkit.extract.losses import soft_cross_entropy
+from stealkit.extract.losses import soft_cross_entropy, soft_cross_entropy_rows
 from stealkit.extract.replay import ReplayBuffer
 from stealkit.extract.selection import ExponentialAverage, StudentSelector
 from stealkit.extract.targets import answer_probs
@@ -196,8 +196,8 @@ class CoDFeAttack(DataFreeAttack):
             for name, clone in zip(names, self.clones, strict=True):
                 logits = clone(bx if replay else x[idx])
                 if replay:
-                    per_row = -(bp / bp.sum(1, keepdim=True) * F.log_softmax(logits, 1)).sum(1)
-                    loss = per_row.mean() if hard else soft_cross_entropy(logits, bp)
+                    per_row = soft_cross_entropy_rows(logits, bp)
+                    loss = per_row.mean()
                     if hard and name == "student":
                         self.replay.update_hardness(per_row[idx.shape[0]:])  # type: ignore[attr-defined]
                 else:

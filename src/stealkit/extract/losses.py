@@ -14,10 +14,15 @@ from stealkit.oracle import OutputMode
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def soft_cross_entropy(student_logits: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy against soft targets (rows renormalised, so top-k answers work): KL up to a constant."""
+def soft_cross_entropy_rows(student_logits: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
+    """Per-row cross-entropy against soft targets (rows renormalised, so top-k answers work)."""
     p = target_probs / target_probs.sum(dim=1, keepdim=True).clamp_min(1e-12)
-    return -(p * F.log_softmax(student_logits, dim=1)).sum(dim=1).mean()
+    return -(p * F.log_softmax(student_logits, dim=1)).sum(dim=1)
+
+
+def soft_cross_entropy(student_logits: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy against soft targets, the batch mean of :func:`soft_cross_entropy_rows`: KL up to a constant."""
+    return soft_cross_entropy_rows(student_logits, target_probs).mean()
 
 
 def loss_for_mode(mode: str) -> LossFn:
