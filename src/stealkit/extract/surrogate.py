@@ -19,7 +19,7 @@ The attacker queries the victim with a surrogate data set and distils the answer
   the substitute's uncertainty or by k-center coverage (:mod:`stealkit.extract.active`), resumable.
 * **Semi-supervised training** (``ssl="fixmatch"``; Jagielski et al. USENIX Security 2020, Sec. 5.2; FixMatch,
   Sohn et al. 2020): the student also learns from the pool images never queried
-  (:mod:`stealkit.extract.semi_supervised`). ``PRESETS`` (:mod:`stealkit.extract.presets`) names the combinations.
+  (:mod:`stealkit.extract.semi_supervised`). ``PRESETS`` (:mod:`stealkit.extract.surrogate_presets`) names the combinations.
 
 Surrogate sources (the victim's attacker pool, a skewed subset, another data set adapted by resizing and
 channel repetition, natural patches, Gaussian noise) come from :func:`stealkit.data.load_query_source`.
@@ -46,9 +46,9 @@ from stealkit.extract.common import ExtractionResult, curve_point
 from stealkit.extract.knockoff import KnockoffConfig, knockoff_select
 from stealkit.extract.logit_recovery import recover_logits
 from stealkit.extract.losses import LossFn
-from stealkit.extract.presets import DEFAULT_PRESET as DEFAULT_PRESET  # re-exported
-from stealkit.extract.presets import PRESETS as PRESETS
 from stealkit.extract.semi_supervised import SSL, FixMatchConfig, FixMatchLoss, shift_images
+from stealkit.extract.surrogate_presets import DEFAULT_PRESET as DEFAULT_PRESET  # re-exported
+from stealkit.extract.surrogate_presets import PRESETS as PRESETS
 from stealkit.extract.targets import victim_log_probs
 from stealkit.metrics import Evaluator
 from stealkit.oracle import Oracle, OutputMode
