@@ -23,6 +23,9 @@ Optional additions, all off by default (then the attack is the paper's):
   each, replace the start when nearer (:mod:`stealkit.evade.starts`: Cheng et al. 2019, OPT-attack).
 * ``config.tangent``: step 3 goes to the tangent point of a hemisphere of radius ``xi`` instead of along the
   normal (:mod:`stealkit.evade.tangent`: Ma et al. 2021, Tangent Attack, Sec. 3.2-3.3).
+* ``config.semicircle``: steps 3 and 1 are replaced by CGBA's search along the semicircle with diameter
+  ``[x, x_t]`` in the plane of ``x_t - x`` and the estimate, bisected to ``arc_tol`` radians
+  (:mod:`stealkit.evade.semicircle`: Reza et al. 2023, CGBA, Sec. 3.2-3.3).
 * ``config.history``: without a substitute, the previous round's estimate is the prior of step 2 (the
   P-RGF estimator of :mod:`stealkit.evade.priors` with a time-dependent prior, Ilyas et al., "Prior
   Convictions", ICLR 2019, Sec. 3.1).
@@ -55,6 +58,7 @@ from stealkit.evade.decision import (
     find_starts,
 )
 from stealkit.evade.priors import SubstitutePrior, prior_estimate, prior_probes, tilt, transfer_starts, unit
+from stealkit.evade.semicircle import search_cost, semicircle_search
 from stealkit.evade.starts import best_of_noise
 from stealkit.evade.subspace import check_side, random_directions, subspace_dim
 from stealkit.evade.tangent import tangent_points
@@ -81,6 +85,8 @@ class HopSkipJumpConfig:
     start_tries: int = 0
     history: bool = False
     tangent: bool = False
+    semicircle: bool = False
+    arc_tol: float = 1e-4
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -90,6 +96,8 @@ class HopSkipJumpConfig:
             raise InputError(f"gamma must be a positive number, got {self.gamma!r}")
         if self.start_tries < 0:
             raise InputError(f"start_tries must be >= 0, got {self.start_tries}")
+        if not (0 < self.arc_tol < 1):
+            raise InputError(f"arc_tol must be in (0, 1) (radians), got {self.arc_tol!r}")
         if self.subspace < 0:
             raise InputError(f"subspace must be 0 (full space) or a positive grid side, got {self.subspace}")
         if not (0 < self.prior_spread < 10 and 0 < self.prior_agreement < 1):
@@ -153,7 +161,7 @@ class _Run:
         self.theta = cfg.gamma / (d * math.sqrt(d))
         self.dim = subspace_dim(self.shape, cfg.subspace)
         #: queries a binary search to tolerance theta needs, plus a few step-size halvings
-        self.reserve = math.ceil(math.log2(1 / self.theta)) + 3
+        self.reserve = search_cost(cfg.arc_tol) if cfg.semicircle else math.ceil(math.log2(1 / self.theta)) + 3
         self.agree = torch.full((x.shape[0],), cfg.prior_agreement)
         #: each example's last estimate, the prior of the next one with ``history`` (zero: none yet)
         self.last = torch.zeros_like(x)
@@ -180,6 +188,10 @@ class _Run:
             grads = self._estimate(best, idx, evals, t)
             if grads is None:
                 break
+            if self.cfg.semicircle:
+                d = idx.to(x.device)
+                best[d] = semicircle_search(self.access, x[d], best[d], grads, idx, tol=self.cfg.arc_tol)
+                continue
             stepped, moved = self._step(best, idx, grads, t)
             active[idx[~moved]] = False
             idx = idx[moved]
