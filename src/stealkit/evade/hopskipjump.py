@@ -77,6 +77,7 @@ class HopSkipJumpConfig:
     iterations: int = 40
     init_evals: int = 100
     max_evals: int = 10_000
+    evals_power: float = 0.5
     gamma: float = 1.0
     init_trials: int = 100
     subspace: int = 0
@@ -94,6 +95,8 @@ class HopSkipJumpConfig:
             raise InputError("iterations must be >= 0; init_evals, max_evals and init_trials positive")
         if not (self.gamma > 0 and math.isfinite(self.gamma)):
             raise InputError(f"gamma must be a positive number, got {self.gamma!r}")
+        if not (0 <= self.evals_power <= 2):
+            raise InputError(f"evals_power must be in [0, 2], got {self.evals_power!r}")
         if self.start_tries < 0:
             raise InputError(f"start_tries must be >= 0, got {self.start_tries}")
         if not (0 < self.arc_tol < 1):
@@ -201,7 +204,7 @@ class _Run:
 
     def _evals(self, idx: torch.Tensor, t: int) -> torch.Tensor:
         """Probes per example this round: the schedule, cut to what each can pay and leave the searches."""
-        want = min(int(self.cfg.init_evals * math.sqrt(t)), self.cfg.max_evals)
+        want = min(int(self.cfg.init_evals * t**self.cfg.evals_power), self.cfg.max_evals)
         left = self.access.left(idx) - self.reserve
         n = torch.minimum(torch.full_like(left, want), left)
         n = torch.where(n >= min(MIN_EVALS, want), n, torch.zeros_like(n))
