@@ -142,9 +142,14 @@ def run_stealkit(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, 
     from stealkit.oracle import LocalOracle
 
     oracle = LocalOracle(model, tuple(x.shape[1:]), mode="label")
-    fn = hopskipjump if kind == "hsj" else boundary_attack
     t0 = time.perf_counter()
-    r = fn(oracle, x, y, max_queries=budget, config=cfg, substitute=sub)  # type: ignore[operator]
+    if isinstance(cfg, tuple):  # (HopSkipJumpConfig, {"arms": k, "share": s}): successive halving
+        from stealkit.evade.halving import successive_halving
+
+        r = successive_halving(oracle, x, y, max_queries=budget, config=cfg[0], **cfg[1])  # type: ignore[arg-type]
+    else:
+        fn = hopskipjump if kind == "hsj" else boundary_attack
+        r = fn(oracle, x, y, max_queries=budget, config=cfg, substitute=sub)  # type: ignore[operator]
     secs = time.perf_counter() - t0
     per = r.extra["queries_per_example"].tolist()
     assert sum(per) == oracle.ledger.total
@@ -179,9 +184,13 @@ def run_art(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed:
 
 
 def hsj_config(seed: int, **kw: Any) -> Any:
+    """HopSkipJump settings; with ``arms`` (and ``share``) a ``(config, halving settings)`` pair for
+    :func:`stealkit.evade.halving.successive_halving`."""
     from stealkit.evade.hopskipjump import HopSkipJumpConfig
 
-    return HopSkipJumpConfig(**({"iterations": 10_000, "max_evals": 1000, "seed": seed} | kw))
+    halving = {k: kw.pop(k) for k in ("arms", "share") if k in kw}
+    cfg = HopSkipJumpConfig(**({"iterations": 10_000, "max_evals": 1000, "seed": seed} | kw))
+    return (cfg, halving) if halving else cfg
 
 
 def boundary_config(seed: int, **kw: Any) -> Any:

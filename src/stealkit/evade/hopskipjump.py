@@ -88,6 +88,7 @@ class HopSkipJumpConfig:
     tangent: bool = False
     semicircle: bool = False
     arc_tol: float = 1e-4
+    start_round: int = 1
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -97,6 +98,8 @@ class HopSkipJumpConfig:
             raise InputError(f"gamma must be a positive number, got {self.gamma!r}")
         if not (0 <= self.evals_power <= 2):
             raise InputError(f"evals_power must be in [0, 2], got {self.evals_power!r}")
+        if self.start_round < 1:
+            raise InputError(f"start_round must be >= 1, got {self.start_round}")
         if self.start_tries < 0:
             raise InputError(f"start_tries must be >= 0, got {self.start_tries}")
         if not (0 < self.arc_tol < 1):
@@ -148,9 +151,12 @@ def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: b
     else:
         best, found = find_starts(access, x, trials=cfg.init_trials, gen=gen)
     idx = found.nonzero().squeeze(1)
+    run = _Run(access, x, y, tgt, cfg, gen, prior)
     if idx.numel():
-        _Run(access, x, y, tgt, cfg, gen, prior).attack(best, idx)
-    return decision_result(access, x, y, tgt, best, found)
+        run.attack(best, idx)
+    res = decision_result(access, x, y, tgt, best, found)
+    res.extra["rounds"] = run.rounds
+    return res
 
 
 class _Run:
@@ -168,6 +174,8 @@ class _Run:
         self.agree = torch.full((x.shape[0],), cfg.prior_agreement)
         #: each example's last estimate, the prior of the next one with ``history`` (zero: none yet)
         self.last = torch.zeros_like(x)
+        #: rounds each example has estimated a normal in (a continued run starts at ``start_round``)
+        self.rounds = torch.zeros(x.shape[0], dtype=torch.long)
 
     def attack(self, best: torch.Tensor, idx: torch.Tensor) -> None:
         """Improve ``best[idx]`` (verified adversarial) in place."""
@@ -179,7 +187,7 @@ class _Run:
                                     gen=self.gen)
         active = torch.zeros(x.shape[0], dtype=torch.bool)
         active[idx] = True
-        for t in range(1, self.cfg.iterations + 1):
+        for t in range(self.cfg.start_round, self.cfg.start_round + self.cfg.iterations):
             idx = active.nonzero().squeeze(1)
             if idx.numel() == 0:
                 break
@@ -191,6 +199,7 @@ class _Run:
             grads = self._estimate(best, idx, evals, t)
             if grads is None:
                 break
+            self.rounds[idx] += 1
             if self.cfg.semicircle:
                 d = idx.to(x.device)
                 best[d] = semicircle_search(self.access, x[d], best[d], grads, idx, tol=self.cfg.arc_tol)
