@@ -9,6 +9,7 @@ ones). Rows:
 * ``stealkit-hsj`` / ``stealkit-hsj-sub`` / ``stealkit-boundary`` / ``stealkit-boundary-sub``: one run per
   per-image budget (``--budgets``, ``--max-queries`` of the CLI), queries from the ledger; HopSkipJump with
   the validated settings of ``attack hopskipjump --preset tuned`` (:func:`stealkit.evade.hopskipjump.tuned_settings`).
+* ``stealkit-hsj-prev``: the tuned settings before the semicircle search (``start_tries=100`` only).
 * ``stealkit-hsj-paper`` / ``stealkit-hsj-paper-sub``: the same with the paper's settings (``--preset paper``).
 * ``stealkit-hsj-art-settings``: stealkit HopSkipJump with ART's settings (40 rounds, at most 1,000
   evaluations per estimate, 100 initial), no cap.
@@ -44,6 +45,8 @@ from torch import nn
 SHORT = {"digits": "digits", "fashion-mnist": "fmnist"}
 ART_HSJ = {"max_iter": 40, "max_eval": 1000, "init_eval": 100, "init_size": 100}
 ART_BOUNDARY = {"max_iter": 500}
+#: the ``--preset tuned`` settings without a substitute before CGBA's semicircle search was adopted
+PREVIOUS_TUNED = {"start_tries": 100}
 
 
 class Recorder(nn.Module):
@@ -323,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in seeds:
         cfgs = {"hsj": hsj_config(seed, **tuned_settings(substitute=False)),
                 "hsj-sub": hsj_config(seed, **tuned_settings(substitute=True)),
+                "hsj-prev": hsj_config(seed, **PREVIOUS_TUNED),
                 "hsj-paper": hsj_config(seed), "hsj-paper-sub": hsj_config(seed),
                 "boundary": boundary_config(seed), "boundary-sub": boundary_config(seed)}
         for tool in tools:
