@@ -112,7 +112,7 @@ class HopSkipJumpConfig:
 
 #: settings chosen on validation images (``benchmarks/decision_attacks.py --tune``, docs/decision-attacks.md),
 #: the CLI's ``--preset tuned``: without and with a substitute
-TUNED: dict[bool, dict[str, object]] = {False: {"start_tries": 100},
+TUNED: dict[bool, dict[str, object]] = {False: {"start_tries": 100, "semicircle": True},
                                        True: {"init_evals": 50, "subspace": 14}}
 
 
