@@ -89,6 +89,7 @@ def summarise(name: str, budget: int | str, norms: list[float], queries: list[in
               seed: int) -> dict[str, Any]:
     ok = [d for d in norms if d != float("inf")]
     return {"tool": name, "budget": budget, "seed": seed, "median_l2": statistics.median(ok) if ok else None,
+            "geo_mean_l2": math.exp(statistics.fmean(math.log(d) for d in ok)) if ok else None,
             "success": len(ok) / len(norms), "mean_queries": statistics.fmean(queries), "max_queries": max(queries),
             "seconds": round(seconds, 2), "queries_per_s": round(sum(queries) / seconds) if seconds else None}
 
@@ -237,8 +238,8 @@ def table(path: str) -> str:
         rows = [json.loads(line) for line in fh]
     out = []
     for ds in sorted({r["dataset"] for r in rows}):
-        out += [f"\n### {ds}\n", "| tool | budget / image | median L2 (seeds) | success | queries / image | "
-                "queries/s | seeds |", "|---|---|---|---|---|---|---|"]
+        out += [f"\n### {ds}\n", "| tool | budget / image | median L2 (seeds) | geo. mean L2 | success | "
+                "queries / image | queries/s | seeds |", "|---|---|---|---|---|---|---|---|"]
         groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for r in rows:
             if r["dataset"] == ds:
@@ -247,13 +248,13 @@ def table(path: str) -> str:
         for (tool, budget), g in sorted(groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 99))):
             meds = [r["median_l2"] for r in g if r["median_l2"] is not None]
             med = f"{statistics.fmean(meds):.3f} ({min(meds):.3f}-{max(meds):.3f})" if meds else "-"
+            gms = [r["geo_mean_l2"] for r in g if r.get("geo_mean_l2") is not None]
+            gm = f"{statistics.fmean(gms):.3f}" if gms else "-"
             qps = [r["queries_per_s"] for r in g if r.get("queries_per_s")]
+            rate = f"{statistics.fmean(qps):.0f}" if qps else "-"
             label = f"{budget} (anytime)" if g[0].get("anytime") else budget
-            out.append(f"| {tool} | {label} | {med} | {statistics.fmean(r['success'] for r in g):.2f} | "
-                       f"{statistics.fmean(r['mean_queries'] for r in g):.0f} | "
-                       f"{statistics.fmean(qps):.0f} | {len(g)} |" if qps else
-                       f"| {tool} | {label} | {med} | {statistics.fmean(r['success'] for r in g):.2f} | "
-                       f"{statistics.fmean(r['mean_queries'] for r in g):.0f} | - | {len(g)} |")
+            out.append(f"| {tool} | {label} | {med} | {gm} | {statistics.fmean(r['success'] for r in g):.2f} | "
+                       f"{statistics.fmean(r['mean_queries'] for r in g):.0f} | {rate} | {len(g)} |")
         budgets = sorted({b for _, b in groups}, key=lambda b: order.get(b, 99))
         out += [f"\nL2-vs-queries curve ({ds}, median L2 at each per-image budget, mean over seeds):\n",
                 "| tool | " + " | ".join(budgets) + " |", "|---" * (len(budgets) + 1) + "|"]
