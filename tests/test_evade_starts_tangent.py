@@ -1,5 +1,5 @@
 """HopSkipJump's additions: best-of-noise starts (OPT-attack), tangent-point steps (Tangent Attack), the
-previous estimate as prior (history); budgets honoured exactly."""
+previous estimate as prior (history), CGBA's semicircle search, the evaluation schedule; budgets honoured exactly."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 from stealkit.errors import InputError
 from stealkit.evade.decision import LabelAccess, binary_search, find_starts
 from stealkit.evade.hopskipjump import HopSkipJumpConfig, hopskipjump
+from stealkit.evade.semicircle import semicircle_search
 from stealkit.evade.starts import best_of_noise
 from stealkit.evade.tangent import tangent_points
 from stealkit.oracle import LocalOracle
@@ -38,7 +39,7 @@ def test_tangent_point_is_on_the_sphere_tangent_from_x_and_on_the_normal_side() 
     assert bool((kx.norm(dim=1) < (o + r.view(-1, 1, 1, 1) * u - x).flatten(1).norm(dim=1)).all())
 
 
-def test_best_of_noise_only_moves_nearer_and_stays_adversarial() -> None:
+def test_best_of_noise_and_the_semicircle_search_only_move_nearer_and_stay_adversarial() -> None:
     victim = TinyNet(seed=3).eval()
     x = torch.rand(6, *SHAPE, generator=torch.Generator().manual_seed(4))
     y = victim(x).argmax(1)
@@ -53,12 +54,18 @@ def test_best_of_noise_only_moves_nearer_and_stays_adversarial() -> None:
     before, after = (first - x[idx]).flatten(1).norm(dim=1), (better - x[idx]).flatten(1).norm(dim=1)
     assert bool((after <= before + 1e-6).all()) and bool((after < before).any())
     assert bool((victim(better).argmax(1) != y[idx]).all())
+    # CGBA's search from there with an arbitrary normal estimate: never farther, every point adversarial
+    arc = semicircle_search(access, x[idx], better, torch.randn(better.shape, generator=gen), idx, tol=1e-3)
+    assert bool(((arc - x[idx]).flatten(1).norm(dim=1) <= after + 1e-6).all())
+    assert bool((victim(arc).argmax(1) != y[idx]).all())
     assert int(access.used.max()) <= 400 and int(access.used.sum()) == oracle.ledger.total
 
 
 @pytest.mark.parametrize("max_queries", [5, 40, 250])
 @pytest.mark.parametrize("extra", [{"start_tries": 30}, {"tangent": True}, {"history": True},
-                                   {"start_tries": 30, "tangent": True, "history": True}])
+                                   {"start_tries": 30, "tangent": True, "history": True}, {"semicircle": True},
+                                   {"semicircle": True, "start_tries": 30, "arc_tol": 1e-2, "evals_power": 0.0},
+                                   {"semicircle": True, "start_round": 7}])
 def test_additions_honour_the_per_image_cap_and_the_ledger(max_queries: int, extra: dict[str, object]) -> None:
     victim = TinyNet(seed=0).eval()
     x = torch.rand(5, *SHAPE, generator=torch.Generator().manual_seed(3))
