@@ -34,8 +34,9 @@ _CODFE: dict[str, Any] = {
 _DISAGREEMENT: dict[str, Any] = {"objective": "disagreement", "diversity": 1.0, "holdout": 0.05}
 
 #: v2: the held-out store samples every round (not only the latest), and the reported student changes only
-#: when a candidate beats it by more than the store's standard error
-_CODFE_V2: dict[str, Any] = _CODFE | {"holdout_keep": "all", "holdout_capacity": 10_000, "selection_margin": 1.0}
+#: when a candidate beats it by more than two standard errors of its agreement on the store (chosen on the
+#: validation split, docs/label-only.md)
+_CODFE_V2: dict[str, Any] = _CODFE | {"holdout_keep": "all", "holdout_capacity": 5000, "selection_margin": 2.0}
 
 RECIPES: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
     PAPER: {},
