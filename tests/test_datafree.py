@@ -80,6 +80,11 @@ TINY = {
                                                   generator_iterations=2, nz=8, ngf=4, students=2, disagreement=1.0,
                                                   candidates=2, hard_replay=0.5, replay_capacity=40, ema=0.9,
                                                   holdout=0.25, holdout_capacity=30, loop=LOOP)),
+    # labelonly-v2's selection: a reservoir over every round (full after two rounds here) and a margin
+    "codfe-reservoir": (extract_codfe, CoDFeConfig(noise_set=24, batch_size=8, substitute_iterations=3,
+                                                   generator_iterations=2, nz=8, ngf=4, ema=0.9, holdout=0.25,
+                                                   holdout_capacity=10, holdout_keep="all", selection_margin=1.0,
+                                                   loop=LOOP)),
 }
 COST = {"dfme": dfme_cost, "maze": maze_cost, "dast": dast_cost, "dfme-disguide": dfme_cost,
         "maze-disguide": maze_cost, **{k: codfe_cost for k in TINY if "codfe" in k}}

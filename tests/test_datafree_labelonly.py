@@ -16,8 +16,15 @@ from stealkit.extract.cabage import HardReplayBuffer, balanced_selection
 from stealkit.extract.codfe import CoDFeConfig, codfe_cost, extract_codfe
 from stealkit.extract.datafree_loop import LoopConfig
 from stealkit.extract.disguide import class_diversity_loss, disagreement_loss, sample_disagreement
-from stealkit.extract.recipes import PAPER, VALIDATED, recipe_settings
-from stealkit.extract.selection import ExponentialAverage, StudentSelector, agreement
+from stealkit.extract.recipes import (
+    PAPER,
+    SMALL_SIZES,
+    VALIDATED,
+    VALIDATED_V1,
+    recipe_settings,
+    recipe_sizes,
+)
+from stealkit.extract.selection import ExponentialAverage, HeldOutStore, StudentSelector, agreement
 from stealkit.oracle import LocalOracle
 
 from .test_datafree import SHAPE, Victim, student
@@ -102,6 +109,32 @@ def test_selector_never_trades_its_student_for_a_worse_one() -> None:
     assert agreement(sel.snapshot, x, labels) == 1.0
 
 
+def test_reservoir_store_keeps_rows_from_every_round_and_recent_store_only_the_last() -> None:
+    recent = HeldOutStore(50, (1,), 2, keep="recent")
+    every = HeldOutStore(50, (1,), 2, keep="all", seed=3)
+    for r in range(20):  # 20 rounds of 10 rows; row value = its round
+        x, p = torch.full((10, 1), float(r)), torch.eye(2)[torch.zeros(10, dtype=torch.long)]
+        recent.add(x, p)
+        every.add(x, p)
+    assert len(recent) == len(every) == 50 and every.seen == 200
+    assert set(recent.x[:, 0].float().tolist()) == {15.0, 16.0, 17.0, 18.0, 19.0}
+    kept = every.x[:, 0].float()
+    assert float((kept < 10).float().mean()) > 0.25  # about half of a uniform sample is from the first ten rounds
+    twin = HeldOutStore(50, (1,), 2, keep="all", seed=3)
+    twin.load(every.tensors(), every.scalars())
+    for store in (every, twin):
+        store.add(torch.full((10, 1), 99.0), torch.eye(2)[torch.zeros(10, dtype=torch.long)])
+    assert torch.equal(every.x, twin.x)  # the draws depend on (seed, rows seen) only: resume draws the same
+
+
+def test_selection_margin_keeps_the_snapshot_within_the_store_noise() -> None:
+    sel = StudentSelector(student(), 100, SHAPE, 4, "cpu", margin=1.0)
+    se = (0.8 * 0.2 / 100) ** 0.5
+    assert not sel.beats(0.8 + 0.5 * se, 0.8, 100) and sel.beats(0.8 + 1.5 * se, 0.8, 100)
+    assert sel.beats(0.1, -1.0, 100)  # nothing selected yet: any candidate
+    assert StudentSelector(student(), 100, SHAPE, 4, "cpu").beats(0.8, 0.8, 100)  # margin 0: at least as good
+
+
 def test_exponential_average_moves_towards_the_weights() -> None:
     m = nn.Linear(2, 2)
     avg = ExponentialAverage(m, 0.5)
@@ -125,7 +158,7 @@ def test_holdout_rows_are_paid_for_but_never_trained_on() -> None:
 
 def test_selection_settings_are_checked() -> None:
     for bad in ({"holdout": 1.0}, {"ema": -0.1}, {"hard_replay": 2.0}, {"candidates": 0}, {"students": 0},
-                {"noise_set": 2, "holdout": 0.6}):
+                {"noise_set": 2, "holdout": 0.6}, {"holdout_keep": "oldest"}, {"selection_margin": -1.0}):
         with pytest.raises(InputError):
             CoDFeConfig(**bad)
 
@@ -154,8 +187,18 @@ def test_paper_recipe_is_the_dataclass_defaults_and_the_validated_one_is_valid()
     assert recipe_settings(PAPER, "codfe", "label") == {} and recipe_settings(PAPER, "dfme", "probs") == {}
     for mode in ("label", "probs", "topk"):
         CoDFeConfig(**recipe_settings(VALIDATED, "codfe", mode))
+        CoDFeConfig(**recipe_settings(VALIDATED_V1, "codfe", mode))
     with pytest.raises(InputError, match="unknown recipe"):
         recipe_settings("best", "codfe", "label")
+
+
+def test_recipe_sizes_follow_the_input_size() -> None:
+    assert recipe_sizes(VALIDATED, "codfe", (1, 8, 8), "conv2") == SMALL_SIZES
+    assert recipe_sizes(VALIDATED, "maze", (1, 8, 8), "mlp2") == {"ngf": SMALL_SIZES["ngf"]}
+    assert recipe_sizes(VALIDATED, "codfe", (1, 28, 28), "conv2") == {}  # not validated there yet
+    assert recipe_sizes(PAPER, "codfe", (1, 8, 8), "conv2") == {} == recipe_sizes(VALIDATED_V1, "dfme", (1, 8, 8),
+                                                                                   "conv2")
+    assert recipe_sizes(VALIDATED, "dast", (1, 8, 8), "conv2") == {}  # no validated DaST recipe
 
 
 @pytest.mark.slow
@@ -176,6 +219,14 @@ def test_cli_default_is_the_validated_recipe_and_names_it(tmp_path: Path) -> Non
     assert json.dumps(a).count(VALIDATED) >= 1 and json.dumps(b).count('"paper"') >= 1
     want = CoDFeConfig(**recipe_settings(VALIDATED, "codfe", "label"), ngf=4)
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["queries"]["predict"] == want.noise_set
+    assert a["config"]["codfe"]["ngf"] == 4 and a["config"]["recipe_sizes"] == {"ngf": 16}  # --ngf overrides
+    # a conv2 student with no options: the sizes the recipe was validated at on 8x8 inputs, recorded
+    conv = ["-q", "extract", "codfe", "--victim", str(victim), "--budget", "4000", "--mode", "label",
+            "--max-iterations", "1"]
+    assert main([*conv, "--student-arg", "hidden=32", "--out", str(tmp_path / "c")]) == 0
+    c = json.loads((tmp_path / "c" / "config.json").read_text())["config"]
+    assert c["recipe_sizes"] == SMALL_SIZES and c["codfe"]["ngf"] == SMALL_SIZES["ngf"]
+    assert c["student_kwargs"] == SMALL_SIZES["student_kwargs"] | {"hidden": 32}
 
 
 def test_disagreement_objective_costs_only_the_clone_steps_and_needs_no_smoothing() -> None:

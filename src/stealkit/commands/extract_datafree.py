@@ -16,7 +16,7 @@ import click
 
 from stealkit.commands.common import device_option, parse_kv, run_options, set_option, victim_options
 from stealkit.errors import InputError
-from stealkit.extract.recipes import DEFAULT, PAPER, VALIDATED
+from stealkit.extract.recipes import DEFAULT, PAPER, VALIDATED, VALIDATED_V1
 from stealkit.extract.registry import DATAFREE, METHODS
 from stealkit.rundir import RunDir
 from stealkit.settings import typed_settings
@@ -47,9 +47,12 @@ def datafree_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Iterations between checkpoints (0: only at the end)."),
         click.option("--max-iterations", type=int, default=None, help="Stop after N iterations (rounds)."),
         click.option("--resume", is_flag=True, help="Continue the stopped run in --out from its checkpoint."),
-        click.option("--preset", type=click.Choice([VALIDATED, PAPER]), default=DEFAULT, show_default=True,
-                     help=f"Settings recipe: {VALIDATED} was chosen on a validation split (docs/label-only.md); "
-                          f"{PAPER} is the paper's exact settings. --set, --ngf and --batch-size override it."),
+        click.option("--preset", type=click.Choice([VALIDATED, VALIDATED_V1, PAPER]), default=DEFAULT,
+                     show_default=True,
+                     help=f"Settings recipe: {VALIDATED} was chosen on a validation split (docs/label-only.md), "
+                          "with the generator and conv2 student sizes it was validated at on small (8x8) inputs; "
+                          f"{VALIDATED_V1} is its first version; {PAPER} is the paper's exact settings. --set, "
+                          "--ngf, --batch-size and --student-arg override it."),
     ]
     return functools.reduce(lambda f, o: o(f), reversed(opts), fn)
 
@@ -68,9 +71,13 @@ def run_method(method: str, *, victim: str, key: str | None, mode: str, temperat
         student_factory,
         victim_splits,
     )
-    from stealkit.extract.recipes import recipe_settings
+    from stealkit.extract.recipes import recipe_settings, recipe_sizes
 
-    settings = recipe_settings(preset, method, mode) | dict(settings)
+    recipe = recipe_settings(preset, method, mode)
+    v = open_victim(victim, mode=mode, budget=budget, temperature=temperature, top_k=top_k, key=key,
+                    dataset=dataset, device=device, seed=seed)
+    sizes = recipe_sizes(preset, method, tuple(v.input_shape), student)  # explicit options override below
+    settings = recipe | {k: val for k, val in sizes.items() if k != "student_kwargs"} | dict(settings)
     if batch_size is not None:
         settings["batch_size"] = batch_size
     if ngf is not None:
@@ -79,9 +86,7 @@ def run_method(method: str, *, victim: str, key: str | None, mode: str, temperat
     loop = {"eval_every": eval_every, "eval_at": parse_int_list(eval_at) if eval_at else (),
             "checkpoint_every": checkpoint_every, "max_iterations": max_iterations}
     config = build_config(method, settings, loop)
-    kwargs = parse_kv(student_args)
-    v = open_victim(victim, mode=mode, budget=budget, temperature=temperature, top_k=top_k, key=key,
-                    dataset=dataset, device=device, seed=seed)
+    kwargs = sizes.get("student_kwargs", {}) | parse_kv(student_args)
     evaluator = None
     try:
         splits = victim_splits(v, data_dir)
@@ -91,7 +96,7 @@ def run_method(method: str, *, victim: str, key: str | None, mode: str, temperat
             raise
         click.echo("the victim's data set is unknown: no accuracy curve (pass --dataset to get one)", err=True)
     cfg = {"victim": victim, "mode": mode, "budget": budget, "student": student, "student_kwargs": kwargs,
-           "dataset": v.dataset, "recipe": preset, method: config}
+           "dataset": v.dataset, "recipe": preset, "recipe_sizes": sizes, method: config}
     run = RunDir(out)
     if not resume and (run.path / "checkpoint" / "checkpoint.json").exists():
         raise InputError(f"{out} holds a checkpoint of an earlier run: pass --resume to continue it, or choose "

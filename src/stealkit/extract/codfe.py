@@ -26,7 +26,9 @@ noise batch every round instead of the fixed ``Z``; ``candidates > 1`` over-gene
 class-balanced, hardest-first selection of ``M`` rows, and ``hard_replay`` draws that share of each replay
 batch by hardness (CaBaGE-style, :mod:`stealkit.extract.cabage`); ``holdout`` sets that share of every round's
 answers aside to choose the reported student by held-out agreement (:mod:`stealkit.extract.selection`) among
-the clones and their exponential average (``ema`` decay). A round still costs exactly ``M`` queries.
+the clones and their exponential average (``ema`` decay), on a store of ``holdout_capacity`` rows that keeps
+the most recent rounds or a uniform sample of all of them (``holdout_keep``), replacing the reported student
+only when a candidate beats it by ``selection_margin`` standard errors. A round still costs exactly ``M`` queries.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from stealkit.extract.datafree_loop import DataFreeResult, LoopConfig, run_dataf
 from stealkit.extract.disguide import Committee, disagreement_loss, ensemble_probs, sample_disagreement
 from stealkit.extract.losses import soft_cross_entropy, soft_cross_entropy_rows
 from stealkit.extract.replay import ReplayBuffer
-from stealkit.extract.selection import ExponentialAverage, StudentSelector
+from stealkit.extract.selection import KEEP, ExponentialAverage, StudentSelector
 from stealkit.extract.targets import answer_probs
 from stealkit.metrics import Evaluator
 from stealkit.models.generators import UpsampleGenerator
@@ -75,6 +77,8 @@ class CoDFeConfig:
     ema: float = 0.0
     holdout: float = 0.0
     holdout_capacity: int = 5000
+    holdout_keep: str = "recent"
+    selection_margin: float = 0.0
     seed: int = 0
     loop: LoopConfig = field(default_factory=LoopConfig)
 
@@ -94,6 +98,9 @@ class CoDFeConfig:
         for name in ("hard_replay", "ema", "holdout"):
             if not 0 <= getattr(self, name) < (1.0001 if name == "hard_replay" else 1):
                 raise InputError(f"CoDFe: {name} must be in [0, 1), got {getattr(self, name)}")
+        if self.holdout_keep not in KEEP or self.selection_margin < 0:
+            raise InputError(f"CoDFe: holdout_keep must be one of {', '.join(KEEP)} and selection_margin >= 0, "
+                             f"got {self.holdout_keep!r} and {self.selection_margin}")
         if self.holdout > 0 and int(self.noise_set * (1 - self.holdout)) < 1:
             raise InputError("CoDFe: holdout leaves no row of a round to train on; lower it or raise noise_set")
 
@@ -133,8 +140,9 @@ class CoDFeAttack(DataFreeAttack):
                                      else ReplayBuffer(config.replay_capacity, input_shape, num_classes))
         self.class_counts = torch.zeros(num_classes, dtype=torch.long)  # victim answers per class so far
         self.average = ExponentialAverage(self.student, config.ema) if config.ema > 0 else None
-        self.selector = (StudentSelector(make_student(), config.holdout_capacity, input_shape, num_classes, device)
-                         if config.holdout > 0 else None)
+        self.selector = (StudentSelector(make_student(), config.holdout_capacity, input_shape, num_classes, device,
+                                         keep=config.holdout_keep, margin=config.selection_margin,
+                                         seed=config.seed) if config.holdout > 0 else None)
 
     @property
     def variant(self) -> str:

@@ -3,8 +3,11 @@
 ``paper`` is each paper's (or reference code's) exact settings: the dataclass defaults, nothing overridden;
 the studies and ``stealkit reproduce`` use it. ``labelonly-v1`` is the recipe chosen on a validation split
 (digits' attacker split, which the attack never sees; the test split only reports), per method and per
-access mode (``label``, or ``probs`` for every mode that returns scores); how each value was chosen, and the
-runs behind it, are in ``docs/label-only.md``. The commands write the recipe's name into ``config.json``.
+access mode (``label``, or ``probs`` for every mode that returns scores). ``labelonly-v2`` (the default) is
+v1 with CoDFe's reported student chosen on a store that keeps every round and only with a margin, and with
+the generator and student sizes it was validated at, by the victim's input size (:func:`recipe_sizes`). How
+each value was chosen, and the runs behind it, are in ``docs/label-only.md``. The commands write the recipe's
+name, and the sizes it gave, into ``config.json``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from typing import Any
 from stealkit.errors import InputError
 
 PAPER = "paper"
-VALIDATED = "labelonly-v1"
+VALIDATED_V1 = "labelonly-v1"
+VALIDATED = "labelonly-v2"
 #: the recipe a command uses when none is named
 DEFAULT = VALIDATED
 
@@ -29,14 +33,33 @@ _CODFE: dict[str, Any] = {
 #: DFME / MAZE: DisGUIDE's objective instead of the zeroth-order estimate through the victim (both modes)
 _DISAGREEMENT: dict[str, Any] = {"objective": "disagreement", "diversity": 1.0, "holdout": 0.05}
 
+#: v2: the held-out store samples every round (not only the latest), and the reported student changes only
+#: when a candidate beats it by more than two standard errors of its agreement on the store (chosen on the
+#: validation split, docs/label-only.md)
+_CODFE_V2: dict[str, Any] = _CODFE | {"holdout_keep": "all", "holdout_capacity": 5000, "selection_margin": 2.0}
+
 RECIPES: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
     PAPER: {},
-    VALIDATED: {
+    VALIDATED_V1: {
         "codfe": {"label": dict(_CODFE), "probs": dict(_CODFE)},
         "dfme": {"label": dict(_DISAGREEMENT), "probs": dict(_DISAGREEMENT)},
         "maze": {"label": dict(_DISAGREEMENT), "probs": dict(_DISAGREEMENT)},
     },
+    VALIDATED: {
+        "codfe": {"label": dict(_CODFE_V2), "probs": dict(_CODFE_V2)},
+        "dfme": {"label": dict(_DISAGREEMENT), "probs": dict(_DISAGREEMENT)},
+        "maze": {"label": dict(_DISAGREEMENT), "probs": dict(_DISAGREEMENT)},
+    },
 }
+
+#: the largest input side (pixels) the small sizes were validated on: digits' 8x8
+SMALL_SIDE = 8
+#: the sizes every labelonly row of docs/label-only.md ran at on 8x8 digits (benchmarks/data_free.py --preset
+#: cpu): generator width 16, conv2 student 16/32/64. Larger inputs keep the commands' own sizes (ngf 64,
+#: conv2 32/64/128) until the recipe is validated there (on a GPU, docs/label-only.md).
+SMALL_SIZES: dict[str, Any] = {"ngf": 16, "student_kwargs": {"c1": 16, "c2": 32, "hidden": 64}}
+#: recipes that carry sizes (v1 predates them: its command ran the commands' own sizes)
+SIZED = (VALIDATED,)
 
 
 def recipe_settings(name: str, method: str, mode: str) -> dict[str, Any]:
@@ -45,3 +68,15 @@ def recipe_settings(name: str, method: str, mode: str) -> dict[str, Any]:
         raise InputError(f"unknown recipe {name!r}; expected one of {sorted(RECIPES)}")
     access = "label" if str(getattr(mode, "value", mode)) == "label" else "probs"
     return dict(RECIPES[name].get(method, {}).get(access, {}))
+
+
+def recipe_sizes(name: str, method: str, input_shape: tuple[int, ...], student: str) -> dict[str, Any]:
+    """The generator width (``ngf``) and student widths (``student_kwargs``, conv2 only) recipe ``name``
+    gives ``method`` on inputs of ``input_shape`` (C, H, W); ``{}``: the commands' own sizes."""
+    recipe_settings(name, method, "label")  # an unknown recipe is a clear error
+    if name not in SIZED or method not in RECIPES[name] or max(input_shape[1:]) > SMALL_SIDE:
+        return {}
+    sizes: dict[str, Any] = {"ngf": SMALL_SIZES["ngf"]}
+    if student == "conv2":
+        sizes["student_kwargs"] = dict(SMALL_SIZES["student_kwargs"])
+    return sizes

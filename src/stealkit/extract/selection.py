@@ -2,17 +2,22 @@
 
 The attacker has no test set. What it does have are the victim's answers to its own queries, so a slice of
 every round's answers (``holdout``) is set aside, never trained on and never replayed, and kept in a bounded
-store (the most recent ``capacity`` rows). After every round each candidate (each clone, their EMA) is scored
-by its top-1 agreement with the victim on the whole store, and so is the student currently reported, whose
-weights are a snapshot; a candidate at least as good replaces the snapshot. The reported student therefore
-only changes to one the attacker's own evidence ranks at least as high, on the same held-out rows. Test
-accuracy is never read here; the loop measures it for the report only (and the gap between the selected and
-the best-in-hindsight student).
+store of ``capacity`` rows: the most recent ones (``keep="recent"``), or a uniform sample of every round so far
+(``keep="all"``: reservoir sampling, Vitter's Algorithm R, so older generator distributions stay represented
+and a student that only fits the latest rounds is not favoured). After every round each candidate (each
+clone, their EMA) is scored by its top-1 agreement with the victim on the whole store, and so is the student
+currently reported, whose weights are a snapshot; a candidate replaces the snapshot when it is at least as
+good (``margin=0``) or, with ``margin > 0``, when it beats the snapshot by more than ``margin`` standard
+errors of the snapshot's agreement on the store (``sqrt(a (1 - a) / n)``), so that the reported student does
+not follow the store's noise. The reported student therefore only changes to one the attacker's own evidence
+ranks higher, on the same held-out rows. Test accuracy is never read here; the loop measures it for the
+report only (and the gap between the selected and the best-in-hindsight student).
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import torch
@@ -51,12 +56,51 @@ def agreement(model: nn.Module, x: torch.Tensor, labels: torch.Tensor, batch: in
     return hits / max(1, x.shape[0])
 
 
+KEEP = ("recent", "all")
+
+
+class HeldOutStore(ReplayBuffer):
+    """The held-out rows: a ring buffer (``keep="recent"``) or a reservoir sample of every row ever added
+    (``keep="all"``). The reservoir's draws come from a generator seeded by ``(seed, rows seen)``, so its
+    checkpoint state is just the rows and two counters, and a resumed run draws what the uninterrupted one did."""
+
+    def __init__(self, capacity: int, input_shape: tuple[int, ...], num_classes: int, keep: str = "recent",
+                 seed: int = 0) -> None:
+        super().__init__(capacity, input_shape, num_classes)
+        self.keep, self.seed, self.seen = keep, int(seed), 0
+
+    def add(self, x: torch.Tensor, p: torch.Tensor) -> None:
+        if self.keep == "recent" or self.filled + x.shape[0] <= self.capacity:
+            super().add(x, p)
+            self.seen += x.shape[0]
+            return
+        room = self.capacity - self.filled
+        if room > 0:
+            super().add(x[:room], p[:room])
+            self.seen += room
+            x, p = x[room:], p[room:]
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.seen)
+        slots = [int(torch.randint(self.seen + i + 1, (1,), generator=g)) for i in range(x.shape[0])]
+        for i, j in enumerate(slots):  # Algorithm R: row seen-th replaces slot j when j < capacity
+            if j < self.capacity:
+                self.x[j], self.p[j] = x[i].detach().cpu().half(), p[i].detach().cpu().float()
+        self.seen += x.shape[0]
+
+    def scalars(self) -> dict[str, Any]:
+        return super().scalars() | {"seen": self.seen}
+
+    def load(self, tensors: dict[str, torch.Tensor], scalars: dict[str, Any]) -> None:
+        super().load(tensors, scalars)
+        self.seen = int(scalars.get("seen", self.filled))
+
+
 class StudentSelector:
     """Held-out answers and the snapshot of the student currently reported (see the module docstring)."""
 
     def __init__(self, snapshot: nn.Module, capacity: int, input_shape: tuple[int, ...], num_classes: int,
-                 device: str) -> None:
-        self.store = ReplayBuffer(capacity, input_shape, num_classes)
+                 device: str, keep: str = "recent", margin: float = 0.0, seed: int = 0) -> None:
+        self.store = HeldOutStore(capacity, input_shape, num_classes, keep, seed)
+        self.margin = float(margin)
         self.snapshot = snapshot.to(device).eval()
         for p in self.snapshot.parameters():
             p.requires_grad_(False)
@@ -77,11 +121,17 @@ class StudentSelector:
         current = agreement(self.snapshot, x, y) if self.source else -1.0
         scores = {name: agreement(m, x, y) for name, m in candidates.items()}
         best = max(scores, key=lambda k: scores[k])
-        if scores[best] >= current:
+        if self.beats(scores[best], current, n):
             self.snapshot.load_state_dict(candidates[best].state_dict())
             self.source, current = best, scores[best]
         self.score = current
         return self.source
+
+    def beats(self, score: float, current: float, n: int) -> bool:
+        """Whether a candidate scoring ``score`` replaces a snapshot scoring ``current`` on ``n`` rows."""
+        if current < 0 or self.margin == 0:
+            return score >= current
+        return score > current + self.margin * math.sqrt(current * (1 - current) / n)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {f"holdout_{k}": v for k, v in self.store.tensors().items()}
