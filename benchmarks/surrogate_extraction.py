@@ -219,6 +219,7 @@ def run_seed(args: argparse.Namespace, attacks: list[str], budgets: list[int], t
 ACTIVE_ROWS = {  # row -> (select, ssl); "ours-default" is the command's default preset
     "ours-plain": ("random", "none"),
     "ours-ssl": ("random", "fixmatch"),
+    "ours-soft": ("random", "soft"),
     "ours-active": ("kcenter", "none"),
     "ours-active-ssl": ("kcenter", "fixmatch"),
 }
@@ -331,7 +332,7 @@ def active_main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="label,probs")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--rows", default="ours-default,ours-plain,ours-ssl,ours-active,art",
-                   help="comma list of ours-default, ours-plain, ours-ssl, ours-active, ours-active-ssl, art, "
+                   help="comma list of ours-default, ours-plain, ours-ssl, ours-soft, ours-active, ours-active-ssl, art, "
                         "art-defaults (ART's own epochs and batch: a second row), one ART attack by name "
                         "(e.g. art-copycat, art-copycat-defaults), or SELECT/SSL pairs")
     p.add_argument("--student", default="conv2")
