@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[],
-                   help="one run per value, e.g. active.candidates=20000 (none: one run with the defaults)")
+                   help="one run per value, e.g. active.candidates=0 (none: one run with the defaults)")
     args = p.parse_args(argv)
     trained = standard_victim(args.victim)
     v = open_victim(trained.path, mode="probs")
