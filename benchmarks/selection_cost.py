@@ -13,7 +13,7 @@ trace gives the seconds spent training the substitute, selecting, and querying; 
 ``select / (train + select + query)`` over the selection rounds.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python benchmarks/selection_cost.py --budget 10000 \\
-        --select kcenter --set active.candidates=0 --set active.candidates=20000
+        --select kcenter --set active.candidates=0 --set active.candidates=10000
 
 Prints one JSON object: settings, machine (load average, torch), and one row per ``--set`` value.
 """
