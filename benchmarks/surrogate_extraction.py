@@ -78,14 +78,17 @@ def ours(name: str, victim_dir: str, mode: str, pool: torch.Tensor, labels: torc
 
 def art(name: str, victim_model: nn.Module, pool: torch.Tensor, labels: torch.Tensor, budget: int,
         evaluator: Evaluator, args: argparse.Namespace, input_shape: tuple[int, ...], k: int) -> dict[str, Any]:
-    """One ART attack. Random-selection attacks get exactly the images ours queries (see the module doc)."""
+    """One ART attack. Random-selection attacks get exactly the images ours queries (see the module doc). A
+    name ending in ``-defaults`` runs it with ART's own defaults (``nb_epochs=10, batch_size_fit=1,
+    batch_size_query=1``) instead of the equal training: a second row, never the comparison."""
     import numpy as np
     from art.attacks.extraction import CopycatCNN, KnockoffNets
     from art.estimators.classification import PyTorchClassifier
 
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    softmax = name.endswith("softmax")
+    own = name.endswith("-defaults")
+    softmax = name.removesuffix("-defaults").endswith("softmax")
     counter = CountingModel(victim_model, softmax)
     victim = PyTorchClassifier(counter, loss=nn.CrossEntropyLoss(), input_shape=input_shape, nb_classes=k,
                                clip_values=(0.0, 1.0))
@@ -93,7 +96,8 @@ def art(name: str, victim_model: nn.Module, pool: torch.Tensor, labels: torch.Te
     thief = PyTorchClassifier(student, loss=nn.CrossEntropyLoss(),
                               optimizer=torch.optim.Adam(student.parameters(), lr=1e-3),
                               input_shape=input_shape, nb_classes=k, clip_values=(0.0, 1.0))
-    common = {"batch_size_fit": args.art_batch, "batch_size_query": 256, "nb_epochs": args.art_epochs,
+    epochs, batch = (10, 1) if own else (args.art_epochs, args.art_batch)
+    common = {"batch_size_fit": batch, "batch_size_query": 1 if own else 256, "nb_epochs": epochs,
               "nb_stolen": budget}
     if "adaptive" not in name:  # same images as ours: the seed's first `budget` of the pool, all of them stolen
         order = torch.randperm(pool.shape[0], generator=torch.Generator().manual_seed(args.seed))[:budget]
@@ -111,7 +115,7 @@ def art(name: str, victim_model: nn.Module, pool: torch.Tensor, labels: torch.Te
     model = stolen.model.eval()
     scores = evaluator(model)
     return {"attack": name, "budget": budget, "seed": args.seed, **scores, "queries": counter.count,
-            "epochs": args.art_epochs, "batch_size": args.art_batch, "seconds": round(seconds, 1)}
+            "epochs": epochs, "batch_size": batch, "seconds": round(seconds, 1)}
 
 
 class _Shape:
@@ -215,11 +219,20 @@ def run_seed(args: argparse.Namespace, attacks: list[str], budgets: list[int], t
 ACTIVE_ROWS = {  # row -> (select, ssl); "ours-default" is the command's default preset
     "ours-plain": ("random", "none"),
     "ours-ssl": ("random", "fixmatch"),
+    "ours-soft": ("random", "soft"),
     "ours-active": ("kcenter", "none"),
     "ours-active-ssl": ("kcenter", "fixmatch"),
 }
 ART_ROWS = {"label": ["art-knockoff-random", "art-knockoff-adaptive", "art-copycat"],
             "probs": ["art-knockoff-prob-softmax"]}
+
+
+def art_rows(row: str, mode: str) -> list[str]:
+    """The ART attacks a ``--rows`` entry names for ``mode``: ``art`` (all, equal training), ``art-defaults``
+    (all, ART's own defaults), or one attack by name (with or without ``-defaults``; none if not of ``mode``)."""
+    if row in ("art", "art-defaults"):
+        return [name + row.removeprefix("art") for name in ART_ROWS[mode]]
+    return [row] if row.removesuffix("-defaults") in ART_ROWS[mode] else []
 
 
 def ours_variant(name: str, victim_dir: str, mode: str, pool: torch.Tensor, budget: int, evaluator: Evaluator,
@@ -319,8 +332,9 @@ def active_main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="label,probs")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--rows", default="ours-default,ours-plain,ours-ssl,ours-active,art",
-                   help="comma list of ours-default, ours-plain, ours-ssl, ours-active, ours-active-ssl, art, or "
-                        "SELECT/SSL pairs")
+                   help="comma list of ours-default, ours-plain, ours-ssl, ours-soft, ours-active, ours-active-ssl, art, "
+                        "art-defaults (ART's own epochs and batch: a second row), one ART attack by name "
+                        "(e.g. art-copycat, art-copycat-defaults), or SELECT/SSL pairs")
     p.add_argument("--student", default="conv2")
     p.add_argument("--epochs", type=int, default=30, help="epochs of every tool's student (equal training)")
     p.add_argument("--batch-size", type=int, default=64, help="batch of every tool's student")
@@ -358,8 +372,8 @@ def active_main(argv: list[str] | None = None) -> int:
             for seed in [int(s) for s in args.seeds.split(",")]:
                 a = argparse.Namespace(**{**vars(args), "seed": seed})
                 for row_name in args.rows.split(","):
-                    if row_name == "art":
-                        for art_name in ART_ROWS[mode]:
+                    if row_name.startswith("art"):
+                        for art_name in art_rows(row_name, mode):
                             row = {**art(art_name, trained.model, pool, labels, budget, evaluator, a,
                                          tuple(v.input_shape), v.num_classes), "mode": mode, "seed": seed}
                             rows.append(row)

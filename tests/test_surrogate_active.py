@@ -10,7 +10,13 @@ from click.testing import CliRunner
 from torch import nn
 
 from stealkit.errors import InputError
-from stealkit.extract.active import ActiveConfig, kcenter_greedy, probs_and_features, select_batch
+from stealkit.extract.active import (
+    ActiveConfig,
+    kcenter_greedy,
+    probs_and_features,
+    score_subset,
+    select_batch,
+)
 from stealkit.extract.semi_supervised import FixMatchConfig, strong_view, weak_view
 from stealkit.extract.surrogate import PRESETS, SurrogateConfig, epoch_indices, extract_surrogate
 from stealkit.oracle import LocalOracle
@@ -186,3 +192,23 @@ def test_cli_presets_and_resume_errors(tmp_path: Path):
     (out / "checkpoint" / "active.json").write_text("{}")
     res = runner.invoke(cli, base)
     assert res.exit_code != 0 and "pass --resume" in str(res.exception)
+
+
+def test_candidate_subset_scores_only_its_rows_and_spends_the_budget():
+    model = TinyNet(seed=1)
+    x = torch.rand(10, 1, 4, 4)
+    rows = torch.tensor([1, 4, 7])
+    probs, feats = score_subset(model, x, rows)
+    full_p, full_f = probs_and_features(model, x)
+    assert torch.allclose(probs[rows], full_p[rows]) and torch.allclose(feats[rows], full_f[rows])
+    assert probs[0].abs().sum() == 0 and feats[0].abs().sum() == 0
+    with pytest.raises(InputError, match="candidates"):
+        ActiveConfig(candidates=-1)
+    victim = CountingNet().eval()
+    oracle = LocalOracle(victim, (1, 4, 4), mode="probs", budget=30)
+    victim.seen = 0
+    config = SurrogateConfig(epochs=1, batch_size=8, select="kcenter", seed=2,
+                             active=ActiveConfig(rounds=3, round_epochs=1, candidates=12))
+    result = extract_surrogate(oracle, _pool(), make_student=lambda: TinyNet(seed=5), config=config)
+    assert result.queries["predict"] == 30 == result.extra["n_distinct"] == victim.seen
+    assert [r["selected"] for r in result.extra["active"]["rounds"]] == ActiveConfig(rounds=3).schedule(30)

@@ -69,8 +69,9 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
               help="Which images to query, in rounds of query -> train -> select (ActiveThief): the student's "
                    "uncertainty (entropy, margin), coverage (kcenter), or both (mix); random: one shuffle. "
                    "Default: the preset's.")
-@click.option("--ssl", type=click.Choice(["none", "fixmatch"]), default=None,
-              help="Also train on the unqueried pool with FixMatch consistency (Jagielski et al. 2020). "
+@click.option("--ssl", type=click.Choice(["none", "fixmatch", "soft"]), default=None,
+              help="Also train on the unqueried pool (Jagielski et al. 2020): FixMatch consistency, or soft "
+                   "sharpened teacher targets (soft, MixMatch label guessing). "
                    "Default: the preset's.")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=DEFAULT_PRESET, show_default=True,
               help="plain/paper: random queries, no SSL (DFME appendix A); semi: random queries + FixMatch on the "

@@ -61,7 +61,13 @@ class ActiveConfig:
     trains for the extraction's own epochs). ``factor``: ``mix`` keeps ``factor * m`` uncertain candidates
     for k-center greedy. ``score_batch``: images per forward pass when scoring the pool. ``round_ssl``:
     train the round substitutes with the semi-supervised loss too (off: they train on the answered images
-    only, which costs a fraction of the final student's training).
+    only, which costs a fraction of the final student's training). ``candidates``: the uncertainty and
+    k-center strategies choose among at most this many unanswered images, drawn at random each round (0:
+    all of them); only those and the answered images are scored, so a pool much larger than the budget
+    costs a round no more than a pool of ``candidates`` images (k-center greedy is ``O(candidates * m)``
+    distances per round). 10,000 by default: at a 10k budget with a 60,000-image pool the selection step
+    then takes 22 % of a round's wall time instead of 64 % (``benchmarks/selection_cost.py``,
+    docs/surrogate-active.md); pools with at most that many unanswered images are unaffected.
     """
 
     initial: float = 0.2
@@ -70,12 +76,15 @@ class ActiveConfig:
     factor: int = 4
     score_batch: int = 1024
     round_ssl: bool = False
+    candidates: int = 10_000
 
     def __post_init__(self) -> None:
         if not 0.0 < self.initial <= 1.0:
             raise InputError(f"active initial must be a fraction in (0, 1], got {self.initial}")
         if self.rounds < 1 or self.round_epochs < 1 or self.factor < 1 or self.score_batch < 1:
             raise InputError("active rounds, round_epochs, factor and score_batch must be >= 1")
+        if self.candidates < 0:
+            raise InputError(f"active candidates must be >= 0 (0: every unanswered image), got {self.candidates}")
 
     def schedule(self, n: int) -> list[int]:
         """How many images each round queries: the seed set, then the rest in ``rounds`` near-equal parts."""
@@ -112,6 +121,18 @@ def probs_and_features(model: nn.Module, x: torch.Tensor, *, batch: int = 1024,
         hook.remove()
         model.train(was_training)
     return torch.cat(probs), torch.cat(feats).float()
+
+
+def score_subset(model: nn.Module, x: torch.Tensor, rows: torch.Tensor, *, batch: int = 1024,
+                 device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`probs_and_features` of ``x[rows]`` only, placed at their pool indices (the other rows zero)."""
+    if rows.numel() == x.shape[0]:
+        return probs_and_features(model, x, batch=batch, device=device)
+    probs, feats = probs_and_features(model, x[rows], batch=batch, device=device)
+    p_all = torch.zeros((x.shape[0], probs.shape[1]))
+    f_all = torch.zeros((x.shape[0], feats.shape[1]))
+    p_all[rows], f_all[rows] = probs, feats
+    return p_all, f_all
 
 
 def entropy(p: torch.Tensor) -> torch.Tensor:
@@ -257,7 +278,11 @@ def active_rounds(
             if strategy == "random":
                 probs = feats = torch.empty(0)
             else:
-                probs, feats = probs_and_features(substitute, cache.x, batch=config.score_batch, device=device)
+                if 0 < config.candidates < candidates.numel():  # a random subset: the cost is the subset's
+                    keep = torch.randperm(candidates.numel(), generator=gen)[: config.candidates]
+                    candidates = candidates[keep.sort().values]
+                probs, feats = score_subset(substitute, cache.x, torch.cat([candidates, answered]),
+                                            batch=config.score_batch, device=device)
             picked = select_batch(strategy, sizes[r], candidates, probs, feats, answered, factor=config.factor,
                                   gen=gen)
             select_s = time.perf_counter() - t1

@@ -19,7 +19,8 @@ The attacker queries the victim with a surrogate data set and distils the answer
   the substitute's uncertainty or by k-center coverage (:mod:`stealkit.extract.active`), resumable.
 * **Semi-supervised training** (``ssl="fixmatch"``; Jagielski et al. USENIX Security 2020, Sec. 5.2; FixMatch,
   Sohn et al. 2020): the student also learns from the pool images never queried
-  (:mod:`stealkit.extract.semi_supervised`). ``PRESETS`` (:mod:`stealkit.extract.surrogate_presets`) names the combinations.
+  (:mod:`stealkit.extract.semi_supervised`); ``ssl="soft"`` uses MixMatch's soft, sharpened targets instead
+  (:mod:`stealkit.extract.soft_targets`). ``PRESETS`` (:mod:`stealkit.extract.surrogate_presets`) names the combinations.
 
 Surrogate sources (the victim's attacker pool, a skewed subset, another data set adapted by resizing and
 channel repetition, natural patches, Gaussian noise) come from :func:`stealkit.data.load_query_source`.
@@ -47,6 +48,7 @@ from stealkit.extract.knockoff import KnockoffConfig, knockoff_select
 from stealkit.extract.logit_recovery import recover_logits
 from stealkit.extract.losses import LossFn
 from stealkit.extract.semi_supervised import SSL, FixMatchConfig, FixMatchLoss, shift_images
+from stealkit.extract.soft_targets import SoftTargetLoss
 from stealkit.extract.surrogate_presets import DEFAULT_PRESET as DEFAULT_PRESET  # re-exported
 from stealkit.extract.surrogate_presets import PRESETS as PRESETS
 from stealkit.extract.targets import victim_log_probs
@@ -123,7 +125,8 @@ class SurrogateConfig:
     of up to 2 pixels (and horizontal flips) of queried images, each trained on the cached answer of its
     original (costs no query; off in the paper). ``eval_every``: score the student every so many epochs.
     ``select``: ``random`` (one shuffle) or an active strategy queried in rounds (``active``). ``ssl``:
-    ``fixmatch`` adds the consistency loss on the whole pool (``fixmatch``). The defaults are the plain attack.
+    ``fixmatch`` adds the consistency loss on the whole pool (``fixmatch``); ``soft`` the same with soft,
+    sharpened teacher targets (:mod:`stealkit.extract.soft_targets`). The defaults are the plain attack.
     """
 
     max_distinct: int | None = None
@@ -159,8 +162,8 @@ class SurrogateConfig:
             raise InputError(f"unknown selection {self.select!r}; expected one of {', '.join(SELECTIONS)}")
         if self.select != "random" and self.strategy == "knockoff":
             raise InputError(f"selection {self.select!r} replaces the knockoff policy; use one or the other")
-        if self.ssl not in ("none", "fixmatch"):
-            raise InputError(f"unknown semi-supervised method {self.ssl!r}; expected none or fixmatch")
+        if self.ssl not in ("none", "fixmatch", "soft"):
+            raise InputError(f"unknown semi-supervised method {self.ssl!r}; expected none, fixmatch or soft")
         if self.augment not in ("none", "shift", "shift-flip"):
             raise InputError(f"unknown augmentation {self.augment!r}; expected none, shift or shift-flip")
         if self.loss not in ("auto", "kl", "ce", "l1"):
@@ -212,10 +215,10 @@ def train_student(
         return loss_fn(model(augment_batch(cache.x[idx], config.augment, gen).to(device)), answers)
 
     batch_loss: Callable[..., torch.Tensor] = labelled
-    if config.ssl == "fixmatch":
+    if config.ssl in ("fixmatch", "soft"):
         indices = epoch_indices(indices, len(cache), config.fixmatch)
         steps = math.ceil(indices.numel() / tc.batch_size) * tc.epochs
-        batch_loss = FixMatchLoss(labelled, cache.x, config.fixmatch, device, total_steps=steps,
+        batch_loss = (SoftTargetLoss if config.ssl == "soft" else FixMatchLoss)(labelled, cache.x, config.fixmatch, device, total_steps=steps,
                                   answers=lambda idx: cache.answers[idx.cpu()],  # type: ignore[index]
                                   num_classes=cache.oracle.num_classes)
 
