@@ -1,0 +1,124 @@
+"""Choose the label-only student selector on the validation split (issue 16, ``docs/label-only.md``).
+
+Selection never changes training (the reported student is a copy), so one CoDFe trajectory per seed is run
+with ``labelonly-v1`` at the benchmark's cpu sizes, and several ``StudentSelector`` variants shadow it: each is
+fed the same held-out paid answers as the run's own selector and considers the same candidates after every
+round. Every 5,000 queries each variant's reported student is scored on the victim's *attacker* split (the
+validation split: never the test split), beside the raw student and its EMA. Prints one JSON object.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/label_only_selectors.py --mode label --seed 3 \
+        --budget 100000 > runs/val-label-3.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+from stealkit.extract.codfe import CoDFeAttack, CoDFeConfig
+from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
+from stealkit.extract.datafree_loop import LoopConfig, run_datafree
+from stealkit.extract.recipes import recipe_settings
+from stealkit.extract.selection import HeldOutStore, StudentSelector
+from stealkit.victims import standard_victim
+
+# name: (which rows the store keeps, capacity, margin in standard errors)
+VARIANTS: dict[str, tuple[str, int, float]] = {
+    "recent5k_m0": ("recent", 5000, 0.0), "recent5k_m1": ("recent", 5000, 1.0),
+    "all5k_m0": ("all", 5000, 0.0), "all5k_m1": ("all", 5000, 1.0), "all5k_m2": ("all", 5000, 2.0),
+    "all10k_m0": ("all", 10000, 0.0), "all10k_m1": ("all", 10000, 1.0), "all10k_m2": ("all", 10000, 2.0),
+    "first5k_m0": ("first", 5000, 0.0), "first5k_m2": ("first", 5000, 2.0),
+}
+
+
+class FirstRowsStore(HeldOutStore):
+    """Keeps only the first ``capacity`` held-out rows (the early rounds)."""
+
+    def add(self, x: torch.Tensor, p: torch.Tensor) -> None:
+        room = self.capacity - self.filled
+        if room > 0:
+            super().add(x[:room], p[:room])
+
+
+def make_shadows(make_student, oracle, seed: int) -> tuple[dict[tuple, HeldOutStore], dict[str, StudentSelector]]:
+    """One selector per variant; variants with the same store share it (the same rows, fed once)."""
+    stores: dict[tuple, HeldOutStore] = {}
+    shadows: dict[str, StudentSelector] = {}
+    for name, (keep, capacity, margin) in VARIANTS.items():
+        selector = StudentSelector(make_student(), capacity, oracle.input_shape, oracle.num_classes, "cpu",
+                                   keep="recent" if keep == "first" else keep, margin=margin, seed=seed)
+        if keep == "first":
+            selector.store = FirstRowsStore(capacity, oracle.input_shape, oracle.num_classes)
+        selector.store = stores.setdefault((keep, capacity), selector.store)
+        shadows[name] = selector
+    return stores, shadows
+
+
+def run(mode: str, seed: int, budget: int, every: int) -> dict:
+    torch.set_num_threads(1)
+    victim = open_victim(standard_victim("digits-conv2").path, mode=mode, budget=budget, seed=seed)
+    validation = victim_splits(victim).attacker_pool
+    evaluate = make_evaluator(victim, validation.x, validation.y, "cpu")
+    make_student = student_factory("conv2", victim, seed, c1=16, c2=32, hidden=64)
+    config = CoDFeConfig(**{**recipe_settings("labelonly-v1", "codfe", mode), "ngf": 16, "seed": seed},
+                         loop=LoopConfig(eval_every=10**9, checkpoint_every=0, grid_samples=0))
+    stores, shadows = make_shadows(make_student, victim.oracle, seed)
+    curve: list[dict] = []
+    start = time.perf_counter()
+
+    class Shadowed(CoDFeAttack):
+        """CoDFe whose held-out rows also reach the shadow stores, and whose candidates the shadows consider."""
+
+        def __init__(self, **kwargs) -> None:
+            super().__init__(**kwargs)
+            own_add = self.selector.add
+
+            def add(x: torch.Tensor, soft: torch.Tensor) -> None:
+                own_add(x, soft)
+                for store in stores.values():
+                    store.add(x, soft)
+
+            self.selector.add = add
+
+        def step(self, query, progress):
+            out = super().step(query, progress)
+            candidates = self.candidates()
+            for selector in shadows.values():
+                selector.consider(candidates)
+            spent = sum(victim.oracle.ledger.as_dict().values())
+            if spent % every == 0:
+                point = {"queries": spent, "seconds": round(time.perf_counter() - start, 1),
+                         "student": evaluate(self.student)["accuracy"],
+                         "ema": evaluate(self.average.module)["accuracy"],
+                         "own": evaluate(self.reported())["accuracy"]}
+                for name, selector in shadows.items():
+                    point[name] = evaluate(selector.snapshot)["accuracy"] if selector.source else point["student"]
+                    point[name + "_src"] = selector.source
+                curve.append(point)
+                print(json.dumps(point), file=sys.stderr, flush=True)
+            return out
+
+    attack = Shadowed(input_shape=victim.oracle.input_shape, num_classes=victim.oracle.num_classes,
+                      mode=victim.oracle.mode, make_student=make_student, config=config, device="cpu")
+    run_datafree(attack, victim.oracle, evaluator=None, loop=config.loop)
+    return {"mode": mode, "seed": seed, "budget": budget, "split": "validation (attacker pool)",
+            "load_end": os.getloadavg(), "torch": torch.__version__, "curve": curve}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=["label", "probs"], default="label")
+    parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--budget", type=int, default=100_000)
+    parser.add_argument("--every", type=int, default=5000, help="score every this many queries")
+    args = parser.parse_args()
+    print(json.dumps(run(args.mode, args.seed, args.budget, args.every)))
+
+
+if __name__ == "__main__":
+    main()
