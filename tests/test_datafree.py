@@ -308,17 +308,24 @@ def test_tiny_digits_run_beats_chance(method: str, mode: str, digits_victim) -> 
 
 
 # -- command line -------------------------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_cli_run_writes_the_contract_and_resumes(tmp_path: Path) -> None:
-    import json
-
-    from stealkit.cli import main
+def tiny_victim_dir(tmp_path: Path) -> Path:
+    """A seeded 8x8 mlp2 digits victim saved as a model directory, for the command-line tests."""
     from stealkit.models import ModelSpec, build_model, save_model
 
     torch.manual_seed(0)
     model = build_model("mlp2", input_shape=(1, 8, 8), num_classes=10, hidden=8)
     victim = tmp_path / "victim"
     save_model(model, ModelSpec("mlp2", (1, 8, 8), 10, kwargs={"hidden": 8}, extra={"dataset": "digits"}), victim)
+    return victim
+
+
+@pytest.mark.slow
+def test_cli_run_writes_the_contract_and_resumes(tmp_path: Path) -> None:
+    import json
+
+    from stealkit.cli import main
+
+    victim = tiny_victim_dir(tmp_path)
     out = tmp_path / "run"
     args = ["-q", "extract", "dast", "--victim", str(victim), "--budget", "200", "--mode", "label",
             "--student", "mlp2", "--student-arg", "hidden=8", "--batch-size", "20", "--ngf", "4", "--set", "nz=8",

@@ -27,7 +27,7 @@ from stealkit.extract.recipes import (
 from stealkit.extract.selection import ExponentialAverage, HeldOutStore, StudentSelector, agreement
 from stealkit.oracle import LocalOracle
 
-from .test_datafree import SHAPE, Victim, student
+from .test_datafree import SHAPE, Victim, student, tiny_victim_dir
 
 
 @pytest.fixture(autouse=True)
@@ -204,12 +204,8 @@ def test_recipe_sizes_follow_the_input_size() -> None:
 @pytest.mark.slow
 def test_cli_default_is_the_validated_recipe_and_names_it(tmp_path: Path) -> None:
     from stealkit.cli import main
-    from stealkit.models import ModelSpec, build_model, save_model
 
-    torch.manual_seed(0)
-    model = build_model("mlp2", input_shape=(1, 8, 8), num_classes=10, hidden=8)
-    victim = tmp_path / "victim"
-    save_model(model, ModelSpec("mlp2", (1, 8, 8), 10, kwargs={"hidden": 8}, extra={"dataset": "digits"}), victim)
+    victim = tiny_victim_dir(tmp_path)
     common = ["-q", "extract", "codfe", "--victim", str(victim), "--budget", "4000", "--mode", "label", "--student",
               "mlp2", "--student-arg", "hidden=8", "--ngf", "4", "--max-iterations", "1"]
     assert main([*common, "--out", str(tmp_path / "a")]) == 0
