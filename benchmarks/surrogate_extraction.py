@@ -216,13 +216,31 @@ def run_seed(args: argparse.Namespace, attacks: list[str], budgets: list[int], t
 # --------------------------------------------------------------------------------------------------------
 # Active selection and FixMatch (docs/surrogate-active.md): ``--active`` runs this part instead of main()
 # --------------------------------------------------------------------------------------------------------
-ACTIVE_ROWS = {  # row -> (select, ssl); "ours-default" is the command's default preset
+ACTIVE_ROWS = {  # row -> (select, ssl[, pretrain, cold_start]); "ours-default" is the command's default preset
     "ours-plain": ("random", "none"),
     "ours-ssl": ("random", "fixmatch"),
     "ours-soft": ("random", "soft"),
     "ours-active": ("kcenter", "none"),
     "ours-active-ssl": ("kcenter", "fixmatch"),
+    "ours-rot": ("random", "none", "rotation", "random"),
+    "ours-rot-typiclust": ("random", "none", "rotation", "typiclust"),
+    "ours-rot-kcenter": ("random", "none", "rotation", "kcenter"),
 }
+COMBO_KEYS = ("select", "ssl", "pretrain", "cold_start")
+
+
+def row_combo(row_name: str) -> dict[str, str]:
+    """The (select, ssl, pretrain, cold_start) of an ``ours`` row: a name of ``ACTIVE_ROWS``, ``ours-default``
+    (the command's default preset) or ``SELECT/SSL[/PRETRAIN[/COLD_START]]``; what is not given is plain."""
+    from stealkit.extract.surrogate import DEFAULT_PRESET, PRESETS
+
+    if row_name == "ours-default":
+        return {k: PRESETS[DEFAULT_PRESET][k] for k in COMBO_KEYS}
+    parts = row_name.split("/") if "/" in row_name else list(ACTIVE_ROWS[row_name])
+    return {**dict(zip(COMBO_KEYS, ("random", "none", "none", "random"), strict=True)),
+            **dict(zip(COMBO_KEYS, parts, strict=False))}
+
+
 ART_ROWS = {"label": ["art-knockoff-random", "art-knockoff-adaptive", "art-copycat"],
             "probs": ["art-knockoff-prob-softmax"]}
 
@@ -236,25 +254,35 @@ def art_rows(row: str, mode: str) -> list[str]:
 
 
 def ours_variant(name: str, victim_dir: str, mode: str, pool: torch.Tensor, budget: int, evaluator: Evaluator,
-                 args: argparse.Namespace, select: str, ssl: str, flip: bool) -> dict[str, Any]:
-    """One run of ``extract_surrogate`` with a selection strategy and SSL method (same student/epochs/batch)."""
+                 args: argparse.Namespace, combo: dict[str, str], flip: bool) -> dict[str, Any]:
+    """One run of ``extract_surrogate`` with a selection strategy, SSL method, pretraining and cold start
+    (same student/epochs/batch). Rotation-pretrained weights are cached per (victim, split, seed, settings)
+    under ``--pretrain-cache``, so the cells of a seed share one pretraining; its cost is reported apart."""
     from stealkit.extract.semi_supervised import FixMatchConfig
 
     v = open_victim(victim_dir, mode=mode, budget=budget)
     from stealkit.settings import apply_settings, parse_value
 
     config = SurrogateConfig(max_distinct=budget, epochs=args.epochs, batch_size=args.batch_size,
-                             select=select, ssl=ssl, fixmatch=FixMatchConfig(flip=flip),  # type: ignore[arg-type]
-                             seed=args.seed)
+                             fixmatch=FixMatchConfig(flip=flip), seed=args.seed, **combo)  # type: ignore[arg-type]
     config = apply_settings(config, {k: parse_value(x) for k, _, x in (s.partition("=") for s in args.set)},
                             who="benchmark")
+    cache = None
+    if config.pretrain != "none":
+        import hashlib
+
+        key = hashlib.sha1(repr((config.pretrain, config.rotation.identity(), args.student)).encode()).hexdigest()[:10]
+        split = "val" if args.validate else "test"
+        cache = Path(args.pretrain_cache) / f"{args.victim}-{split}-seed{args.seed}-{key}.safetensors"
     t0 = time.perf_counter()
     r = extract_surrogate(v.oracle, pool, make_student=student_factory(args.student, v, args.seed), config=config,
-                          evaluator=evaluator)
+                          evaluator=evaluator, pretrain_cache=cache)
     rounds = r.extra.get("active", {}).get("rounds", [])
-    return {"attack": name, "mode": mode, "budget": budget, "seed": args.seed, "select": select, "ssl": ssl,
+    pre = r.extra.get("pretraining", {})
+    return {"attack": name, "mode": mode, "budget": budget, "seed": args.seed, **combo,
             "accuracy": r.accuracy, "fidelity": r.fidelity, "queries": r.queries["predict"],
-            "seconds": round(time.perf_counter() - t0, 1),
+            "seconds": round(time.perf_counter() - t0 - (0 if pre.get("reused") else pre.get("seconds", 0)), 1),
+            "pretrain_seconds": pre.get("seconds", 0.0), "pretrain_epochs": pre.get("epochs", 0),
             "select_seconds": round(sum(x["select_seconds"] for x in rounds), 2),
             "round_train_seconds": round(sum(x["train_seconds"] for x in rounds), 2)}
 
@@ -288,8 +316,8 @@ def _aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for (attack, mode, budget), rs in groups.items():
         row: dict[str, Any] = {"attack": attack, "mode": mode, "budget": budget, "seeds": len(rs)}
-        for key in ("accuracy", "fidelity", "seconds"):
-            t = torch.tensor([float(r[key]) for r in rs], dtype=torch.float64)
+        for key in ("accuracy", "fidelity", "seconds", "pretrain_seconds"):
+            t = torch.tensor([float(r.get(key, 0.0)) for r in rs], dtype=torch.float64)
             row[key] = round(float(t.mean()), 4)
             row[f"{key}_std"] = round(float(t.std()), 4) if len(rs) > 1 else 0.0
         out.append(row)
@@ -342,6 +370,8 @@ def active_main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[],
                    help="a SurrogateConfig setting for every ours row, e.g. fixmatch.ema=0")
     p.add_argument("--jsonl", default=None)
+    p.add_argument("--pretrain-cache", default="runs/pretrain_cache",
+                   help="folder of rotation-pretrained weights shared by the cells of a seed")
     p.add_argument("--report-out", default=None,
                    help="also write a run directory whose report plots accuracy against queries for every row")
     p.add_argument("--combine", default=None,
@@ -380,14 +410,8 @@ def active_main(argv: list[str] | None = None) -> int:
                             log.info("%s", row)
                             _append_jsonl(args.jsonl, row)
                         continue
-                    if "/" in row_name:
-                        select, ssl = row_name.split("/")
-                    elif row_name == "ours-default":
-                        select, ssl = PRESETS[DEFAULT_PRESET]["select"], PRESETS[DEFAULT_PRESET]["ssl"]
-                    else:
-                        select, ssl = ACTIVE_ROWS[row_name]
-                    row = ours_variant(row_name, str(trained.path), mode, pool, budget, evaluator, a, select, ssl,
-                                       flip)
+                    row = ours_variant(row_name, str(trained.path), mode, pool, budget, evaluator, a,
+                                       row_combo(row_name), flip)
                     rows.append(row)
                     log.info("%s", row)
                     _append_jsonl(args.jsonl, row)

@@ -73,6 +73,14 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
               help="Also train on the unqueried pool (Jagielski et al. 2020): FixMatch consistency, or soft "
                    "sharpened teacher targets (soft, MixMatch label guessing). "
                    "Default: the preset's.")
+@click.option("--pretrain", type=click.Choice(["none", "rotation"]), default=None,
+              help="Before any query, train the student to predict rotations of the whole pool (RotNet; no "
+                   "victim query) and start every student from it; saved in OUT/checkpoint, reused on --resume. "
+                   "Default: the preset's.")
+@click.option("--cold-start", type=click.Choice(["random", "typiclust", "kcenter"]), default=None,
+              help="How the first queries are chosen before any answer: random, TypiClust (typical points of "
+                   "k-means clusters) or k-center, in the pretrained features (pixels without --pretrain). "
+                   "Default: the preset's.")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=DEFAULT_PRESET, show_default=True,
               help="plain/paper: random queries, no SSL (DFME appendix A); semi: random queries + FixMatch on the "
                    "unqueried pool (warm-up, mean teacher, distribution alignment); active: k-center selection + "
@@ -91,7 +99,7 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
 def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, top_k: int, budget: int,
                   dataset: str | None, data_dir: str | None, pool: str, max_distinct: int | None, loss: str,
                   tau: float, schedule: str, lr: float, strategy: str, select: str | None, ssl: str | None,
-                  preset: str, resume: bool, augment: str, student: str,
+                  pretrain: str | None, cold_start: str | None, preset: str, resume: bool, augment: str, student: str,
                   student_args: tuple[str, ...], epochs: int, batch_size: int, eval_every: int,
                   settings: tuple[str, ...], seed: int, out: str, device: str) -> None:
     """Surrogate-data extraction: query a surrogate pool, distil the answers with the tau-scaled KL (DFME A)."""
@@ -110,7 +118,8 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
     kwargs = parse_kv(student_args)
     method = METHODS["surrogate"]
     chosen = dict(PRESETS[preset] if strategy == "random" else PRESETS["plain"])  # knockoff: its own policy
-    chosen.update({k: v for k, v in (("select", select), ("ssl", ssl)) if v is not None})
+    options = (("select", select), ("ssl", ssl), ("pretrain", pretrain), ("cold_start", cold_start))
+    chosen.update({k: v for k, v in options if v is not None})
     config = method.config(max_distinct=max_distinct, loss=loss, tau=tau, epochs=epochs,  # type: ignore[misc]
                            batch_size=batch_size, lr=lr, schedule=schedule, strategy=strategy,
                            augment=augment, eval_every=eval_every, seed=seed, **chosen)
@@ -121,8 +130,10 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
     if not resume and (checkpoint / "active.json").exists():
         raise InputError(f"{out} holds a checkpoint of an earlier run: pass --resume to continue it, or choose "
                          "another --out")
-    if resume and config.select == "random":
-        raise InputError("--resume continues active rounds; this run has --select random (nothing to resume)")
+    checkpointed = config.select != "random" or config.pretrain != "none" or config.cold_start != "random"
+    if resume and not checkpointed:
+        raise InputError("--resume continues active rounds or reuses pretrained weights; this run has --select "
+                         "random, --pretrain none and --cold-start random (nothing to resume)")
     v = open_victim(victim, mode=mode, budget=budget, temperature=temperature, top_k=top_k, key=key,
                     dataset=dataset, device=device, seed=seed)
     if "fixmatch.flip" not in given:  # mirror images only where the data set is flip-invariant
@@ -134,7 +145,7 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
     knockoff = strategy == "knockoff"
     # plain random queries the first ``cap`` of a shuffle; the adaptive policy, active selection and FixMatch
     # use the whole pool (a synthetic source draws four candidates per query it may make)
-    whole = knockoff or config.select != "random" or config.ssl != "none"
+    whole = knockoff or checkpointed or config.ssl != "none"
     n_pool = (4 * cap if parse_source(pool).is_synthetic else None) if whole else cap
     x_pool, labels = load_surrogate_pool(pool, input_shape=v.input_shape, n=n_pool, seed=seed, data_dir=data_dir,
                                          victim_dataset=v.dataset, split_seed=v.split_seed, with_labels=knockoff)
@@ -144,7 +155,7 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
     result = method.run(v.oracle, x_pool, make_student=student_factory(student, v, seed, **kwargs),
                         config=config, evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
                         pool_labels=labels, on_point=run.append_record, device=device,
-                        checkpoint_dir=checkpoint if config.select != "random" else None, resume=resume)
+                        checkpoint_dir=checkpoint if checkpointed else None, resume=resume)
     save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
     click.echo(f"accuracy {result.accuracy:.4f}, fidelity {result.fidelity}, queries {result.queries}; "
                f"report: {run.report_path}")

@@ -234,6 +234,7 @@ def active_rounds(
     checkpoint_dir: Path | None = None,
     resume: bool = False,
     device: str | torch.device = "cpu",
+    first: Callable[[int], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """Query ``n`` distinct images of ``cache.x`` in rounds (ActiveThief, Algorithm 1); returns the answered
     indices and a trace (per round: queries, seconds spent training the substitute and selecting).
@@ -241,6 +242,8 @@ def active_rounds(
     ``train(indices, epochs)`` returns a fresh substitute trained on ``cache.x[indices]`` and their answers;
     ``on_round(substitute, record)`` sees each round's substitute (e.g. to score it). With ``checkpoint_dir``
     each round is saved; ``resume`` continues from the last saved round (see the module docstring).
+    ``first(m)`` chooses the first round's ``m`` images (a cold start, :mod:`stealkit.extract.typiclust`);
+    without it they are random.
     """
     from stealkit.extract.journal import JournalOracle
 
@@ -269,7 +272,8 @@ def active_rounds(
         answered = cache.answered_indices()
         train_s = select_s = 0.0
         if r == 0:
-            picked = order[: sizes[0]]
+            picked = order[: sizes[0]] if first is None else first(sizes[0])
+            select_s = time.perf_counter() - t0
         else:
             substitute = train(answered, config.round_epochs)
             train_s = time.perf_counter() - t0

@@ -20,7 +20,11 @@ The attacker queries the victim with a surrogate data set and distils the answer
 * **Semi-supervised training** (``ssl="fixmatch"``; Jagielski et al. USENIX Security 2020, Sec. 5.2; FixMatch,
   Sohn et al. 2020): the student also learns from the pool images never queried
   (:mod:`stealkit.extract.semi_supervised`); ``ssl="soft"`` uses MixMatch's soft, sharpened targets instead
-  (:mod:`stealkit.extract.soft_targets`). ``PRESETS`` (:mod:`stealkit.extract.surrogate_presets`) names the combinations.
+  (:mod:`stealkit.extract.soft_targets`).
+* **Self-supervised pretraining and cold start** (``pretrain="rotation"``; Gidaris et al. ICLR 2018, Jagielski
+  et al. 2020 Sec. 5.2): the student first learns to predict rotations of the whole pool, with no query
+  (:mod:`stealkit.extract.rotation_pretrain`); ``cold_start`` chooses the first queries in that feature space
+  (TypiClust, Hacohen et al. ICML 2022 Sec. 3, or k-center; :mod:`stealkit.extract.typiclust`). ``PRESETS`` (:mod:`stealkit.extract.surrogate_presets`) names the combinations.
 
 Surrogate sources (the victim's attacker pool, a skewed subset, another data set adapted by resizing and
 channel repetition, natural patches, Gaussian noise) come from :func:`stealkit.data.load_query_source`.
@@ -47,11 +51,13 @@ from stealkit.extract.common import ExtractionResult, curve_point
 from stealkit.extract.knockoff import KnockoffConfig, knockoff_select
 from stealkit.extract.logit_recovery import recover_logits
 from stealkit.extract.losses import LossFn
+from stealkit.extract.rotation_pretrain import RotationConfig, from_pretrained, pretrained_weights
 from stealkit.extract.semi_supervised import SSL, FixMatchConfig, FixMatchLoss, shift_images
 from stealkit.extract.soft_targets import SoftTargetLoss
 from stealkit.extract.surrogate_presets import DEFAULT_PRESET as DEFAULT_PRESET  # re-exported
 from stealkit.extract.surrogate_presets import PRESETS as PRESETS
 from stealkit.extract.targets import victim_log_probs
+from stealkit.extract.typiclust import COLD_STARTS, ColdStart, cold_start
 from stealkit.metrics import Evaluator
 from stealkit.oracle import Oracle, OutputMode
 from stealkit.train import TrainConfig, fit
@@ -62,6 +68,7 @@ StudentLoss = Literal["auto", "kl", "ce", "l1"]
 CycleSchedule = Literal["cyclic", "step"]
 Strategy = Literal["random", "knockoff"]
 Augment = Literal["none", "shift", "shift-flip"]
+Pretrain = Literal["none", "rotation"]
 
 _SCHEDULES: dict[str, str] = {"cyclic": "onecycle", "step": "step"}
 
@@ -126,7 +133,10 @@ class SurrogateConfig:
     original (costs no query; off in the paper). ``eval_every``: score the student every so many epochs.
     ``select``: ``random`` (one shuffle) or an active strategy queried in rounds (``active``). ``ssl``:
     ``fixmatch`` adds the consistency loss on the whole pool (``fixmatch``); ``soft`` the same with soft,
-    sharpened teacher targets (:mod:`stealkit.extract.soft_targets`). The defaults are the plain attack.
+    sharpened teacher targets (:mod:`stealkit.extract.soft_targets`). ``pretrain``: ``rotation`` trains the
+    student to predict rotations of the pool before any query and starts every student from it (``rotation``
+    holds its settings). ``cold_start``: how the first queries are chosen -- ``random``, or ``typiclust`` /
+    ``kcenter`` in the pretrained features (the pixels without pretraining). The defaults are the plain attack.
     """
 
     max_distinct: int | None = None
@@ -145,6 +155,9 @@ class SurrogateConfig:
     active: ActiveConfig = field(default_factory=ActiveConfig)
     ssl: SSL = "none"
     fixmatch: FixMatchConfig = field(default_factory=FixMatchConfig)
+    pretrain: Pretrain = "none"
+    rotation: RotationConfig = field(default_factory=RotationConfig)
+    cold_start: ColdStart = "random"
     query_batch: int = 256
     eval_every: int = 0
     seed: int = 0
@@ -164,6 +177,13 @@ class SurrogateConfig:
             raise InputError(f"selection {self.select!r} replaces the knockoff policy; use one or the other")
         if self.ssl not in ("none", "fixmatch", "soft"):
             raise InputError(f"unknown semi-supervised method {self.ssl!r}; expected none, fixmatch or soft")
+        if self.pretrain not in ("none", "rotation"):
+            raise InputError(f"unknown pretraining {self.pretrain!r}; expected none or rotation")
+        if self.cold_start not in COLD_STARTS:
+            raise InputError(f"unknown cold start {self.cold_start!r}; expected one of {', '.join(COLD_STARTS)}")
+        if self.cold_start != "random" and self.strategy == "knockoff":
+            raise InputError(f"cold start {self.cold_start!r} chooses the first queries; knockoff's policy "
+                             "chooses all of them: use one or the other")
         if self.augment not in ("none", "shift", "shift-flip"):
             raise InputError(f"unknown augmentation {self.augment!r}; expected none, shift or shift-flip")
         if self.loss not in ("auto", "kl", "ce", "l1"):
@@ -247,6 +267,7 @@ def extract_surrogate(
     checkpoint_dir: Path | None = None,
     resume: bool = False,
     device: str | torch.device = "cpu",
+    pretrain_cache: Path | None = None,
 ) -> ExtractionResult:
     """Steal ``oracle`` by querying images of the surrogate ``pool`` ``[N, C, H, W]`` and distilling them.
 
@@ -257,6 +278,9 @@ def extract_surrogate(
     number of distinct images answered. ``on_epoch(epoch, student, record)`` sees training as it goes.
     An active ``select`` queries in rounds (:func:`stealkit.extract.active.active_rounds`); with
     ``checkpoint_dir`` the rounds are saved there and ``resume`` continues them without paying twice.
+    Rotation-pretrained weights are saved as ``checkpoint_dir/pretrained.safetensors`` and reused on
+    ``resume``; ``pretrain_cache`` (a file, used when there is no ``checkpoint_dir``) is reused whenever it
+    exists with the same settings, seed and pool (benchmarks share one pretraining between cells).
     """
     if pool.dim() != 4 or tuple(pool.shape[1:]) != tuple(oracle.input_shape):
         raise InputError(f"the surrogate pool must have shape [N, {', '.join(map(str, oracle.input_shape))}], "
@@ -272,19 +296,26 @@ def extract_surrogate(
     if n == 0:
         raise InputError("the oracle's budget allows no query at all; raise --budget")
     extra: dict[str, Any] = {}
+    if config.pretrain == "rotation":
+        path = checkpoint_dir / "pretrained.safetensors" if checkpoint_dir is not None else pretrain_cache
+        state, extra["pretraining"] = pretrained_weights(path, make_student, pool[order], config.rotation,
+                                                      seed=config.seed, reuse=resume or checkpoint_dir is None,
+                                                      device=device)
+        make_student = from_pretrained(make_student, state, config.rotation.freeze)
     if config.strategy == "knockoff":
         labels = pool_labels[order] if pool_labels is not None else None
         cache = AnswerCache(oracle, pool[order], query_batch=config.query_batch)
         indices, trace = knockoff_select(cache, n, make_student=make_student, loss_fn=loss_fn,
                                          config=config.knockoff, actions=labels, seed=config.seed, device=device)
-        extra = {"knockoff": trace}
-    elif config.select == "random" and checkpoint_dir is None:
+        extra["knockoff"] = trace
+    elif config.select == "random" and config.cold_start == "random" and checkpoint_dir is None:
         # the first n of the shuffle, queried while the student trains; the rest is FixMatch's unlabelled pool
         cache = AnswerCache(oracle, pool[order], query_batch=config.query_batch)
         indices = torch.arange(n)
     else:
-        cache, indices, extra = _active(oracle, pool[order], n, loss_fn, make_student, config, evaluator,
-                                        checkpoint_dir, resume, device)
+        cache, indices, active = _active(oracle, pool[order], n, loss_fn, make_student, config, evaluator,
+                                         checkpoint_dir, resume, device)
+        extra.update(active)
     curve: list[dict[str, Any]] = []
 
     def epoch_hook(epoch: int, student: nn.Module, rec: dict[str, float]) -> None:
@@ -313,7 +344,8 @@ def extract_surrogate(
         curve=curve,
         extra={"mode": oracle.mode.value, "loss": resolve_loss(config.loss, oracle.mode), "tau": config.tau,
                "schedule": config.schedule, "strategy": config.strategy, "select": config.select,
-               "ssl": config.ssl, "seconds": round(time.perf_counter() - t_start, 2), "n_distinct": cache.n_answered,
+               "ssl": config.ssl, "pretrain": config.pretrain, "cold_start": config.cold_start,
+               "seconds": round(time.perf_counter() - t_start, 2), "n_distinct": cache.n_answered,
                "queries_spent": oracle.ledger.total - queries_before, "cache_hits": cache.hits,
                "final_train_loss": history[-1]["loss"], **extra},
     )
@@ -339,8 +371,17 @@ def _active(oracle: Oracle, pool: torch.Tensor, n: int, loss_fn: LossFn, make_st
         if evaluator is not None:
             scores.append({**rec, "queries": rec["answered"], **evaluator(student)})
 
+    def first(m: int) -> torch.Tensor:
+        """The cold start: the first round in the (pretrained) student's features, or the pixels."""
+        from stealkit.extract.active import probs_and_features
+
+        feats = (cache.x.flatten(1) if config.pretrain == "none" else
+                 probs_and_features(make_student(), cache.x, batch=config.active.score_batch, device=device)[1])
+        return cold_start(config.cold_start, feats, m, torch.Generator().manual_seed(config.seed))
+
     indices, trace = active_rounds(cache, n, strategy=config.select, config=config.active, train=train,
                                    seed=config.seed, on_round=on_round, checkpoint_dir=checkpoint_dir,
-                                   resume=resume, device=device)
+                                   resume=resume, device=device,
+                                   first=first if config.cold_start != "random" else None)
     trace["round_scores"] = scores
     return cache, indices, {"active": trace}

@@ -10,10 +10,11 @@ attack it replaces.
 
 from __future__ import annotations
 
+_PLAIN = {"select": "random", "ssl": "none", "pretrain": "none", "cold_start": "random"}
 PRESETS: dict[str, dict[str, str]] = {
-    "semi": {"select": "random", "ssl": "fixmatch"},
-    "active": {"select": "kcenter", "ssl": "fixmatch"},
-    "plain": {"select": "random", "ssl": "none"},
-    "paper": {"select": "random", "ssl": "none"},
+    "semi": {**_PLAIN, "ssl": "fixmatch"},
+    "active": {**_PLAIN, "select": "kcenter", "ssl": "fixmatch"},
+    "plain": _PLAIN,
+    "paper": _PLAIN,
 }
 DEFAULT_PRESET = "plain"

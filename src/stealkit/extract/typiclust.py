@@ -1,0 +1,112 @@
+"""Cold-start selection: which images to ask about before any answer exists (TypiClust; k-center).
+
+Today's active strategies (:mod:`stealkit.extract.active`) score the pool with a substitute trained on answers,
+so their first round is random. With a representation learnt from the pool itself
+(:mod:`stealkit.extract.rotation_pretrain`), the first round can be chosen in that feature space:
+
+* ``typiclust`` -- Hacohen, Dekel & Weinshall, *Active Learning on a Budget: Opposite Strategies Suit High and
+  Low Budgets*, ICML 2022, Section 3 (3.1 typicality, 3.2 the algorithm): at a low budget the best queries are
+  *typical* and *diverse*. The pool's (L2-normalised) features are clustered by k-means into
+  ``|answered| + m`` clusters; from each of the ``m`` largest clusters holding no answered image the most
+  typical point is taken, typicality being the inverse mean distance to the point's ``K`` nearest neighbours
+  in its cluster (``K = min(20, size // 2)``, as the authors' code does). Clusters smaller than
+  ``min_cluster`` (5, as theirs) are passed over while larger ones are left.
+* ``kcenter`` -- k-center greedy (Sener & Savarese, ICLR 2018, Sec. 4.2, Algorithm 1) in the same features:
+  the coverage strategy, run before any answer (it tends to pick outliers, the paper's own caveat).
+
+Features are the pretrained student's penultimate layer; without pretraining, the flattened pixels.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from stealkit.errors import InputError
+from stealkit.extract.active import kcenter_greedy
+
+ColdStart = Literal["random", "typiclust", "kcenter"]
+COLD_STARTS = ("random", "typiclust", "kcenter")
+
+
+def kmeans(x: torch.Tensor, k: int, gen: torch.Generator, *, iters: int = 50, chunk: int = 4096) -> torch.Tensor:
+    """Lloyd's k-means with k-means++ seeding (Arthur & Vassilvitskii 2007); returns each row's cluster."""
+    n = x.shape[0]
+    k = min(k, n)
+    centres = torch.empty((k, x.shape[1]), dtype=x.dtype)
+    centres[0] = x[torch.randint(n, (1,), generator=gen)]
+    d2 = ((x - centres[0]) ** 2).sum(1)
+    for j in range(1, k):
+        total = float(d2.sum())
+        i = int(torch.multinomial(d2 / total, 1, generator=gen)) if total > 0 else int(torch.randint(n, (1,), generator=gen))
+        centres[j] = x[i]
+        d2 = torch.minimum(d2, ((x - centres[j]) ** 2).sum(1))
+    assign = torch.full((n,), -1, dtype=torch.long)
+    for _ in range(iters):
+        new = torch.cat([torch.cdist(x[i : i + chunk], centres).argmin(1) for i in range(0, n, chunk)])
+        if torch.equal(new, assign):
+            break
+        assign = new
+        sums = torch.zeros_like(centres).index_add_(0, assign, x)
+        counts = torch.bincount(assign, minlength=k).to(x.dtype)
+        filled = counts > 0  # an empty cluster keeps its centre
+        centres[filled] = sums[filled] / counts[filled, None]
+    return assign
+
+
+def typicality(x: torch.Tensor, k_nn: int = 20) -> torch.Tensor:
+    """Hacohen et al., Sec. 3.1: ``1 / mean distance to the K nearest neighbours`` (``K = min(k_nn, n // 2)``)."""
+    n = x.shape[0]
+    k = max(1, min(k_nn, n // 2))
+    if n == 1:
+        return torch.ones(1)
+    d = torch.cdist(x, x)
+    d.fill_diagonal_(math.inf)
+    return 1.0 / (d.topk(min(k, n - 1), dim=1, largest=False).values.mean(1) + 1e-8)
+
+
+def typiclust(feats: torch.Tensor, m: int, answered: torch.Tensor, gen: torch.Generator, *,
+              min_cluster: int = 5, k_nn: int = 20) -> torch.Tensor:
+    """Hacohen et al., Sec. 3.2: ``m`` indices of ``feats`` (not in ``answered``), the most typical point of
+    each of the ``m`` largest clusters that hold no answered point."""
+    n = feats.shape[0]
+    m = min(m, n - answered.numel())
+    x = F.normalize(feats.float(), dim=1)
+    assign = kmeans(x, answered.numel() + m, gen)
+    sizes = torch.bincount(assign, minlength=int(assign.max()) + 1)
+    covered = torch.zeros_like(sizes)
+    covered.index_add_(0, assign[answered], torch.ones_like(answered))
+    taken = torch.zeros(n, dtype=torch.bool)
+    taken[answered] = True
+    picked: list[int] = []
+    while len(picked) < m:
+        free = torch.bincount(assign[~taken], minlength=sizes.numel())
+        # fewest answered first, then the largest; clusters below min_cluster only when nothing else is left
+        small = (sizes < min_cluster) & (free > 0) & bool(((sizes >= min_cluster) & (free > 0)).any())
+        key = covered.double() * (n + 1) - sizes.double()
+        key[(free == 0) | small] = math.inf
+        c = int(key.argmin())
+        rows = ((assign == c) & ~taken).nonzero().flatten()
+        members = (assign == c).nonzero().flatten()
+        scores = typicality(x[members], k_nn)
+        best = members[scores.argsort(descending=True)]
+        j = int(best[torch.isin(best, rows)][0])
+        picked.append(j)
+        taken[j] = True
+        covered[c] += 1
+    return torch.tensor(picked, dtype=torch.long)
+
+
+def cold_start(kind: ColdStart, feats: torch.Tensor, m: int, gen: torch.Generator) -> torch.Tensor:
+    """The first ``m`` queries (indices into ``feats``, one row per pool image) chosen with no answer yet."""
+    empty = torch.empty(0, dtype=torch.long)
+    if kind == "typiclust":
+        return typiclust(feats, m, empty, gen)
+    if kind == "kcenter":
+        return kcenter_greedy(F.normalize(feats.float(), dim=1), feats.new_zeros((0, feats.shape[1])), m)
+    if kind == "random":
+        return torch.randperm(feats.shape[0], generator=gen)[:m]
+    raise InputError(f"unknown cold start {kind!r}; expected one of {', '.join(COLD_STARTS)}")

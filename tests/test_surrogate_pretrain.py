@@ -1,0 +1,166 @@
+"""Rotation pretraining on the pool (RotNet) and cold-start selection (TypiClust, k-center) for surrogate extraction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from stealkit.errors import InputError
+from stealkit.extract import rotation_pretrain
+from stealkit.extract.rotation_pretrain import RotationConfig, from_pretrained, pretrained_weights, rotations
+from stealkit.extract.surrogate import PRESETS, SurrogateConfig, extract_surrogate
+from stealkit.extract.typiclust import cold_start, kmeans, typicality, typiclust
+from stealkit.oracle import LocalOracle
+from tests.conftest import TinyNet
+from tests.test_surrogate_active import CountingNet, _pool
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def _blobs(per: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
+    """Three well-separated 2-d blobs; returns the points and each point's blob."""
+    gen = torch.Generator().manual_seed(0)
+    centres = torch.tensor([[0.0, 10.0], [10.0, 0.0], [-10.0, -10.0]])
+    x = torch.cat([c + 0.5 * torch.randn(per, 2, generator=gen) for c in centres])
+    return x, torch.arange(3).repeat_interleave(per)
+
+
+def test_rotations_are_the_four_quarter_turns():
+    x = torch.arange(2 * 9, dtype=torch.float32).reshape(2, 1, 3, 3)
+    views, labels = rotations(x)
+    assert views.shape == (8, 1, 3, 3) and labels.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert torch.equal(views[:2], x) and torch.equal(views[2:4], torch.rot90(x, 1, dims=(2, 3)))
+    assert torch.equal(views[4:6], x.flip(2).flip(3))  # 180 degrees
+    with pytest.raises(InputError, match="square"):
+        rotations(torch.zeros(1, 1, 3, 4))
+
+
+def test_kmeans_finds_separated_blobs_and_typiclust_takes_one_central_point_each():
+    x, blob = _blobs()
+    assign = kmeans(x, 3, torch.Generator().manual_seed(1))
+    assert all(len(set(assign[blob == b].tolist())) == 1 for b in range(3))  # each blob one cluster
+    assert len(set(assign.tolist())) == 3
+    outlier = torch.cat([x, torch.tensor([[30.0, 30.0]])])
+    t = typicality(outlier, k_nn=5)
+    assert int(t.argmin()) == outlier.shape[0] - 1  # the outlier is the least typical point
+    picked = typiclust(x, 3, torch.empty(0, dtype=torch.long), torch.Generator().manual_seed(1), k_nn=5)
+    assert sorted(blob[picked].tolist()) == [0, 1, 2]  # diverse: one per blob
+    for j in picked.tolist():  # typical: each is among the 4 points closest to its blob's mean
+        members = (blob == blob[j]).nonzero().flatten()
+        d = (x[members] - x[members].mean(0)).norm(dim=1)
+        assert j in members[d.argsort()[:4]].tolist()
+    again = typiclust(x, 3, picked[:1], torch.Generator().manual_seed(1), k_nn=5)  # one blob already covered
+    assert picked[0] not in again.tolist() and again.numel() == 3
+
+
+def test_cold_start_kinds_pick_distinct_indices():
+    x, _ = _blobs()
+    gen = torch.Generator().manual_seed(0)
+    for kind in ("typiclust", "kcenter", "random"):
+        idx = cold_start(kind, x, 5, gen)  # type: ignore[arg-type]
+        assert idx.numel() == 5 and len(set(idx.tolist())) == 5
+    with pytest.raises(InputError, match="cold start"):
+        cold_start("bald", x, 2, gen)  # type: ignore[arg-type]
+
+
+def test_pretraining_learns_rotations_without_queries_and_is_reused(tmp_path: Path, monkeypatch):
+    pool = torch.rand(64, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    pool[:, :, 0, :] = 1.0  # a bar on top: the rotation is visible
+    path = tmp_path / "pre.safetensors"
+    cfg = RotationConfig(epochs=1, batch_size=16, min_steps=60)
+    state, rec = pretrained_weights(path, lambda: TinyNet(seed=5), pool, cfg, seed=0, reuse=False)
+    assert rec["epochs"] == 15 and rec["rotation_accuracy"] > 0.9  # min_steps: 60 steps of 4 per epoch
+    assert path.exists() and path.with_suffix(".json").exists()
+
+    def boom(*_a, **_k):
+        raise AssertionError("recomputed")
+
+    monkeypatch.setattr(rotation_pretrain, "pretrain_rotation", boom)
+    again, rec2 = pretrained_weights(path, lambda: TinyNet(seed=5), pool, cfg, seed=0, reuse=True)
+    assert rec2["reused"] and all(torch.equal(state[k], again[k]) for k in state)
+    with pytest.raises(InputError, match="other settings or another pool"):
+        pretrained_weights(path, lambda: TinyNet(seed=5), pool, RotationConfig(epochs=2), seed=0, reuse=True)
+    with pytest.raises(InputError, match="other settings or another pool"):
+        pretrained_weights(path, lambda: TinyNet(seed=5), pool[:32], cfg, seed=0, reuse=True)
+    frozen = from_pretrained(lambda: TinyNet(seed=5), state, freeze=True)()
+    trainable = [n for n, p in frozen.named_parameters() if p.requires_grad]
+    assert trainable == ["net.3.weight", "net.3.bias"]  # only the logits layer learns on the answers
+
+
+@pytest.mark.parametrize("mode", ["label", "probs"])
+@pytest.mark.parametrize("select,start", [("random", "typiclust"), ("random", "kcenter"), ("kcenter", "typiclust"),
+                                          ("random", "random")])
+def test_pretrained_cold_start_spends_exactly_the_budget(mode, select, start):
+    victim = CountingNet().eval()
+    oracle = LocalOracle(victim, (1, 4, 4), mode=mode, budget=30)
+    victim.seen = 0
+    config = SurrogateConfig(epochs=2, batch_size=8, select=select, cold_start=start, pretrain="rotation",
+                             rotation=RotationConfig(epochs=1, min_steps=0), seed=2)
+    result = extract_surrogate(oracle, _pool(), make_student=lambda: TinyNet(seed=5), config=config)
+    assert result.queries["predict"] == 30 == result.extra["n_distinct"] == victim.seen
+    assert result.extra["pretraining"]["epochs"] == 1 and result.extra["cold_start"] == start
+
+
+def test_resume_reuses_the_pretrained_weights_and_answers(tmp_path: Path, monkeypatch):
+    config = SurrogateConfig(epochs=1, batch_size=8, cold_start="typiclust", pretrain="rotation",
+                             rotation=RotationConfig(epochs=1, min_steps=0), seed=2)
+
+    def run(resume: bool) -> tuple[object, CountingNet]:
+        victim = CountingNet().eval()
+        oracle = LocalOracle(victim, (1, 4, 4), mode="probs", budget=20)
+        victim.seen = 0
+        result = extract_surrogate(oracle, _pool(), make_student=lambda: TinyNet(seed=5), config=config,
+                                   checkpoint_dir=tmp_path, resume=resume)
+        return result, victim
+
+    first, _ = run(False)
+    assert (tmp_path / "pretrained.safetensors").exists() and (tmp_path / "active.json").exists()
+    monkeypatch.setattr(rotation_pretrain, "pretrain_rotation", lambda *a, **k: (_ for _ in ()).throw(
+        AssertionError("recomputed")))
+    resumed, victim = run(True)
+    assert victim.seen == 0 and resumed.queries == first.queries == {"predict": 20, "explain": 0}  # type: ignore[attr-defined]
+    a, b = first.student.state_dict(), resumed.student.state_dict()  # type: ignore[attr-defined]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_settings_and_presets():
+    with pytest.raises(InputError, match="pretraining"):
+        SurrogateConfig(pretrain="simclr")  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="cold start"):
+        SurrogateConfig(cold_start="bald")  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="knockoff"):
+        SurrogateConfig(cold_start="typiclust", strategy="knockoff")
+    with pytest.raises(InputError, match="rotation"):
+        RotationConfig(epochs=0)
+    assert PRESETS["plain"] == {"select": "random", "ssl": "none", "pretrain": "none", "cold_start": "random"}
+    assert RotationConfig(epochs=5, batch_size=128, min_steps=300).epochs_for(8000) == 5
+    assert RotationConfig(epochs=5, batch_size=128, min_steps=300).epochs_for(359) == 100
+
+
+@pytest.mark.slow
+def test_cli_pretrains_in_the_run_directory_and_resume_reuses_it(tmp_path: Path, capsys):
+    import json
+
+    from stealkit.cli import main
+    from tests.test_datafree import tiny_victim_dir
+
+    out = tmp_path / "run"
+    args = ["-q", "extract", "surrogate", "--victim", str(tiny_victim_dir(tmp_path)), "--budget", "30",
+            "--mode", "label", "--student", "mlp2", "--student-arg", "hidden=8", "--epochs", "2",
+            "--pretrain", "rotation", "--cold-start", "typiclust", "--set", "rotation.epochs=1",
+            "--set", "rotation.min_steps=0", "--out", str(out)]
+    assert main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["queries"] == {"predict": 30, "explain": 0}
+    saved = (out / "checkpoint" / "pretrained.safetensors").read_bytes()
+    assert main([*args, "--resume"]) == 0  # nothing paid twice, the same weights
+    assert json.loads((out / "summary.json").read_text())["queries"] == {"predict": 30, "explain": 0}
+    assert (out / "checkpoint" / "pretrained.safetensors").read_bytes() == saved
+    capsys.readouterr()
+    assert main([*args[:-2], "--set", "rotation.epochs=2", "--out", str(out), "--resume"]) != 0  # other settings
+    assert "other settings or another pool" in capsys.readouterr().err
