@@ -225,6 +225,8 @@ ACTIVE_ROWS = {  # row -> (select, ssl[, pretrain, cold_start]); "ours-default" 
     "ours-rot": ("random", "none", "rotation", "random"),
     "ours-rot-typiclust": ("random", "none", "rotation", "typiclust"),
     "ours-rot-kcenter": ("random", "none", "rotation", "kcenter"),
+    "ours-simclr": ("random", "none", "simclr", "random"),
+    "ours-simclr-typiclust": ("random", "none", "simclr", "typiclust"),
 }
 COMBO_KEYS = ("select", "ssl", "pretrain", "cold_start")
 
@@ -271,7 +273,7 @@ def ours_variant(name: str, victim_dir: str, mode: str, pool: torch.Tensor, budg
     if config.pretrain != "none":
         import hashlib
 
-        key = hashlib.sha1(repr((config.pretrain, config.rotation.identity(), args.student)).encode()).hexdigest()[:10]
+        key = hashlib.sha1(repr((config.pretrain, config.pretraining.identity(config.pretrain), args.student)).encode()).hexdigest()[:10]
         split = "val" if args.validate else "test"
         cache = Path(args.pretrain_cache) / f"{args.victim}-{split}-seed{args.seed}-{key}.safetensors"
     t0 = time.perf_counter()

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from stealkit.errors import InputError
-from stealkit.extract import rotation_pretrain
-from stealkit.extract.rotation_pretrain import RotationConfig, from_pretrained, pretrained_weights, rotations
+from stealkit.extract import pretrain
+from stealkit.extract.pretrain import PretrainConfig, from_pretrained, pretrained_weights
+from stealkit.extract.rotation_pretrain import rotations
+from stealkit.extract.simclr_pretrain import nt_xent
 from stealkit.extract.surrogate import PRESETS, SurrogateConfig, extract_surrogate
 from stealkit.extract.typiclust import cold_start, kmeans, typicality, typiclust
 from stealkit.oracle import LocalOracle
@@ -72,35 +74,50 @@ def test_pretraining_learns_rotations_without_queries_and_is_reused(tmp_path: Pa
     pool = torch.rand(64, 1, 4, 4, generator=torch.Generator().manual_seed(0))
     pool[:, :, 0, :] = 1.0  # a bar on top: the rotation is visible
     path = tmp_path / "pre.safetensors"
-    cfg = RotationConfig(epochs=1, batch_size=16, min_steps=60)
-    state, rec = pretrained_weights(path, lambda: TinyNet(seed=5), pool, cfg, seed=0, reuse=False)
+    cfg = PretrainConfig(epochs=1, batch_size=16, min_steps=60)
+    state, rec = pretrained_weights(path, "rotation", lambda: TinyNet(seed=5), pool, cfg, seed=0, reuse=False)
     assert rec["epochs"] == 15 and rec["rotation_accuracy"] > 0.9  # min_steps: 60 steps of 4 per epoch
     assert path.exists() and path.with_suffix(".json").exists()
 
     def boom(*_a, **_k):
         raise AssertionError("recomputed")
 
-    monkeypatch.setattr(rotation_pretrain, "pretrain_rotation", boom)
-    again, rec2 = pretrained_weights(path, lambda: TinyNet(seed=5), pool, cfg, seed=0, reuse=True)
+    monkeypatch.setattr(pretrain, "run_pretraining", boom)
+    again, rec2 = pretrained_weights(path, "rotation", lambda: TinyNet(seed=5), pool, cfg, seed=0, reuse=True)
     assert rec2["reused"] and all(torch.equal(state[k], again[k]) for k in state)
     with pytest.raises(InputError, match="other settings or another pool"):
-        pretrained_weights(path, lambda: TinyNet(seed=5), pool, RotationConfig(epochs=2), seed=0, reuse=True)
+        pretrained_weights(path, "rotation", lambda: TinyNet(seed=5), pool, PretrainConfig(epochs=2), seed=0, reuse=True)
     with pytest.raises(InputError, match="other settings or another pool"):
-        pretrained_weights(path, lambda: TinyNet(seed=5), pool[:32], cfg, seed=0, reuse=True)
+        pretrained_weights(path, "rotation", lambda: TinyNet(seed=5), pool[:32], cfg, seed=0, reuse=True)
+    with pytest.raises(InputError, match="other settings or another pool"):
+        pretrained_weights(path, "simclr", lambda: TinyNet(seed=5), pool, cfg, seed=0, reuse=True)
     frozen = from_pretrained(lambda: TinyNet(seed=5), state, freeze=True)()
     trainable = [n for n, p in frozen.named_parameters() if p.requires_grad]
     assert trainable == ["net.3.weight", "net.3.bias"]  # only the logits layer learns on the answers
 
 
+def test_nt_xent_rewards_matching_pairs_and_simclr_learns_them():
+    z = torch.eye(6)
+    matched = nt_xent(z, z.clone(), 0.5)
+    shuffled = nt_xent(z, z[torch.tensor([1, 2, 3, 4, 5, 0])], 0.5)
+    assert float(matched) < float(shuffled)
+    from stealkit.extract.simclr_pretrain import pretrain_simclr
+
+    pool = torch.rand(64, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    rec = pretrain_simclr(TinyNet(seed=5), pool, PretrainConfig(epochs=20, batch_size=16, min_steps=0), seed=0)
+    assert rec["epochs"] == 20 and rec["pair_accuracy"] > 1 / 31  # above chance among 2*16-1 candidates
+
+
 @pytest.mark.parametrize("mode", ["label", "probs"])
-@pytest.mark.parametrize("select,start", [("random", "typiclust"), ("random", "kcenter"), ("kcenter", "typiclust"),
-                                          ("random", "random")])
-def test_pretrained_cold_start_spends_exactly_the_budget(mode, select, start):
+@pytest.mark.parametrize("select,start,method", [("random", "typiclust", "rotation"), ("random", "kcenter", "rotation"),
+                                                 ("kcenter", "typiclust", "rotation"), ("random", "random", "rotation"),
+                                                 ("random", "typiclust", "simclr")])
+def test_pretrained_cold_start_spends_exactly_the_budget(mode, select, start, method):
     victim = CountingNet().eval()
     oracle = LocalOracle(victim, (1, 4, 4), mode=mode, budget=30)
     victim.seen = 0
-    config = SurrogateConfig(epochs=2, batch_size=8, select=select, cold_start=start, pretrain="rotation",
-                             rotation=RotationConfig(epochs=1, min_steps=0), seed=2)
+    config = SurrogateConfig(epochs=2, batch_size=8, select=select, cold_start=start, pretrain=method,
+                             pretraining=PretrainConfig(epochs=1, min_steps=0), seed=2)
     result = extract_surrogate(oracle, _pool(), make_student=lambda: TinyNet(seed=5), config=config)
     assert result.queries["predict"] == 30 == result.extra["n_distinct"] == victim.seen
     assert result.extra["pretraining"]["epochs"] == 1 and result.extra["cold_start"] == start
@@ -108,7 +125,7 @@ def test_pretrained_cold_start_spends_exactly_the_budget(mode, select, start):
 
 def test_resume_reuses_the_pretrained_weights_and_answers(tmp_path: Path, monkeypatch):
     config = SurrogateConfig(epochs=1, batch_size=8, cold_start="typiclust", pretrain="rotation",
-                             rotation=RotationConfig(epochs=1, min_steps=0), seed=2)
+                             pretraining=PretrainConfig(epochs=1, min_steps=0), seed=2)
 
     def run(resume: bool) -> tuple[object, CountingNet]:
         victim = CountingNet().eval()
@@ -120,7 +137,7 @@ def test_resume_reuses_the_pretrained_weights_and_answers(tmp_path: Path, monkey
 
     first, _ = run(False)
     assert (tmp_path / "pretrained.safetensors").exists() and (tmp_path / "active.json").exists()
-    monkeypatch.setattr(rotation_pretrain, "pretrain_rotation", lambda *a, **k: (_ for _ in ()).throw(
+    monkeypatch.setattr(pretrain, "run_pretraining", lambda *a, **k: (_ for _ in ()).throw(
         AssertionError("recomputed")))
     resumed, victim = run(True)
     assert victim.seen == 0 and resumed.queries == first.queries == {"predict": 20, "explain": 0}  # type: ignore[attr-defined]
@@ -130,16 +147,16 @@ def test_resume_reuses_the_pretrained_weights_and_answers(tmp_path: Path, monkey
 
 def test_settings_and_presets():
     with pytest.raises(InputError, match="pretraining"):
-        SurrogateConfig(pretrain="simclr")  # type: ignore[arg-type]
+        SurrogateConfig(pretrain="mae")  # type: ignore[arg-type]
     with pytest.raises(InputError, match="cold start"):
         SurrogateConfig(cold_start="bald")  # type: ignore[arg-type]
     with pytest.raises(InputError, match="knockoff"):
         SurrogateConfig(cold_start="typiclust", strategy="knockoff")
-    with pytest.raises(InputError, match="rotation"):
-        RotationConfig(epochs=0)
+    with pytest.raises(InputError, match="pretraining epochs"):
+        PretrainConfig(epochs=0)
     assert PRESETS["plain"] == {"select": "random", "ssl": "none", "pretrain": "none", "cold_start": "random"}
-    assert RotationConfig(epochs=5, batch_size=128, min_steps=300).epochs_for(8000) == 5
-    assert RotationConfig(epochs=5, batch_size=128, min_steps=300).epochs_for(359) == 100
+    assert PretrainConfig(epochs=5, batch_size=128, min_steps=300).epochs_for(8000) == 5
+    assert PretrainConfig(epochs=5, batch_size=128, min_steps=300).epochs_for(359) == 100
 
 
 @pytest.mark.slow
@@ -152,8 +169,8 @@ def test_cli_pretrains_in_the_run_directory_and_resume_reuses_it(tmp_path: Path,
     out = tmp_path / "run"
     args = ["-q", "extract", "surrogate", "--victim", str(tiny_victim_dir(tmp_path)), "--budget", "30",
             "--mode", "label", "--student", "mlp2", "--student-arg", "hidden=8", "--epochs", "2",
-            "--pretrain", "rotation", "--cold-start", "typiclust", "--set", "rotation.epochs=1",
-            "--set", "rotation.min_steps=0", "--out", str(out)]
+            "--pretrain", "rotation", "--cold-start", "typiclust", "--set", "pretraining.epochs=1",
+            "--set", "pretraining.min_steps=0", "--out", str(out)]
     assert main(args) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["queries"] == {"predict": 30, "explain": 0}
@@ -162,5 +179,5 @@ def test_cli_pretrains_in_the_run_directory_and_resume_reuses_it(tmp_path: Path,
     assert json.loads((out / "summary.json").read_text())["queries"] == {"predict": 30, "explain": 0}
     assert (out / "checkpoint" / "pretrained.safetensors").read_bytes() == saved
     capsys.readouterr()
-    assert main([*args[:-2], "--set", "rotation.epochs=2", "--out", str(out), "--resume"]) != 0  # other settings
+    assert main([*args[:-2], "--set", "pretraining.epochs=2", "--out", str(out), "--resume"]) != 0  # other settings
     assert "other settings or another pool" in capsys.readouterr().err

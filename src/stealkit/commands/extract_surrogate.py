@@ -73,10 +73,10 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
               help="Also train on the unqueried pool (Jagielski et al. 2020): FixMatch consistency, or soft "
                    "sharpened teacher targets (soft, MixMatch label guessing). "
                    "Default: the preset's.")
-@click.option("--pretrain", type=click.Choice(["none", "rotation"]), default=None,
-              help="Before any query, train the student to predict rotations of the whole pool (RotNet; no "
-                   "victim query) and start every student from it; saved in OUT/checkpoint, reused on --resume. "
-                   "Default: the preset's.")
+@click.option("--pretrain", type=click.Choice(["none", "rotation", "simclr"]), default=None,
+              help="Before any query, train the student on the whole pool without the victim (rotation: RotNet; "
+                   "simclr: contrastive) and start every student from it; saved in OUT/checkpoint, reused on "
+                   "--resume; settings: --set pretraining.epochs=5 etc. Default: the preset's.")
 @click.option("--cold-start", type=click.Choice(["random", "typiclust", "kcenter"]), default=None,
               help="How the first queries are chosen before any answer: random, TypiClust (typical points of "
                    "k-means clusters) or k-center, in the pretrained features (pixels without --pretrain). "

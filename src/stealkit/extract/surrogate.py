@@ -21,9 +21,9 @@ The attacker queries the victim with a surrogate data set and distils the answer
   Sohn et al. 2020): the student also learns from the pool images never queried
   (:mod:`stealkit.extract.semi_supervised`); ``ssl="soft"`` uses MixMatch's soft, sharpened targets instead
   (:mod:`stealkit.extract.soft_targets`).
-* **Self-supervised pretraining and cold start** (``pretrain="rotation"``; Gidaris et al. ICLR 2018, Jagielski
-  et al. 2020 Sec. 5.2): the student first learns to predict rotations of the whole pool, with no query
-  (:mod:`stealkit.extract.rotation_pretrain`); ``cold_start`` chooses the first queries in that feature space
+* **Self-supervised pretraining and cold start** (``pretrain="rotation"|"simclr"``; Jagielski et al. 2020
+  Sec. 5.2): the student first learns from the whole pool, with no query, to predict rotations (Gidaris et
+  al. ICLR 2018) or contrastively (SimCLR, Chen et al. 2020) (:mod:`stealkit.extract.pretrain`); ``cold_start`` chooses the first queries in that feature space
   (TypiClust, Hacohen et al. ICML 2022 Sec. 3, or k-center; :mod:`stealkit.extract.typiclust`). ``PRESETS`` (:mod:`stealkit.extract.surrogate_presets`) names the combinations.
 
 Surrogate sources (the victim's attacker pool, a skewed subset, another data set adapted by resizing and
@@ -51,7 +51,7 @@ from stealkit.extract.common import ExtractionResult, curve_point
 from stealkit.extract.knockoff import KnockoffConfig, knockoff_select
 from stealkit.extract.logit_recovery import recover_logits
 from stealkit.extract.losses import LossFn
-from stealkit.extract.rotation_pretrain import RotationConfig, from_pretrained, pretrained_weights
+from stealkit.extract.pretrain import PRETRAINS, Pretrain, PretrainConfig, from_pretrained, pretrained_weights
 from stealkit.extract.semi_supervised import SSL, FixMatchConfig, FixMatchLoss, shift_images
 from stealkit.extract.soft_targets import SoftTargetLoss
 from stealkit.extract.surrogate_presets import DEFAULT_PRESET as DEFAULT_PRESET  # re-exported
@@ -68,7 +68,6 @@ StudentLoss = Literal["auto", "kl", "ce", "l1"]
 CycleSchedule = Literal["cyclic", "step"]
 Strategy = Literal["random", "knockoff"]
 Augment = Literal["none", "shift", "shift-flip"]
-Pretrain = Literal["none", "rotation"]
 
 _SCHEDULES: dict[str, str] = {"cyclic": "onecycle", "step": "step"}
 
@@ -133,9 +132,9 @@ class SurrogateConfig:
     original (costs no query; off in the paper). ``eval_every``: score the student every so many epochs.
     ``select``: ``random`` (one shuffle) or an active strategy queried in rounds (``active``). ``ssl``:
     ``fixmatch`` adds the consistency loss on the whole pool (``fixmatch``); ``soft`` the same with soft,
-    sharpened teacher targets (:mod:`stealkit.extract.soft_targets`). ``pretrain``: ``rotation`` trains the
-    student to predict rotations of the pool before any query and starts every student from it (``rotation``
-    holds its settings). ``cold_start``: how the first queries are chosen -- ``random``, or ``typiclust`` /
+    sharpened teacher targets (:mod:`stealkit.extract.soft_targets`). ``pretrain``: ``rotation`` (RotNet) or
+    ``simclr`` trains the student on the pool before any query and starts every student from it
+    (``pretraining`` holds its settings). ``cold_start``: how the first queries are chosen -- ``random``, or ``typiclust`` /
     ``kcenter`` in the pretrained features (the pixels without pretraining). The defaults are the plain attack.
     """
 
@@ -156,7 +155,7 @@ class SurrogateConfig:
     ssl: SSL = "none"
     fixmatch: FixMatchConfig = field(default_factory=FixMatchConfig)
     pretrain: Pretrain = "none"
-    rotation: RotationConfig = field(default_factory=RotationConfig)
+    pretraining: PretrainConfig = field(default_factory=PretrainConfig)
     cold_start: ColdStart = "random"
     query_batch: int = 256
     eval_every: int = 0
@@ -177,8 +176,8 @@ class SurrogateConfig:
             raise InputError(f"selection {self.select!r} replaces the knockoff policy; use one or the other")
         if self.ssl not in ("none", "fixmatch", "soft"):
             raise InputError(f"unknown semi-supervised method {self.ssl!r}; expected none, fixmatch or soft")
-        if self.pretrain not in ("none", "rotation"):
-            raise InputError(f"unknown pretraining {self.pretrain!r}; expected none or rotation")
+        if self.pretrain not in PRETRAINS:
+            raise InputError(f"unknown pretraining {self.pretrain!r}; expected one of {', '.join(PRETRAINS)}")
         if self.cold_start not in COLD_STARTS:
             raise InputError(f"unknown cold start {self.cold_start!r}; expected one of {', '.join(COLD_STARTS)}")
         if self.cold_start != "random" and self.strategy == "knockoff":
@@ -296,12 +295,12 @@ def extract_surrogate(
     if n == 0:
         raise InputError("the oracle's budget allows no query at all; raise --budget")
     extra: dict[str, Any] = {}
-    if config.pretrain == "rotation":
+    if config.pretrain != "none":
         path = checkpoint_dir / "pretrained.safetensors" if checkpoint_dir is not None else pretrain_cache
-        state, extra["pretraining"] = pretrained_weights(path, make_student, pool[order], config.rotation,
-                                                      seed=config.seed, reuse=resume or checkpoint_dir is None,
-                                                      device=device)
-        make_student = from_pretrained(make_student, state, config.rotation.freeze)
+        state, extra["pretraining"] = pretrained_weights(
+            path, config.pretrain, make_student, pool[order], config.pretraining, seed=config.seed,
+            reuse=resume or checkpoint_dir is None, flip=config.fixmatch.flip, device=device)
+        make_student = from_pretrained(make_student, state, config.pretraining.freeze)
     if config.strategy == "knockoff":
         labels = pool_labels[order] if pool_labels is not None else None
         cache = AnswerCache(oracle, pool[order], query_batch=config.query_batch)

@@ -1,0 +1,162 @@
+"""Self-supervised pretraining of the student on the unlabelled pool, before any query: shared machinery.
+
+Jagielski et al. (*High Accuracy and High Fidelity Extraction of Neural Networks*, USENIX Security 2020,
+Section 5.2) show that an extraction attacker with an unlabelled pool gains most at small budgets from what it
+learns on that pool without the victim. Here the student (the extraction's own architecture, seeded as usual)
+is first trained on the whole pool with a self-supervised task -- rotation prediction
+(:mod:`stealkit.extract.rotation_pretrain`) or SimCLR's contrastive loss (:mod:`stealkit.extract.simclr_pretrain`)
+-- through a small head on its penultimate features (the input of its last ``nn.Linear``); the head is then
+dropped and every student of the attack (the round substitutes of active selection and the final student)
+starts from these weights; the last linear layer keeps its seeded initialisation. No victim query is made.
+
+The weights are saved (safetensors + JSON with the method, settings, seed and a fingerprint of the pool, JSON
+written last) and, when asked to reuse them, loaded instead of recomputed -- refused if they were made with
+other settings or another pool, so a resumed run never continues from weights computed differently.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from stealkit.errors import InputError
+from stealkit.extract.active import last_linear
+from stealkit.fsutil import atomic_path, atomic_write_json
+from stealkit.train import TrainConfig
+
+log = logging.getLogger(__name__)
+
+Pretrain = Literal["none", "rotation", "simclr"]
+PRETRAINS = ("none", "rotation", "simclr")
+PRETRAIN_FORMAT = "stealkit-pretrain/1"
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """Pretraining settings. ``epochs``: passes over the pool, raised where needed so that training takes at
+    least ``min_steps`` steps (a small pool, e.g. digits' few hundred images, gets more epochs). ``batch_size``:
+    pool images per step (rotation shows each in 4 rotations, SimCLR in 2 views). ``lr``: maximum SGD learning
+    rate of the one-cycle schedule. ``temperature``: SimCLR's NT-Xent temperature. ``freeze``: after
+    pretraining train only the student's last linear layer on the answers (a linear probe) instead of
+    fine-tuning all of it (applied after pretraining: the same weights serve both)."""
+
+    epochs: int = 5
+    batch_size: int = 128
+    lr: float = 0.1
+    min_steps: int = 300
+    temperature: float = 0.5
+    freeze: bool = False
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.batch_size < 2 or not self.lr > 0 or self.min_steps < 0 or not self.temperature > 0:
+            raise InputError("pretraining epochs must be >= 1, batch_size >= 2, lr and temperature > 0, "
+                             "min_steps >= 0")
+
+    def epochs_for(self, pool_size: int) -> int:
+        """Epochs over a pool of ``pool_size`` images: ``epochs``, or enough for ``min_steps`` steps."""
+        return max(self.epochs, math.ceil(self.min_steps / math.ceil(pool_size / self.batch_size)))
+
+    def train_config(self, pool_size: int, seed: int) -> TrainConfig:
+        return TrainConfig(epochs=self.epochs_for(pool_size), batch_size=self.batch_size, optimizer="sgd",
+                           lr=self.lr, momentum=0.9, weight_decay=5e-4, schedule="onecycle", seed=seed)
+
+    def identity(self, method: str) -> dict[str, Any]:
+        """What the pretrained weights depend on (not ``freeze``; ``temperature`` only for SimCLR)."""
+        skip = {"freeze"} | ({"temperature"} if method != "simclr" else set())
+        return {k: v for k, v in asdict(self).items() if k not in skip}
+
+
+class WithHead(nn.Module):
+    """The student with a pretraining ``head`` on its penultimate features (the last linear layer's input)."""
+
+    def __init__(self, student: nn.Module, head: Callable[[int], nn.Module]) -> None:
+        super().__init__()
+        linear = last_linear(student)
+        self.student, self.head = student, head(linear.in_features)
+        self._feats: list[torch.Tensor] = []
+        linear.register_forward_hook(lambda _m, inp, _o: self._feats.append(inp[0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._feats.clear()
+        self.student(x)
+        return self.head(self._feats[-1].flatten(1))
+
+
+def pool_fingerprint(pool: torch.Tensor) -> list[float]:
+    """A cheap fingerprint of the pool (size and two pixel sums): weights are reused only for the same pool."""
+    flat = pool.double().flatten(1)
+    weights = torch.arange(1, flat.shape[0] + 1, dtype=torch.float64)
+    return [float(pool.shape[0]), round(float(flat.sum()), 3), round(float((flat.sum(1) * weights).sum()), 1)]
+
+
+def run_pretraining(method: Pretrain, student: nn.Module, pool: torch.Tensor, config: PretrainConfig, *,
+                    seed: int, flip: bool, device: str | torch.device) -> dict[str, Any]:
+    """Train ``student`` in place with ``method``'s self-supervised loss on ``pool``; returns its record."""
+    if method == "rotation":
+        from stealkit.extract.rotation_pretrain import pretrain_rotation
+
+        return pretrain_rotation(student, pool, config, seed=seed, device=device)
+    if method == "simclr":
+        from stealkit.extract.simclr_pretrain import pretrain_simclr
+
+        return pretrain_simclr(student, pool, config, seed=seed, flip=flip, device=device)
+    raise InputError(f"unknown pretraining {method!r}; expected one of {', '.join(PRETRAINS)}")
+
+
+def pretrained_weights(path: Path | None, method: Pretrain, make_student: Callable[[], nn.Module],
+                       pool: torch.Tensor, config: PretrainConfig, *, seed: int, reuse: bool, flip: bool = False,
+                       device: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The student's pretrained ``state_dict`` and the pretraining record.
+
+    With ``reuse`` and weights already at ``path`` (``NAME.safetensors`` + ``NAME.json``) they are loaded, after
+    checking they were made with the same method, settings, seed and pool; otherwise they are computed and
+    saved there (``path=None``: computed, not saved).
+    """
+    from safetensors.torch import load_file, save_file
+
+    settings = {"format": PRETRAIN_FORMAT, "method": method, "settings": config.identity(method), "seed": seed,
+                "flip": flip if method == "simclr" else None, "pool": pool_fingerprint(pool)}
+    meta_path = path.with_suffix(".json") if path is not None else None
+    if reuse and path is not None and meta_path is not None and meta_path.exists():
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        if {k: meta.get(k) for k in settings} != settings:
+            raise InputError(f"{path} holds pretrained weights made with other settings or another pool "
+                             f"({ {k: meta.get(k) for k in settings} }), not {settings}: resume with the same "
+                             "--pretrain, --pool, --seed and --set pretraining.* values")
+        log.info("%s pretraining: reusing %s", method, path)
+        return load_file(str(path)), {**meta["record"], "reused": True}
+    student = make_student()
+    record = run_pretraining(method, student, pool, config, seed=seed, flip=flip, device=device)
+    state = {k: v.detach().cpu().contiguous() for k, v in student.state_dict().items()}
+    log.info("%s pretraining: %s", method, record)
+    if path is None or meta_path is None:
+        return state, record
+    with atomic_path(path) as tmp:
+        save_file(state, str(tmp))
+    atomic_write_json(meta_path, {**settings, "record": record})
+    return state, record
+
+
+def from_pretrained(make_student: Callable[[], nn.Module], state: dict[str, torch.Tensor],
+                    freeze: bool = False) -> Callable[[], nn.Module]:
+    """A student factory whose students start from ``state``; with ``freeze`` only the last linear layer
+    trains (the rest has ``requires_grad=False``)."""
+
+    def make() -> nn.Module:
+        student = make_student()
+        student.load_state_dict(state)
+        if freeze:
+            head = {id(p) for p in last_linear(student).parameters()}
+            for p in student.parameters():
+                p.requires_grad_(id(p) in head)
+        return student
+
+    return make
