@@ -30,7 +30,7 @@ from torch import nn
 from stealkit.errors import InputError
 from stealkit.extract.active import last_linear
 from stealkit.fsutil import atomic_path, atomic_write_json
-from stealkit.train import TrainConfig
+from stealkit.train import BatchLoss, TrainConfig, fit
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,20 @@ class WithHead(nn.Module):
         self._feats.clear()
         self.student(x)
         return self.head(self._feats[-1].flatten(1))
+
+
+def fit_pretext(net: nn.Module, pool: torch.Tensor, tc: TrainConfig, batch_loss: BatchLoss, counts: list[int],
+                *, desc: str, device: str | torch.device) -> tuple[float, float]:
+    """Train ``net`` on the pool's images with a self-supervised ``batch_loss`` (which adds to ``counts`` =
+    [right, total] of its pretext predictions); returns the last epoch's loss and pretext accuracy."""
+
+    def epoch_done(epoch: int, _rec: dict[str, float]) -> None:
+        if epoch < tc.epochs:  # the last epoch's accuracy is what is reported
+            counts[0] = counts[1] = 0
+
+    history = fit(net, pool, torch.zeros(pool.shape[0]), tc, batch_loss=batch_loss, device=device, desc=desc,
+                  on_epoch=epoch_done)
+    return history[-1]["loss"], round(counts[0] / max(counts[1], 1), 4)
 
 
 def pool_fingerprint(pool: torch.Tensor) -> list[float]:

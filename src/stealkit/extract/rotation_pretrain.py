@@ -19,8 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stealkit.errors import InputError
-from stealkit.extract.pretrain import PretrainConfig, WithHead
-from stealkit.train import fit
+from stealkit.extract.pretrain import PretrainConfig, WithHead, fit_pretext
 
 
 def rotations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,13 +46,7 @@ def pretrain_rotation(student: nn.Module, pool: torch.Tensor, config: PretrainCo
         correct[1] += int(labels.numel())
         return F.cross_entropy(logits, labels)
 
-    def epoch_done(epoch: int, _rec: dict[str, float]) -> None:
-        if epoch < tc.epochs:  # the last epoch's accuracy is what is reported
-            correct[0] = correct[1] = 0
-
     t0 = time.perf_counter()
-    history = fit(net, pool, torch.zeros(pool.shape[0]), tc, batch_loss=rotation_loss, device=device,
-                  desc="rotation pretraining", on_epoch=epoch_done)
+    loss, accuracy = fit_pretext(net, pool, tc, rotation_loss, correct, desc="rotation pretraining", device=device)
     return {"method": "rotation", "epochs": tc.epochs, "pool": int(pool.shape[0]),
-            "seconds": round(time.perf_counter() - t0, 2), "loss": history[-1]["loss"],
-            "rotation_accuracy": round(correct[0] / max(correct[1], 1), 4)}
+            "seconds": round(time.perf_counter() - t0, 2), "loss": loss, "rotation_accuracy": accuracy}

@@ -22,9 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stealkit.extract.pretrain import PretrainConfig, WithHead
+from stealkit.extract.pretrain import PretrainConfig, WithHead, fit_pretext
 from stealkit.extract.semi_supervised import FixMatchConfig, strong_view
-from stealkit.train import fit
 
 
 def nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -58,13 +57,7 @@ def pretrain_simclr(student: nn.Module, pool: torch.Tensor, config: PretrainConf
             hits[1] += 2 * n
         return nt_xent(z1, z2, config.temperature)
 
-    def epoch_done(epoch: int, _rec: dict[str, float]) -> None:
-        if epoch < tc.epochs:  # the last epoch's pair accuracy is what is reported
-            hits[0] = hits[1] = 0
-
     t0 = time.perf_counter()
-    history = fit(net, pool, torch.zeros(pool.shape[0]), tc, batch_loss=contrastive_loss, device=device,
-                  desc="SimCLR pretraining", on_epoch=epoch_done)
+    loss, accuracy = fit_pretext(net, pool, tc, contrastive_loss, hits, desc="SimCLR pretraining", device=device)
     return {"method": "simclr", "epochs": tc.epochs, "pool": int(pool.shape[0]),
-            "seconds": round(time.perf_counter() - t0, 2), "loss": history[-1]["loss"],
-            "pair_accuracy": round(hits[0] / max(hits[1], 1), 4)}
+            "seconds": round(time.perf_counter() - t0, 2), "loss": loss, "pair_accuracy": accuracy}
