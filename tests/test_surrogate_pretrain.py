@@ -181,3 +181,17 @@ def test_cli_pretrains_in_the_run_directory_and_resume_reuses_it(tmp_path: Path,
     capsys.readouterr()
     assert main([*args[:-2], "--set", "pretraining.epochs=2", "--out", str(out), "--resume"]) != 0  # other settings
     assert "other settings or another pool" in capsys.readouterr().err
+
+
+def test_checkpointed_random_queries_are_the_plain_paths_images(tmp_path: Path):
+    config = SurrogateConfig(epochs=1, batch_size=8, pretrain="rotation",
+                             pretraining=PretrainConfig(epochs=1, min_steps=0), seed=3)
+    answered = []
+    for ckpt in (None, tmp_path):
+        oracle = LocalOracle(CountingNet().eval(), (1, 4, 4), mode="probs", budget=20)
+        log: list[torch.Tensor] = []
+        query = oracle.query
+        oracle.query = lambda x, _q=query, _log=log: (_log.append(x.clone()), _q(x))[1]  # type: ignore[method-assign]
+        extract_surrogate(oracle, _pool(), make_student=lambda: TinyNet(seed=5), config=config, checkpoint_dir=ckpt)
+        answered.append(torch.cat(log).flatten(1).sum(1).sort().values)
+    assert torch.allclose(answered[0], answered[1])  # the CLI (checkpointed) asks what the benchmark row asks

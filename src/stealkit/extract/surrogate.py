@@ -378,9 +378,14 @@ def _active(oracle: Oracle, pool: torch.Tensor, n: int, loss_fn: LossFn, make_st
                  probs_and_features(make_student(), cache.x, batch=config.active.score_batch, device=device)[1])
         return cold_start(config.cold_start, feats, m, torch.Generator().manual_seed(config.seed))
 
+    if config.cold_start != "random":
+        pick: Callable[[int], torch.Tensor] | None = first
+    elif config.select == "random":  # checkpointed only for pretraining: the same images as the plain path
+        pick = torch.arange
+    else:
+        pick = None
     indices, trace = active_rounds(cache, n, strategy=config.select, config=config.active, train=train,
                                    seed=config.seed, on_round=on_round, checkpoint_dir=checkpoint_dir,
-                                   resume=resume, device=device,
-                                   first=first if config.cold_start != "random" else None)
+                                   resume=resume, device=device, first=pick)
     trace["round_scores"] = scores
     return cache, indices, {"active": trace}
