@@ -155,6 +155,7 @@ def test_settings_and_presets():
     with pytest.raises(InputError, match="pretraining epochs"):
         PretrainConfig(epochs=0)
     assert PRESETS["plain"] == {"select": "random", "ssl": "none", "pretrain": "none", "cold_start": "random"}
+    assert PRESETS["typiclust"] == {**PRESETS["plain"], "pretrain": "rotation", "cold_start": "typiclust"}
     assert PretrainConfig(epochs=5, batch_size=128, min_steps=300).epochs_for(8000) == 5
     assert PretrainConfig(epochs=5, batch_size=128, min_steps=300).epochs_for(359) == 100
 

@@ -3,7 +3,10 @@
 ``plain`` / ``paper`` is the attack of DFME appendix A (random queries, no semi-supervised learning); ``semi``
 adds FixMatch with its remedies against confirmation bias on the unqueried pool
 (:mod:`stealkit.extract.semi_supervised`), still with random queries; ``active`` queries by k-center coverage
-(:mod:`stealkit.extract.active`) and adds FixMatch. ``DEFAULT_PRESET`` is the command's default, chosen on the
+(:mod:`stealkit.extract.active`) and adds FixMatch; ``typiclust`` (fourth pass, for small budgets, about 10
+queries per class or fewer) pretrains the student on the pool by rotation prediction and chooses the queries
+by TypiClust in its features (:mod:`stealkit.extract.pretrain`, :mod:`stealkit.extract.typiclust`).
+``DEFAULT_PRESET`` is the command's default, chosen on the
 validation split (docs/surrogate-active.md): a default must not be worse on any validated setting than the
 attack it replaces.
 """
@@ -14,6 +17,7 @@ _PLAIN = {"select": "random", "ssl": "none", "pretrain": "none", "cold_start": "
 PRESETS: dict[str, dict[str, str]] = {
     "semi": {**_PLAIN, "ssl": "fixmatch"},
     "active": {**_PLAIN, "select": "kcenter", "ssl": "fixmatch"},
+    "typiclust": {**_PLAIN, "pretrain": "rotation", "cold_start": "typiclust"},
     "plain": _PLAIN,
     "paper": _PLAIN,
 }
