@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from stealkit.errors import InputError
-from stealkit.extract import pretrain
-from stealkit.extract.pretrain import PretrainConfig, from_pretrained, pretrained_weights
+from stealkit.extract import pretrained_weights as weights
+from stealkit.extract.pretrain import PretrainConfig
+from stealkit.extract.pretrained_weights import from_pretrained, pretrained_weights
 from stealkit.extract.rotation_pretrain import rotations
 from stealkit.extract.simclr_pretrain import nt_xent
 from stealkit.extract.surrogate import PRESETS, SurrogateConfig, extract_surrogate
@@ -82,7 +83,7 @@ def test_pretraining_learns_rotations_without_queries_and_is_reused(tmp_path: Pa
     def boom(*_a, **_k):
         raise AssertionError("recomputed")
 
-    monkeypatch.setattr(pretrain, "run_pretraining", boom)
+    monkeypatch.setattr(weights, "run_pretraining", boom)
     again, rec2 = pretrained_weights(path, "rotation", lambda: TinyNet(seed=5), pool, cfg, seed=0, reuse=True)
     assert rec2["reused"] and all(torch.equal(state[k], again[k]) for k in state)
     with pytest.raises(InputError, match="other settings or another pool"):
@@ -137,7 +138,7 @@ def test_resume_reuses_the_pretrained_weights_and_answers(tmp_path: Path, monkey
 
     first, _ = run(False)
     assert (tmp_path / "pretrained.safetensors").exists() and (tmp_path / "active.json").exists()
-    monkeypatch.setattr(pretrain, "run_pretraining", lambda *a, **k: (_ for _ in ()).throw(
+    monkeypatch.setattr(weights, "run_pretraining", lambda *a, **k: (_ for _ in ()).throw(
         AssertionError("recomputed")))
     resumed, victim = run(True)
     assert victim.seen == 0 and resumed.queries == first.queries == {"predict": 20, "explain": 0}  # type: ignore[attr-defined]

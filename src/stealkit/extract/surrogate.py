@@ -51,7 +51,8 @@ from stealkit.extract.common import ExtractionResult, curve_point
 from stealkit.extract.knockoff import KnockoffConfig, knockoff_select
 from stealkit.extract.logit_recovery import recover_logits
 from stealkit.extract.losses import LossFn
-from stealkit.extract.pretrain import PRETRAINS, Pretrain, PretrainConfig, from_pretrained, pretrained_weights
+from stealkit.extract.pretrain import PRETRAINS, Pretrain, PretrainConfig
+from stealkit.extract.pretrained_weights import from_pretrained, pretrained_weights
 from stealkit.extract.semi_supervised import SSL, FixMatchConfig, FixMatchLoss, shift_images
 from stealkit.extract.soft_targets import SoftTargetLoss
 from stealkit.extract.surrogate_presets import DEFAULT_PRESET as DEFAULT_PRESET  # re-exported
