@@ -12,7 +12,8 @@ ones). Rows:
 * ``stealkit-hsj-prev``: the tuned settings before the semicircle search (``start_tries=100`` only).
 * ``stealkit-hsj-paper`` / ``stealkit-hsj-paper-sub``: the same with the paper's settings (``--preset paper``).
 * ``stealkit-hsj-art-settings``: stealkit HopSkipJump with ART's settings (40 rounds, at most 1,000
-  evaluations per estimate, 100 initial), no cap.
+  evaluations per estimate, 100 initial), no cap; ``stealkit-hsj-tuned-art-settings``: the same work with the
+  ``--preset tuned`` settings (the queries/s comparison of the current preset).
 * ``art-hsj`` (40 iterations, max_eval 1,000, init_eval 100, init_size 100) and ``art-boundary``
   (500 iterations, untargeted, ART's other defaults): ART's full run, one image per ``generate`` call. ART
   keeps no query count, so its victim is wrapped in a module that counts every image and remembers the
@@ -316,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     tools = args.tools.split(",")
 
     def emit(row: dict[str, Any]) -> None:
+        row = row | {"load_avg": [round(v, 2) for v in os.getloadavg()]}
         log(json.dumps(row))
         rows.append(row)
         if args.jsonl:
@@ -337,10 +339,11 @@ def main(argv: list[str] | None = None) -> int:
                     norms, per, secs = run_stealkit(kind, model, x, y, b, cfgs[tool],
                                                     sub if tool.endswith("-sub") else None)
                     emit(summarise(f"stealkit-{tool}", b, norms, per, secs, seed))
-            elif tool == "hsj-art-settings":
-                cfg = hsj_config(seed, iterations=40, max_evals=1000, init_evals=100)
+            elif tool in ("hsj-art-settings", "hsj-tuned-art-settings"):
+                preset = tuned_settings(substitute=False) if tool == "hsj-tuned-art-settings" else {}
+                cfg = hsj_config(seed, **(preset | {"iterations": 40, "max_evals": 1000, "init_evals": 100}))
                 norms, per, secs = run_stealkit("hsj", model, x, y, None, cfg, None)
-                emit(summarise("stealkit-hsj-art-settings", "full", norms, per, secs, seed))
+                emit(summarise(f"stealkit-{tool}", "full", norms, per, secs, seed))
             elif tool.startswith("art-"):
                 kind = tool.removeprefix("art-")
                 art_curves, counts, secs = run_art(kind, model, x, y, seed, k)
