@@ -37,6 +37,7 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +149,16 @@ def run_stealkit(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, 
 
     oracle = LocalOracle(model, tuple(x.shape[1:]), mode="label")
     t0 = time.perf_counter()
-    if isinstance(cfg, tuple):  # (HopSkipJumpConfig, {"arms": k, "share": s}): successive halving
+    if isinstance(cfg, SurFreeRun):
+        from stealkit.evade.surfree import SurFreeConfig, hopskipjump_surfree, surfree
+
+        sf = SurFreeConfig(**cfg.surfree)
+        if cfg.share:
+            r = hopskipjump_surfree(oracle, x, y, max_queries=budget, share=cfg.share,  # type: ignore[arg-type]
+                                    hsj=cfg.hsj, config=sf)
+        else:
+            r = surfree(oracle, x, y, max_queries=budget, config=sf)
+    elif isinstance(cfg, tuple):  # (HopSkipJumpConfig, {"arms": k, "share": s}): successive halving
         from stealkit.evade.halving import successive_halving
 
         r = successive_halving(oracle, x, y, max_queries=budget, config=cfg[0], **cfg[1])  # type: ignore[arg-type]
@@ -188,11 +198,24 @@ def run_art(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed:
     return curves, counts, time.perf_counter() - t0
 
 
+@dataclass(frozen=True)
+class SurFreeRun:
+    """SurFree settings (``surfree``, SurFreeConfig fields) alone or, with ``share``, after HopSkipJump."""
+
+    surfree: dict[str, Any]
+    share: float
+    hsj: Any
+
+
 def hsj_config(seed: int, **kw: Any) -> Any:
     """HopSkipJump settings; with ``arms`` (and ``share``) a ``(config, halving settings)`` pair for
-    :func:`stealkit.evade.halving.successive_halving`."""
+    :func:`stealkit.evade.halving.successive_halving`; with ``surfree`` (SurFreeConfig fields) a
+    :class:`SurFreeRun` (SurFree alone, or after HopSkipJump for ``finish_share`` of the budget)."""
     from stealkit.evade.hopskipjump import HopSkipJumpConfig
 
+    if "surfree" in kw:
+        sf, share = dict(kw.pop("surfree")) | {"seed": seed}, float(kw.pop("finish_share", 0.0))
+        return SurFreeRun(sf, share, hsj_config(seed, **kw) if share else None)
     halving = {k: kw.pop(k) for k in ("arms", "share") if k in kw}
     cfg = HopSkipJumpConfig(**({"iterations": 10_000, "max_evals": 1000, "seed": seed} | kw))
     return (cfg, halving) if halving else cfg
