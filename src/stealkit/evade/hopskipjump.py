@@ -35,6 +35,8 @@ Optional additions, all off by default (then the attack is the paper's):
 * ``config.accumulate = r``: the normal used is the running sum of the (unnormalised) estimates, older ones
   weighted ``r`` per round (1: GeoDA's plain sum over iterations, Rahmati et al. 2020, Sec. 3 and their
   reference code), instead of this round's estimate alone.
+* ``config.orthogonal``: the probe directions of step 2 are orthonormal in blocks of ``d`` instead of i.i.d.
+  (:mod:`stealkit.evade.orthogonal`: Choromanski et al. ICML 2018, Sec. 3); full pixel space only.
 
 :data:`TUNED` holds the additions chosen on validation images (the CLI's default ``--preset tuned``).
 
@@ -64,6 +66,7 @@ from stealkit.evade.decision import (
     decision_result,
     find_starts,
 )
+from stealkit.evade.orthogonal import orthogonal_directions
 from stealkit.evade.priors import SubstitutePrior, prior_estimate, prior_probes, tilt, transfer_starts, unit
 from stealkit.evade.semicircle import search_cost, semicircle_search
 from stealkit.evade.starts import best_of_noise
@@ -98,6 +101,7 @@ class HopSkipJumpConfig:
     schedule: str = "power"
     eta: float = 0.6
     accumulate: float = 0.0
+    orthogonal: bool = False
     start_round: int = 1
     seed: int = 0
 
@@ -265,7 +269,10 @@ class _Run:
             priors = self.last[d_all]
         probes: list[torch.Tensor] = []
         for j, n in enumerate(evals.tolist()):
-            r = random_directions(n, self.shape, cfg.subspace, self.gen, x.device)
+            if cfg.orthogonal and not cfg.subspace:
+                r = orthogonal_directions(n, self.shape, self.gen, x.device)
+            else:
+                r = random_directions(n, self.shape, cfg.subspace, self.gen, x.device)
             if priors is not None:
                 c = tilt(float(self.agree[idx[j]]), self.dim, cfg.prior_spread)
                 u = prior_probes(priors[j : j + 1], torch.cat([r, r[:1]]) if n % 2 else r, c)[:n]
