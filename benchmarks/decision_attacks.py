@@ -9,7 +9,8 @@ ones). Rows:
 * ``stealkit-hsj`` / ``stealkit-hsj-sub`` / ``stealkit-boundary`` / ``stealkit-boundary-sub``: one run per
   per-image budget (``--budgets``, ``--max-queries`` of the CLI), queries from the ledger; HopSkipJump with
   the validated settings of ``attack hopskipjump --preset tuned`` (:func:`stealkit.evade.hopskipjump.tuned_settings`).
-* ``stealkit-hsj-prev``: the tuned settings before the semicircle search (``start_tries=100`` only).
+* ``stealkit-hsj-prev``: the tuned settings before orthogonal probes were adopted (``start_tries=100,
+  semicircle=True``, the second round's preset).
 * ``stealkit-hsj-paper`` / ``stealkit-hsj-paper-sub``: the same with the paper's settings (``--preset paper``).
 * ``stealkit-hsj-art-settings``: stealkit HopSkipJump with ART's settings (40 rounds, at most 1,000
   evaluations per estimate, 100 initial), no cap; ``stealkit-hsj-tuned-art-settings``: the same work with the
@@ -47,8 +48,8 @@ from torch import nn
 SHORT = {"digits": "digits", "fashion-mnist": "fmnist"}
 ART_HSJ = {"max_iter": 40, "max_eval": 1000, "init_eval": 100, "init_size": 100}
 ART_BOUNDARY = {"max_iter": 500}
-#: the ``--preset tuned`` settings without a substitute before CGBA's semicircle search was adopted
-PREVIOUS_TUNED = {"start_tries": 100}
+#: the ``--preset tuned`` settings without a substitute before orthogonal probes were adopted (third round)
+PREVIOUS_TUNED = {"start_tries": 100, "semicircle": True}
 
 
 class Recorder(nn.Module):

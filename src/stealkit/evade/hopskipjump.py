@@ -36,7 +36,8 @@ Optional additions, all off by default (then the attack is the paper's):
   weighted ``r`` per round (1: GeoDA's plain sum over iterations, Rahmati et al. 2020, Sec. 3 and their
   reference code), instead of this round's estimate alone.
 * ``config.orthogonal``: the probe directions of step 2 are orthonormal in blocks of ``d`` instead of i.i.d.
-  (:mod:`stealkit.evade.orthogonal`: Choromanski et al. ICML 2018, Sec. 3); full pixel space only.
+  (:mod:`stealkit.evade.orthogonal`: Choromanski et al. ICML 2018, Sec. 3), one random frame per round shared
+  by the batch's examples (each takes its first ``n_t`` rows); full pixel space only.
 
 :data:`TUNED` holds the additions chosen on validation images (the CLI's default ``--preset tuned``).
 
@@ -130,7 +131,7 @@ class HopSkipJumpConfig:
 
 #: settings chosen on validation images (``benchmarks/decision_attacks.py --tune``, docs/decision-attacks.md),
 #: the CLI's ``--preset tuned``: without and with a substitute
-TUNED: dict[bool, dict[str, object]] = {False: {"start_tries": 100, "semicircle": True},
+TUNED: dict[bool, dict[str, object]] = {False: {"start_tries": 100, "semicircle": True, "orthogonal": True},
                                        True: {"init_evals": 50, "subspace": 14}}
 
 
@@ -268,9 +269,13 @@ class _Run:
         if priors is None and cfg.history and t > 1:
             priors = self.last[d_all]
         probes: list[torch.Tensor] = []
+        # orthogonal probes: one Haar-random frame per round; every example takes its first n rows (so each
+        # estimate is distributed as with a frame of its own, at the cost of one QR per round)
+        frame = orthogonal_directions(int(evals.max()), self.shape, self.gen, x.device) \
+            if cfg.orthogonal and not cfg.subspace else None
         for j, n in enumerate(evals.tolist()):
-            if cfg.orthogonal and not cfg.subspace:
-                r = orthogonal_directions(n, self.shape, self.gen, x.device)
+            if frame is not None:
+                r = frame[:n]
             else:
                 r = random_directions(n, self.shape, cfg.subspace, self.gen, x.device)
             if priors is not None:

@@ -24,9 +24,8 @@ def orthogonal_directions(n: int, shape: tuple[int, ...], gen: torch.Generator,
     blocks = []
     for start in range(0, n, d):
         m = min(d, n - start)
-        q, r = torch.linalg.qr(torch.randn((d, m), generator=gen, dtype=torch.float64))
-        q = q * torch.where(torch.diagonal(r) < 0, -1.0, 1.0).to(q.dtype)
-        blocks.append(q.T.float())
+        q, r = torch.linalg.qr(torch.randn((d, m), generator=gen))
+        blocks.append((q * torch.where(torch.diagonal(r) < 0, -1.0, 1.0)).T)
     return torch.cat(blocks).view(n, *shape).to(device)
 
 
