@@ -9,8 +9,8 @@ ones). Rows:
 * ``stealkit-hsj`` / ``stealkit-hsj-sub`` / ``stealkit-boundary`` / ``stealkit-boundary-sub``: one run per
   per-image budget (``--budgets``, ``--max-queries`` of the CLI), queries from the ledger; HopSkipJump with
   the validated settings of ``attack hopskipjump --preset tuned`` (:func:`stealkit.evade.hopskipjump.tuned_settings`).
-* ``stealkit-hsj-prev``: the tuned settings before orthogonal probes were adopted (``start_tries=100,
-  semicircle=True``, the second round's preset).
+* ``stealkit-hsj-prev``: the tuned settings before the third round (``start_tries=100, semicircle=True``, the
+  second round's preset).
 * ``stealkit-hsj-paper`` / ``stealkit-hsj-paper-sub``: the same with the paper's settings (``--preset paper``).
 * ``stealkit-hsj-art-settings``: stealkit HopSkipJump with ART's settings (40 rounds, at most 1,000
   evaluations per estimate, 100 initial), no cap; ``stealkit-hsj-tuned-art-settings``: the same work with the
@@ -48,7 +48,8 @@ from torch import nn
 SHORT = {"digits": "digits", "fashion-mnist": "fmnist"}
 ART_HSJ = {"max_iter": 40, "max_eval": 1000, "init_eval": 100, "init_size": 100}
 ART_BOUNDARY = {"max_iter": 500}
-#: the ``--preset tuned`` settings without a substitute before orthogonal probes were adopted (third round)
+#: the ``--preset tuned`` settings without a substitute before the third round (orthogonal probes, GeoDA's
+#: allocation) was adopted
 PREVIOUS_TUNED = {"start_tries": 100, "semicircle": True}
 
 
@@ -351,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     from stealkit.evade.hopskipjump import tuned_settings
 
     for seed in seeds:
-        cfgs = {"hsj": hsj_config(seed, **tuned_settings(substitute=False)),
+        cfgs = {"hsj": hsj_config(seed, **tuned_settings(substitute=False, budgeted=True)),
                 "hsj-sub": hsj_config(seed, **tuned_settings(substitute=True)),
                 "hsj-prev": hsj_config(seed, **PREVIOUS_TUNED),
                 "hsj-paper": hsj_config(seed), "hsj-paper-sub": hsj_config(seed),
@@ -379,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
                                    secs, seed) | {"anytime": True, "seconds": None, "queries_per_s": None})
     print(json.dumps(meta | {"settings": {"art_hsj": ART_HSJ, "art_boundary": ART_BOUNDARY,
                                           "stealkit_hsj_paper": repr(hsj_config(0)),
-                                          "stealkit_hsj_tuned": tuned_settings(substitute=False),
+                                          "stealkit_hsj_tuned": tuned_settings(substitute=False, budgeted=True),
                                           "stealkit_hsj_sub_tuned": tuned_settings(substitute=True)},
                              "rows": rows, "art_curves": curves}, indent=1))
     return 0

@@ -81,3 +81,12 @@ def test_geoda_schedule_spends_the_budget_and_is_deterministic() -> None:
     assert torch.equal(per, runs[1].extra["queries_per_example"][runs[1].success])
     # the plan leaves at most one boundary search's worth of the budget unspent
     assert bool((per >= 600 - 25).all())
+
+
+def test_tuned_preset_plans_the_budget_only_when_there_is_one() -> None:
+    from stealkit.evade.hopskipjump import tuned_settings
+
+    with_budget = tuned_settings(substitute=False, budgeted=True)
+    assert with_budget["schedule"] == "geoda" and HopSkipJumpConfig(**with_budget).schedule == "geoda"  # type: ignore[arg-type]
+    assert "schedule" not in tuned_settings(substitute=False)
+    assert tuned_settings(substitute=True, budgeted=True) == tuned_settings(substitute=True)

@@ -133,12 +133,19 @@ class HopSkipJumpConfig:
 #: the CLI's ``--preset tuned``: without and with a substitute
 TUNED: dict[bool, dict[str, object]] = {False: {"start_tries": 100, "semicircle": True, "orthogonal": True},
                                        True: {"init_evals": 50, "subspace": 14}}
+#: added to the tuned settings without a substitute when the per-image budget is known (``max_queries``):
+#: GeoDA's allocation of it over the rounds (it plans a budget, so it needs one)
+TUNED_BUDGETED: dict[str, object] = {"schedule": "geoda", "init_evals": 50, "max_evals": 10_000}
 
 
-def tuned_settings(*, substitute: bool, shape: tuple[int, ...] | None = None) -> dict[str, object]:
-    """The validated settings (:data:`TUNED`) for a run without or with a substitute; for inputs of ``shape``
-    that are not [C, H, W] images the subspace (an image grid) is left out."""
+def tuned_settings(*, substitute: bool, shape: tuple[int, ...] | None = None, budgeted: bool = False
+                   ) -> dict[str, object]:
+    """The validated settings (:data:`TUNED`) for a run without or with a substitute, with
+    :data:`TUNED_BUDGETED` when there is no substitute and a per-image budget (``budgeted``); for inputs of
+    ``shape`` that are not [C, H, W] images the subspace (an image grid) is left out."""
     out = dict(TUNED[substitute])
+    if budgeted and not substitute:
+        out |= TUNED_BUDGETED
     if shape is not None and len(shape) != 3:
         out.pop("subspace", None)
     return out
@@ -338,4 +345,4 @@ class _Run:
         return stepped, moved
 
 
-__all__ = ["TUNED", "HopSkipJumpConfig", "hopskipjump", "tuned_settings"]
+__all__ = ["TUNED", "TUNED_BUDGETED", "HopSkipJumpConfig", "hopskipjump", "tuned_settings"]
