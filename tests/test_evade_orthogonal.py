@@ -38,5 +38,16 @@ def test_orthogonal_probes_honour_the_per_image_cap_and_the_ledger(max_queries: 
                     config=HopSkipJumpConfig(iterations=50, init_evals=20, semicircle=True, orthogonal=True))
     per = r.extra["queries_per_example"]
     assert int(per.max()) <= max_queries
-    assert int(per.sum()) == oracle.ledger.total <= 900
+    assert int(per.sum()) == oracle.ledger.total == r.queries["predict"] <= 900
     assert bool((victim(r.x_adv[r.success]).argmax(1) != y[r.success]).all())
+
+
+def test_orthogonal_probes_with_a_seed_give_the_same_result() -> None:
+    victim = TinyNet(seed=2).eval()
+    x = torch.rand(4, *SHAPE, generator=torch.Generator().manual_seed(6))
+    y = victim(x).argmax(1)
+    cfg = HopSkipJumpConfig(init_evals=20, semicircle=True, orthogonal=True, seed=3)
+    runs = [hopskipjump(LocalOracle(victim, SHAPE, mode="label"), x, y, max_queries=400, config=cfg)
+            for _ in range(2)]
+    assert torch.equal(runs[0].x_adv, runs[1].x_adv)
+    assert torch.equal(runs[0].extra["queries_per_example"], runs[1].extra["queries_per_example"])
