@@ -9,10 +9,12 @@ ones). Rows:
 * ``stealkit-hsj`` / ``stealkit-hsj-sub`` / ``stealkit-boundary`` / ``stealkit-boundary-sub``: one run per
   per-image budget (``--budgets``, ``--max-queries`` of the CLI), queries from the ledger; HopSkipJump with
   the validated settings of ``attack hopskipjump --preset tuned`` (:func:`stealkit.evade.hopskipjump.tuned_settings`).
-* ``stealkit-hsj-prev``: the tuned settings before the semicircle search (``start_tries=100`` only).
+* ``stealkit-hsj-prev``: the tuned settings before the third round (``start_tries=100, semicircle=True``, the
+  second round's preset).
 * ``stealkit-hsj-paper`` / ``stealkit-hsj-paper-sub``: the same with the paper's settings (``--preset paper``).
 * ``stealkit-hsj-art-settings``: stealkit HopSkipJump with ART's settings (40 rounds, at most 1,000
-  evaluations per estimate, 100 initial), no cap.
+  evaluations per estimate, 100 initial), no cap; ``stealkit-hsj-tuned-art-settings``: the same work with the
+  ``--preset tuned`` settings (the queries/s comparison of the current preset).
 * ``art-hsj`` (40 iterations, max_eval 1,000, init_eval 100, init_size 100) and ``art-boundary``
   (500 iterations, untargeted, ART's other defaults): ART's full run, one image per ``generate`` call. ART
   keeps no query count, so its victim is wrapped in a module that counts every image and remembers the
@@ -36,6 +38,7 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +48,9 @@ from torch import nn
 SHORT = {"digits": "digits", "fashion-mnist": "fmnist"}
 ART_HSJ = {"max_iter": 40, "max_eval": 1000, "init_eval": 100, "init_size": 100}
 ART_BOUNDARY = {"max_iter": 500}
-#: the ``--preset tuned`` settings without a substitute before CGBA's semicircle search was adopted
-PREVIOUS_TUNED = {"start_tries": 100}
+#: the ``--preset tuned`` settings without a substitute before the third round (orthogonal probes, GeoDA's
+#: allocation) was adopted
+PREVIOUS_TUNED = {"start_tries": 100, "semicircle": True}
 
 
 class Recorder(nn.Module):
@@ -147,7 +151,16 @@ def run_stealkit(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, 
 
     oracle = LocalOracle(model, tuple(x.shape[1:]), mode="label")
     t0 = time.perf_counter()
-    if isinstance(cfg, tuple):  # (HopSkipJumpConfig, {"arms": k, "share": s}): successive halving
+    if isinstance(cfg, SurFreeRun):
+        from stealkit.evade.surfree import SurFreeConfig, hopskipjump_surfree, surfree
+
+        sf = SurFreeConfig(**cfg.surfree)
+        if cfg.share:
+            r = hopskipjump_surfree(oracle, x, y, max_queries=budget, share=cfg.share,  # type: ignore[arg-type]
+                                    hsj=cfg.hsj, config=sf)
+        else:
+            r = surfree(oracle, x, y, max_queries=budget, config=sf)
+    elif isinstance(cfg, tuple):  # (HopSkipJumpConfig, {"arms": k, "share": s}): successive halving
         from stealkit.evade.halving import successive_halving
 
         r = successive_halving(oracle, x, y, max_queries=budget, config=cfg[0], **cfg[1])  # type: ignore[arg-type]
@@ -187,11 +200,24 @@ def run_art(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed:
     return curves, counts, time.perf_counter() - t0
 
 
+@dataclass(frozen=True)
+class SurFreeRun:
+    """SurFree settings (``surfree``, SurFreeConfig fields) alone or, with ``share``, after HopSkipJump."""
+
+    surfree: dict[str, Any]
+    share: float
+    hsj: Any
+
+
 def hsj_config(seed: int, **kw: Any) -> Any:
     """HopSkipJump settings; with ``arms`` (and ``share``) a ``(config, halving settings)`` pair for
-    :func:`stealkit.evade.halving.successive_halving`."""
+    :func:`stealkit.evade.halving.successive_halving`; with ``surfree`` (SurFreeConfig fields) a
+    :class:`SurFreeRun` (SurFree alone, or after HopSkipJump for ``finish_share`` of the budget)."""
     from stealkit.evade.hopskipjump import HopSkipJumpConfig
 
+    if "surfree" in kw:
+        sf, share = dict(kw.pop("surfree")) | {"seed": seed}, float(kw.pop("finish_share", 0.0))
+        return SurFreeRun(sf, share, hsj_config(seed, **kw) if share else None)
     halving = {k: kw.pop(k) for k in ("arms", "share") if k in kw}
     cfg = HopSkipJumpConfig(**({"iterations": 10_000, "max_evals": 1000, "seed": seed} | kw))
     return (cfg, halving) if halving else cfg
@@ -316,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     tools = args.tools.split(",")
 
     def emit(row: dict[str, Any]) -> None:
+        row = row | {"load_avg": [round(v, 2) for v in os.getloadavg()]}
         log(json.dumps(row))
         rows.append(row)
         if args.jsonl:
@@ -325,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     from stealkit.evade.hopskipjump import tuned_settings
 
     for seed in seeds:
-        cfgs = {"hsj": hsj_config(seed, **tuned_settings(substitute=False)),
+        cfgs = {"hsj": hsj_config(seed, **tuned_settings(substitute=False, budgeted=True)),
                 "hsj-sub": hsj_config(seed, **tuned_settings(substitute=True)),
                 "hsj-prev": hsj_config(seed, **PREVIOUS_TUNED),
                 "hsj-paper": hsj_config(seed), "hsj-paper-sub": hsj_config(seed),
@@ -337,10 +364,11 @@ def main(argv: list[str] | None = None) -> int:
                     norms, per, secs = run_stealkit(kind, model, x, y, b, cfgs[tool],
                                                     sub if tool.endswith("-sub") else None)
                     emit(summarise(f"stealkit-{tool}", b, norms, per, secs, seed))
-            elif tool == "hsj-art-settings":
-                cfg = hsj_config(seed, iterations=40, max_evals=1000, init_evals=100)
+            elif tool in ("hsj-art-settings", "hsj-tuned-art-settings"):
+                preset = tuned_settings(substitute=False) if tool == "hsj-tuned-art-settings" else {}
+                cfg = hsj_config(seed, **(preset | {"iterations": 40, "max_evals": 1000, "init_evals": 100}))
                 norms, per, secs = run_stealkit("hsj", model, x, y, None, cfg, None)
-                emit(summarise("stealkit-hsj-art-settings", "full", norms, per, secs, seed))
+                emit(summarise(f"stealkit-{tool}", "full", norms, per, secs, seed))
             elif tool.startswith("art-"):
                 kind = tool.removeprefix("art-")
                 art_curves, counts, secs = run_art(kind, model, x, y, seed, k)
@@ -352,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
                                    secs, seed) | {"anytime": True, "seconds": None, "queries_per_s": None})
     print(json.dumps(meta | {"settings": {"art_hsj": ART_HSJ, "art_boundary": ART_BOUNDARY,
                                           "stealkit_hsj_paper": repr(hsj_config(0)),
-                                          "stealkit_hsj_tuned": tuned_settings(substitute=False),
+                                          "stealkit_hsj_tuned": tuned_settings(substitute=False, budgeted=True),
                                           "stealkit_hsj_sub_tuned": tuned_settings(substitute=True)},
                              "rows": rows, "art_curves": curves}, indent=1))
     return 0

@@ -158,7 +158,8 @@ def _make_decision(method: str) -> click.Command:
         if method == "hopskipjump" and preset == "tuned":
             from stealkit.evade.hopskipjump import tuned_settings
 
-            tuned = tuned_settings(substitute=sub is not None, shape=tuple(v.oracle.input_shape))
+            tuned = tuned_settings(substitute=sub is not None, shape=tuple(v.oracle.input_shape),
+                                   budgeted=True)  # --max-queries always sets a per-image budget
             rounds = rounds | tuned  # type: ignore[operator]
         config = apply_settings(spec.config(seed=seed, **rounds), parse_kv(settings), who=method)  # type: ignore[misc]
         clean = v.oracle.query(x)  # which images the victim gets right (charged)

@@ -29,6 +29,15 @@ Optional additions, all off by default (then the attack is the paper's):
 * ``config.history``: without a substitute, the previous round's estimate is the prior of step 2 (the
   P-RGF estimator of :mod:`stealkit.evade.priors` with a time-dependent prior, Ilyas et al., "Prior
   Convictions", ICLR 2019, Sec. 3.1).
+* ``config.schedule = "geoda"``: the evaluations per round follow GeoDA's allocation of the per-image budget
+  (geometric growth ``eta^(-2t/3)``, the first round at least ``init_evals``; :mod:`stealkit.evade.allocation`,
+  Rahmati et al. CVPR 2020, Sec. 3.3) instead of ``init_evals * t^evals_power``; needs ``max_queries``.
+* ``config.accumulate = r``: the normal used is the running sum of the (unnormalised) estimates, older ones
+  weighted ``r`` per round (1: GeoDA's plain sum over iterations, Rahmati et al. 2020, Sec. 3 and their
+  reference code), instead of this round's estimate alone.
+* ``config.orthogonal``: the probe directions of step 2 are orthonormal in blocks of ``d`` instead of i.i.d.
+  (:mod:`stealkit.evade.orthogonal`: Choromanski et al. ICML 2018, Sec. 3), one random frame per round shared
+  by the batch's examples (each takes its first ``n_t`` rows); full pixel space only.
 
 :data:`TUNED` holds the additions chosen on validation images (the CLI's default ``--preset tuned``).
 
@@ -48,6 +57,7 @@ import torch
 from torch import nn
 
 from stealkit.errors import InputError
+from stealkit.evade.allocation import geoda_plan
 from stealkit.evade.base import TINY, AttackResult, check_batch, check_target, clip_box
 from stealkit.evade.decision import (
     LabelAccess,
@@ -57,6 +67,7 @@ from stealkit.evade.decision import (
     decision_result,
     find_starts,
 )
+from stealkit.evade.orthogonal import orthogonal_directions
 from stealkit.evade.priors import SubstitutePrior, prior_estimate, prior_probes, tilt, transfer_starts, unit
 from stealkit.evade.semicircle import search_cost, semicircle_search
 from stealkit.evade.starts import best_of_noise
@@ -88,6 +99,10 @@ class HopSkipJumpConfig:
     tangent: bool = False
     semicircle: bool = False
     arc_tol: float = 1e-4
+    schedule: str = "power"
+    eta: float = 0.6
+    accumulate: float = 0.0
+    orthogonal: bool = False
     start_round: int = 1
     seed: int = 0
 
@@ -102,6 +117,10 @@ class HopSkipJumpConfig:
             raise InputError(f"start_round must be >= 1, got {self.start_round}")
         if self.start_tries < 0:
             raise InputError(f"start_tries must be >= 0, got {self.start_tries}")
+        if self.schedule not in ("power", "geoda"):
+            raise InputError(f"schedule must be 'power' or 'geoda', got {self.schedule!r}")
+        if not (0 < self.eta < 1 and 0 <= self.accumulate <= 1):
+            raise InputError(f"eta must be in (0, 1) and accumulate in [0, 1], got {self.eta!r}, {self.accumulate!r}")
         if not (0 < self.arc_tol < 1):
             raise InputError(f"arc_tol must be in (0, 1) (radians), got {self.arc_tol!r}")
         if self.subspace < 0:
@@ -112,14 +131,21 @@ class HopSkipJumpConfig:
 
 #: settings chosen on validation images (``benchmarks/decision_attacks.py --tune``, docs/decision-attacks.md),
 #: the CLI's ``--preset tuned``: without and with a substitute
-TUNED: dict[bool, dict[str, object]] = {False: {"start_tries": 100, "semicircle": True},
+TUNED: dict[bool, dict[str, object]] = {False: {"start_tries": 100, "semicircle": True, "orthogonal": True},
                                        True: {"init_evals": 50, "subspace": 14}}
+#: added to the tuned settings without a substitute when the per-image budget is known (``max_queries``):
+#: GeoDA's allocation of it over the rounds (it plans a budget, so it needs one)
+TUNED_BUDGETED: dict[str, object] = {"schedule": "geoda", "init_evals": 50, "max_evals": 10_000}
 
 
-def tuned_settings(*, substitute: bool, shape: tuple[int, ...] | None = None) -> dict[str, object]:
-    """The validated settings (:data:`TUNED`) for a run without or with a substitute; for inputs of ``shape``
-    that are not [C, H, W] images the subspace (an image grid) is left out."""
+def tuned_settings(*, substitute: bool, shape: tuple[int, ...] | None = None, budgeted: bool = False
+                   ) -> dict[str, object]:
+    """The validated settings (:data:`TUNED`) for a run without or with a substitute, with
+    :data:`TUNED_BUDGETED` when there is no substitute and a per-image budget (``budgeted``); for inputs of
+    ``shape`` that are not [C, H, W] images the subspace (an image grid) is left out."""
     out = dict(TUNED[substitute])
+    if budgeted and not substitute:
+        out |= TUNED_BUDGETED
     if shape is not None and len(shape) != 3:
         out.pop("subspace", None)
     return out
@@ -140,6 +166,8 @@ def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: b
     if tuple(x.shape[1:]) != tuple(oracle.input_shape):
         raise InputError(f"x has images of shape {list(x.shape[1:])}; the oracle takes {list(oracle.input_shape)}")
     check_side(cfg.subspace, tuple(x.shape[1:]))
+    if cfg.schedule == "geoda" and max_queries is None:
+        raise InputError("schedule='geoda' plans a per-image budget: give max_queries (--max-queries)")
     tgt = check_target(target, y, targeted, oracle.num_classes)
     access = LabelAccess(oracle, y, tgt, max_queries=max_queries, batch_size=batch_size)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -176,6 +204,10 @@ class _Run:
         self.last = torch.zeros_like(x)
         #: rounds each example has estimated a normal in (a continued run starts at ``start_round``)
         self.rounds = torch.zeros(x.shape[0], dtype=torch.long)
+        #: the running (decayed) sum of unnormalised estimates, with ``accumulate``
+        self.acc = torch.zeros_like(x)
+        #: with ``schedule="geoda"``: each example's evaluations per round (planned after its starts)
+        self.plan: dict[int, list[int]] = {}
 
     def attack(self, best: torch.Tensor, idx: torch.Tensor) -> None:
         """Improve ``best[idx]`` (verified adversarial) in place."""
@@ -185,6 +217,9 @@ class _Run:
             d = idx.to(x.device)
             best[d] = best_of_noise(self.access, x[d], best[d], idx, tries=self.cfg.start_tries, tol=self.theta,
                                     gen=self.gen)
+        if self.cfg.schedule == "geoda":
+            for i, left in zip(idx.tolist(), self.access.left(idx).tolist(), strict=True):
+                self.plan[i] = geoda_plan(int(left), self.reserve, eta=self.cfg.eta, first=self.cfg.init_evals)
         active = torch.zeros(x.shape[0], dtype=torch.bool)
         active[idx] = True
         for t in range(self.cfg.start_round, self.cfg.start_round + self.cfg.iterations):
@@ -213,10 +248,16 @@ class _Run:
 
     def _evals(self, idx: torch.Tensor, t: int) -> torch.Tensor:
         """Probes per example this round: the schedule, cut to what each can pay and leave the searches."""
-        want = min(int(self.cfg.init_evals * t**self.cfg.evals_power), self.cfg.max_evals)
+        want = torch.full((idx.numel(),), int(self.cfg.init_evals * t**self.cfg.evals_power), dtype=torch.long)
+        if self.cfg.schedule == "geoda":  # the planned size; the last planned round takes all that is left
+            plans = [self.plan[i] for i in idx.tolist()]
+            k = self.rounds[idx].tolist()
+            want = torch.tensor([p[j] if j < len(p) - 1 else 2**62 for p, j in zip(plans, k, strict=True)],
+                                dtype=torch.long)
+        want = want.clamp(max=self.cfg.max_evals)
         left = self.access.left(idx) - self.reserve
-        n = torch.minimum(torch.full_like(left, want), left)
-        n = torch.where(n >= min(MIN_EVALS, want), n, torch.zeros_like(n))
+        n = torch.minimum(want, left)
+        n = torch.where(n >= want.clamp(max=MIN_EVALS), n, torch.zeros_like(n))
         budget = self.access.oracle.ledger.remaining()
         if budget is not None:  # the ledger pays examples in order; the last ones may get nothing
             budget = max(0, budget - self.reserve * idx.numel())
@@ -235,8 +276,15 @@ class _Run:
         if priors is None and cfg.history and t > 1:
             priors = self.last[d_all]
         probes: list[torch.Tensor] = []
+        # orthogonal probes: one Haar-random frame per round; every example takes its first n rows (so each
+        # estimate is distributed as with a frame of its own, at the cost of one QR per round)
+        frame = orthogonal_directions(int(evals.max()), self.shape, self.gen, x.device) \
+            if cfg.orthogonal and not cfg.subspace else None
         for j, n in enumerate(evals.tolist()):
-            r = random_directions(n, self.shape, cfg.subspace, self.gen, x.device)
+            if frame is not None:
+                r = frame[:n]
+            else:
+                r = random_directions(n, self.shape, cfg.subspace, self.gen, x.device)
             if priors is not None:
                 c = tilt(float(self.agree[idx[j]]), self.dim, cfg.prior_spread)
                 u = prior_probes(priors[j : j + 1], torch.cat([r, r[:1]]) if n % 2 else r, c)[:n]
@@ -258,6 +306,10 @@ class _Run:
             mean = float(part.mean())
             w = (part - mean) if abs(mean) < 1.0 else torch.full_like(part, mean)
             g = (w.view(-1, *([1] * (x.dim() - 1))) * u).mean(0, keepdim=True)
+            if cfg.accumulate:
+                i = int(d_all[j])
+                self.acc[i] = cfg.accumulate * self.acc[i] + g[0]
+                g = self.acc[i : i + 1]
             out.append(g / g.norm().clamp_min(TINY))
         grads = torch.cat(out)
         self.last[d_all] = grads
@@ -293,4 +345,4 @@ class _Run:
         return stepped, moved
 
 
-__all__ = ["TUNED", "HopSkipJumpConfig", "hopskipjump", "tuned_settings"]
+__all__ = ["TUNED", "TUNED_BUDGETED", "HopSkipJumpConfig", "hopskipjump", "tuned_settings"]
