@@ -27,34 +27,25 @@ from stealkit.extract.recipes import recipe_settings
 from stealkit.extract.selection import HeldOutStore, StudentSelector
 from stealkit.victims import standard_victim
 
-# name: (which rows the store keeps, capacity, margin in standard errors)
-VARIANTS: dict[str, tuple[str, int, float]] = {
-    "recent5k_m0": ("recent", 5000, 0.0), "recent5k_m1": ("recent", 5000, 1.0),
-    "all5k_m0": ("all", 5000, 0.0), "all5k_m1": ("all", 5000, 1.0), "all5k_m2": ("all", 5000, 2.0),
-    "all10k_m0": ("all", 10000, 0.0), "all10k_m1": ("all", 10000, 1.0), "all10k_m2": ("all", 10000, 2.0),
-    "first5k_m0": ("first", 5000, 0.0), "first5k_m2": ("first", 5000, 2.0),
+# name: (which rows the store(s) keep, capacity, margin in standard errors, margin at the end of the budget)
+VARIANTS: dict[str, tuple[str, int, float, float]] = {
+    "recent5k_m0": ("recent", 5000, 0.0, 0.0), "all5k_m2": ("all", 5000, 2.0, 2.0),
+    "all5k_m3": ("all", 5000, 3.0, 3.0), "all5k_m4": ("all", 5000, 4.0, 4.0),
+    "all5k_m2to4": ("all", 5000, 2.0, 4.0), "all5k_m2to6": ("all", 5000, 2.0, 6.0),
+    "first5k_m2": ("first", 5000, 2.0, 2.0), "first5k_m3": ("first", 5000, 3.0, 3.0),
+    "first+all5k_m2": ("first+all", 5000, 2.0, 2.0), "first+recent5k_m2": ("first+recent", 5000, 2.0, 2.0),
 }
 
 
-class FirstRowsStore(HeldOutStore):
-    """Keeps only the first ``capacity`` held-out rows (the early rounds)."""
-
-    def add(self, x: torch.Tensor, p: torch.Tensor) -> None:
-        room = self.capacity - self.filled
-        if room > 0:
-            super().add(x[:room], p[:room])
-
-
 def make_shadows(make_student, oracle, seed: int) -> tuple[dict[tuple, HeldOutStore], dict[str, StudentSelector]]:
-    """One selector per variant; variants with the same store share it (the same rows, fed once)."""
+    """One selector per variant; variants with the same store kind and capacity share it (fed once)."""
     stores: dict[tuple, HeldOutStore] = {}
     shadows: dict[str, StudentSelector] = {}
-    for name, (keep, capacity, margin) in VARIANTS.items():
+    for name, (keep, capacity, margin, margin_end) in VARIANTS.items():
         selector = StudentSelector(make_student(), capacity, oracle.input_shape, oracle.num_classes, "cpu",
-                                   keep="recent" if keep == "first" else keep, margin=margin, seed=seed)
-        if keep == "first":
-            selector.store = FirstRowsStore(capacity, oracle.input_shape, oracle.num_classes)
-        selector.store = stores.setdefault((keep, capacity), selector.store)
+                                   keep=keep, margin=margin, seed=seed, margin_end=margin_end)
+        selector.stores = [stores.setdefault((kind, capacity), store)
+                           for kind, store in zip(keep.split("+"), selector.stores, strict=True)]
         shadows[name] = selector
     return stores, shadows
 
@@ -89,7 +80,7 @@ def run(mode: str, seed: int, budget: int, every: int) -> dict:
             out = super().step(query, progress)
             candidates = self.candidates()
             for selector in shadows.values():
-                selector.consider(candidates)
+                selector.consider(candidates, progress)
             spent = sum(victim.oracle.ledger.as_dict().values())
             if spent % every == 0:
                 point = {"queries": spent, "seconds": round(time.perf_counter() - start, 1),

@@ -135,6 +135,45 @@ def test_selection_margin_keeps_the_snapshot_within_the_store_noise() -> None:
     assert StudentSelector(student(), 100, SHAPE, 4, "cpu").beats(0.8, 0.8, 100)  # margin 0: at least as good
 
 
+def test_first_rows_store_is_frozen_once_full() -> None:
+    first = HeldOutStore(30, (1,), 2, keep="first")
+    for r in range(20):
+        first.add(torch.full((10, 1), float(r)), torch.eye(2)[torch.zeros(10, dtype=torch.long)])
+    assert len(first) == 30 and first.seen == 200
+    assert set(first.x[:, 0].float().tolist()) == {0.0, 1.0, 2.0}
+
+
+def test_margin_grows_over_the_budget() -> None:
+    sel = StudentSelector(student(), 100, SHAPE, 4, "cpu", margin=2.0, margin_end=4.0)
+    assert sel.margin_at(0.0) == 2.0 and sel.margin_at(0.5) == 3.0 and sel.margin_at(1.0) == 4.0
+    assert StudentSelector(student(), 100, SHAPE, 4, "cpu", margin=2.0).margin_at(0.9) == 2.0
+
+
+def test_a_candidate_must_win_on_every_store() -> None:
+    torch.manual_seed(0)
+    x_old, x_new = torch.rand(40, *SHAPE), torch.rand(40, *SHAPE) + 1.0
+    good = student()
+    labels_old = good(x_old).argmax(1)
+    sel = StudentSelector(student(), 40, SHAPE, 4, "cpu", keep="first+recent")
+    sel.add(x_old, torch.eye(4)[labels_old])  # both stores: the old rows
+    assert sel.consider({"good": good}) == "good"
+    other = student()
+    for layer in other.modules():
+        if hasattr(layer, "reset_parameters"):
+            layer.reset_parameters()
+    labels_new = other(x_new).argmax(1)
+    sel.add(x_new, torch.eye(4)[labels_new])  # the recent store now holds only the new rows, the first the old
+    assert agreement(other, x_new, labels_new) > agreement(good, x_new, labels_new)
+    assert agreement(other, x_old, labels_old) < 1.0
+    assert sel.consider({"other": other}) == "good"  # better on the recent store, worse on the first: kept
+    twin = StudentSelector(student(), 40, SHAPE, 4, "cpu", keep="first+recent")
+    twin.load(sel.tensors(), sel.scalars())
+    for a, b in zip(sel.stores, twin.stores, strict=True):
+        assert torch.equal(a.x, b.x) and a.seen == b.seen
+    with pytest.raises(InputError, match="holdout_keep"):
+        StudentSelector(student(), 40, SHAPE, 4, "cpu", keep="first+first")
+
+
 def test_exponential_average_moves_towards_the_weights() -> None:
     m = nn.Linear(2, 2)
     avg = ExponentialAverage(m, 0.5)
@@ -158,7 +197,8 @@ def test_holdout_rows_are_paid_for_but_never_trained_on() -> None:
 
 def test_selection_settings_are_checked() -> None:
     for bad in ({"holdout": 1.0}, {"ema": -0.1}, {"hard_replay": 2.0}, {"candidates": 0}, {"students": 0},
-                {"noise_set": 2, "holdout": 0.6}, {"holdout_keep": "oldest"}, {"selection_margin": -1.0}):
+                {"noise_set": 2, "holdout": 0.6}, {"holdout_keep": "oldest"}, {"selection_margin": -1.0},
+                {"holdout_keep": "first+oldest"}, {"selection_margin_end": -1.0}):
         with pytest.raises(InputError):
             CoDFeConfig(**bad)
 
