@@ -273,6 +273,10 @@ def test_disagreement_objective_costs_only_the_clone_steps_and_needs_no_smoothin
     assert maze_cost(MAZEConfig(objective="disagreement")) == 128 * 5
     with pytest.raises(InputError, match="students >= 2"):
         MAZEConfig(objective="disagreement", students=1)
+    for bad in ({"holdout_keep": "oldest"}, {"selection_margin": -1.0}, {"selection_margin_end": -2.0}):
+        for cls in (DFMEConfig, MAZEConfig):
+            with pytest.raises(InputError, match="holdout_keep|selection_margin"):
+                cls(objective="disagreement", **bad)
     loop = LoopConfig(eval_every=10**9, checkpoint_every=0, grid_samples=0, max_iterations=2)
     config = DFMEConfig(batch_size=8, nz=8, ngf=4, student_steps=2, objective="disagreement", label_smoothing=0.0,
                         loop=loop)
