@@ -8,6 +8,7 @@ validation split: never the test split), beside the raw student and its EMA. Pri
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/label_only_selectors.py --mode label --seed 3 \
         --budget 100000 > runs/val-label-3.json
+    PYTHONPATH=src python benchmarks/label_only_selectors.py --summarise runs/val-label-*.json
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -101,13 +103,44 @@ def run(mode: str, seed: int, budget: int, every: int) -> dict:
             "load_end": os.getloadavg(), "torch": torch.__version__, "curve": curve}
 
 
+def largest_fall(accs: list[float]) -> float:
+    """The largest fall, in points, of a curve below its best earlier value."""
+    best, fall = -1.0, 0.0
+    for a in accs:
+        fall = max(fall, best - a)
+        best = max(best, a)
+    return round(100 * fall, 1)
+
+
+def summarise(paths: list[str], marks: tuple[int, ...] = (10_000, 25_000, 50_000, 100_000)) -> dict:
+    """Per variant, over the runs in ``paths``: accuracy at each mark (mean over runs), the worst fall at the
+    marks and at every scored step (and per run), and the mean over every scored step."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    names = ["student", "ema", "own", *VARIANTS]
+    out: dict[str, dict] = {}
+    for name in names:
+        curves = [[pt[name] for pt in r["curve"]] for r in runs]
+        at = [[pt[name] for pt in r["curve"] if pt["queries"] in marks] for r in runs]
+        out[name] = {
+            "marks": [round(sum(c[i] for c in at) / len(at), 3) for i in range(len(marks))],
+            "fall_marks": max(largest_fall(c) for c in at),
+            "fall_steps_per_seed": {r["seed"]: largest_fall(c) for r, c in zip(runs, curves, strict=True)},
+            "mean": round(sum(sum(c) / len(c) for c in curves) / len(curves), 3),
+        }
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=["label", "probs"], default="label")
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--budget", type=int, default=100_000)
     parser.add_argument("--every", type=int, default=5000, help="score every this many queries")
+    parser.add_argument("--summarise", nargs="+", metavar="JSON", help="summarise earlier runs' outputs instead")
     args = parser.parse_args()
+    if args.summarise:
+        print(json.dumps(summarise(args.summarise), indent=1))
+        return
     print(json.dumps(run(args.mode, args.seed, args.budget, args.every)))
 
 
