@@ -39,11 +39,13 @@ VARIANTS: dict[str, tuple[str, int, float, float]] = {
 }
 
 
-def make_shadows(make_student, oracle, seed: int) -> tuple[dict[tuple, HeldOutStore], dict[str, StudentSelector]]:
+def make_shadows(make_student, oracle, seed: int,
+                 names: list[str]) -> tuple[dict[tuple, HeldOutStore], dict[str, StudentSelector]]:
     """One selector per variant; variants with the same store kind and capacity share it (fed once)."""
     stores: dict[tuple, HeldOutStore] = {}
     shadows: dict[str, StudentSelector] = {}
-    for name, (keep, capacity, margin, margin_end) in VARIANTS.items():
+    for name in names:
+        keep, capacity, margin, margin_end = VARIANTS[name]
         selector = StudentSelector(make_student(), capacity, oracle.input_shape, oracle.num_classes, "cpu",
                                    keep=keep, margin=margin, seed=seed, margin_end=margin_end)
         selector.stores = [stores.setdefault((kind, capacity), store)
@@ -52,7 +54,7 @@ def make_shadows(make_student, oracle, seed: int) -> tuple[dict[tuple, HeldOutSt
     return stores, shadows
 
 
-def run(mode: str, seed: int, budget: int, every: int) -> dict:
+def run(mode: str, seed: int, budget: int, every: int, names: list[str]) -> dict:
     torch.set_num_threads(1)
     victim = open_victim(standard_victim("digits-conv2").path, mode=mode, budget=budget, seed=seed)
     validation = victim_splits(victim).attacker_pool
@@ -60,7 +62,7 @@ def run(mode: str, seed: int, budget: int, every: int) -> dict:
     make_student = student_factory("conv2", victim, seed, c1=16, c2=32, hidden=64)
     config = CoDFeConfig(**{**recipe_settings("labelonly-v1", "codfe", mode), "ngf": 16, "seed": seed},
                          loop=LoopConfig(eval_every=10**9, checkpoint_every=0, grid_samples=0))
-    stores, shadows = make_shadows(make_student, victim.oracle, seed)
+    stores, shadows = make_shadows(make_student, victim.oracle, seed, names)
     curve: list[dict] = []
     start = time.perf_counter()
 
@@ -116,7 +118,7 @@ def summarise(paths: list[str], marks: tuple[int, ...] = (10_000, 25_000, 50_000
     """Per variant, over the runs in ``paths``: accuracy at each mark (mean over runs), the worst fall at the
     marks and at every scored step (and per run), and the mean over every scored step."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
-    names = ["student", "ema", "own", *VARIANTS]
+    names = [n for n in ["student", "ema", "own", *VARIANTS] if all(n in r["curve"][0] for r in runs)]
     out: dict[str, dict] = {}
     for name in names:
         curves = [[pt[name] for pt in r["curve"]] for r in runs]
@@ -136,12 +138,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--budget", type=int, default=100_000)
     parser.add_argument("--every", type=int, default=5000, help="score every this many queries")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names of VARIANTS")
     parser.add_argument("--summarise", nargs="+", metavar="JSON", help="summarise earlier runs' outputs instead")
     args = parser.parse_args()
     if args.summarise:
         print(json.dumps(summarise(args.summarise), indent=1))
         return
-    print(json.dumps(run(args.mode, args.seed, args.budget, args.every)))
+    print(json.dumps(run(args.mode, args.seed, args.budget, args.every, args.variants.split(","))))
 
 
 if __name__ == "__main__":
