@@ -116,12 +116,12 @@ def largest_fall(accs: list[float]) -> float:
 
 def summarise(paths: list[str], marks: tuple[int, ...] = (10_000, 25_000, 50_000, 100_000)) -> dict:
     """Per variant, over the runs in ``paths``: accuracy at each mark (mean over runs), the worst fall at the
-    marks and at every scored step (and per run), and the mean over every scored step."""
+    marks and at every scored step from the first mark on (per run), and the mean over those steps."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
     names = [n for n in ["student", "ema", "own", *VARIANTS] if all(n in r["curve"][0] for r in runs)]
     out: dict[str, dict] = {}
     for name in names:
-        curves = [[pt[name] for pt in r["curve"]] for r in runs]
+        curves = [[pt[name] for pt in r["curve"] if pt["queries"] >= marks[0]] for r in runs]
         at = [[pt[name] for pt in r["curve"] if pt["queries"] in marks] for r in runs]
         out[name] = {
             "marks": [round(sum(c[i] for c in at) / len(at), 3) for i in range(len(marks))],
