@@ -89,11 +89,13 @@ TINY = {
                                                    generator_iterations=2, nz=8, ngf=4, ema=0.9, holdout=0.25,
                                                    holdout_capacity=10, holdout_keep="all", selection_margin=1.0,
                                                    loop=LOOP)),
-    # two held-out stores (a frozen first one and a reservoir) and a margin that grows over the budget
+    # two held-out stores (a frozen first one and a reservoir), a margin that grows over the budget, and the
+    # clones' rate annealed over it
     "codfe-judges": (extract_codfe, CoDFeConfig(noise_set=24, batch_size=8, substitute_iterations=3,
                                                 generator_iterations=2, nz=8, ngf=4, ema=0.9, holdout=0.25,
                                                 holdout_capacity=10, holdout_keep="first+all", selection_margin=1.0,
-                                                selection_margin_end=3.0, loop=LOOP)),
+                                                selection_margin_end=3.0, substitute_schedule="cosine",
+                                                loop=LOOP)),
 }
 COST = {"dfme": dfme_cost, "maze": maze_cost, "dast": dast_cost, "dfme-disguide": dfme_cost,
         "maze-disguide": maze_cost, "dfme-reservoir": dfme_cost, **{k: codfe_cost for k in TINY if "codfe" in k}}

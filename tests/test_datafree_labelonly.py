@@ -13,7 +13,7 @@ from torch import nn
 
 from stealkit.errors import InputError
 from stealkit.extract.cabage import HardReplayBuffer, balanced_selection
-from stealkit.extract.codfe import CoDFeConfig, codfe_cost, extract_codfe
+from stealkit.extract.codfe import CoDFeAttack, CoDFeConfig, codfe_cost, extract_codfe
 from stealkit.extract.datafree_loop import LoopConfig
 from stealkit.extract.disguide import class_diversity_loss, disagreement_loss, sample_disagreement
 from stealkit.extract.recipes import (
@@ -25,7 +25,7 @@ from stealkit.extract.recipes import (
     recipe_sizes,
 )
 from stealkit.extract.selection import ExponentialAverage, HeldOutStore, StudentSelector, agreement
-from stealkit.oracle import LocalOracle
+from stealkit.oracle import LocalOracle, OutputMode
 
 from .test_datafree import SHAPE, Victim, student, tiny_victim_dir
 
@@ -193,6 +193,19 @@ def test_holdout_rows_are_paid_for_but_never_trained_on() -> None:
     assert o.ledger.as_dict()["predict"] == 3 * codfe_cost(config) == 60
     assert result.extra["losses"][-1]["selected_agreement"] >= 0
     assert result.student is not None
+
+
+def test_cosine_schedule_anneals_only_the_clones_rate() -> None:
+    config = CoDFeConfig(noise_set=20, batch_size=8, substitute_iterations=1, generator_iterations=1, nz=8, ngf=4,
+                         students=2, substitute_schedule="cosine", lr_substitute=0.01, lr_generator=0.002)
+    attack = CoDFeAttack(input_shape=SHAPE, num_classes=4, mode=OutputMode.LABEL, make_student=student,
+                         config=config)
+    victim = Victim().eval()
+    attack.step(lambda x: victim(x).argmax(1), 0.5)
+    rates = {name: opt.param_groups[0]["lr"] for name, opt in attack.optimizers.items()}
+    assert rates == {"student": pytest.approx(0.005), "student1": pytest.approx(0.005), "generator": 0.002}
+    with pytest.raises(InputError, match="substitute_schedule"):
+        CoDFeConfig(substitute_schedule="linear")
 
 
 def test_selection_settings_are_checked() -> None:

@@ -29,7 +29,9 @@ answers aside to choose the reported student by held-out agreement (:mod:`stealk
 the clones and their exponential average (``ema`` decay), on a store of ``holdout_capacity`` rows that keeps
 the most recent rounds, a uniform sample of all of them or the first rows only (``holdout_keep``; several
 joined by ``+``: a candidate must win on each), replacing the reported student only when a candidate beats it
-by ``selection_margin`` standard errors (growing linearly to ``selection_margin_end`` over the budget). A round still costs exactly ``M`` queries.
+by ``selection_margin`` standard errors (growing linearly to ``selection_margin_end`` over the budget).
+``substitute_schedule="cosine"`` anneals the clones' learning rate from ``lr_substitute`` to 0 over the planned
+budget (MAZE's schedule; the paper's Adam rate is constant). A round still costs exactly ``M`` queries.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from stealkit.extract.datafree_loop import DataFreeResult, LoopConfig, run_dataf
 from stealkit.extract.disguide import Committee, disagreement_loss, ensemble_probs, sample_disagreement
 from stealkit.extract.losses import soft_cross_entropy, soft_cross_entropy_rows
 from stealkit.extract.replay import ReplayBuffer
+from stealkit.extract.schedules import cosine_factor, set_lr
 from stealkit.extract.selection import ExponentialAverage, StudentSelector, keep_kinds
 from stealkit.extract.targets import answer_probs
 from stealkit.metrics import Evaluator
@@ -67,6 +70,7 @@ class CoDFeConfig:
     ngf: int = 64
     lr_substitute: float = 1e-3
     lr_generator: float = 1e-3
+    substitute_schedule: str = "constant"
     diversity: float = 0.0
     replay_capacity: int = 0
     confidence: float = 1.0
@@ -101,6 +105,9 @@ class CoDFeConfig:
             if not 0 <= getattr(self, name) < (1.0001 if name == "hard_replay" else 1):
                 raise InputError(f"CoDFe: {name} must be in [0, 1), got {getattr(self, name)}")
         keep_kinds(self.holdout_keep)
+        if self.substitute_schedule not in ("constant", "cosine"):
+            raise InputError(f"CoDFe: substitute_schedule must be 'constant' or 'cosine', got "
+                             f"{self.substitute_schedule!r}")
         if min(self.selection_margin, self.selection_margin if self.selection_margin_end is None
                else self.selection_margin_end) < 0:
             raise InputError(f"CoDFe: selection_margin and selection_margin_end must be >= 0, got "
@@ -246,6 +253,10 @@ class CoDFeAttack(DataFreeAttack):
 
     def step(self, query: QueryFn, progress: float) -> dict[str, float]:
         cfg = self.config
+        if cfg.substitute_schedule == "cosine":  # the clones' rate anneals to 0 over the planned budget
+            for name, opt in self.optimizers.items():
+                if name != "generator":
+                    set_lr(opt, cfg.lr_substitute * cosine_factor(progress))
         x = self._queries()
         answer = query(x).to(self.device)
         soft = answer_probs(answer, self.mode, self.num_classes)  # one-hot rows for labels
