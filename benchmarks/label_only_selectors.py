@@ -8,6 +8,7 @@ validation split: never the test split), beside the raw student and its EMA. Pri
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/label_only_selectors.py --mode label --seed 3 \
         --budget 100000 > runs/val-label-3.json
+    PYTHONPATH=src python benchmarks/label_only_selectors.py --summarise runs/val-label-*.json
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -27,39 +29,32 @@ from stealkit.extract.recipes import recipe_settings
 from stealkit.extract.selection import HeldOutStore, StudentSelector
 from stealkit.victims import standard_victim
 
-# name: (which rows the store keeps, capacity, margin in standard errors)
-VARIANTS: dict[str, tuple[str, int, float]] = {
-    "recent5k_m0": ("recent", 5000, 0.0), "recent5k_m1": ("recent", 5000, 1.0),
-    "all5k_m0": ("all", 5000, 0.0), "all5k_m1": ("all", 5000, 1.0), "all5k_m2": ("all", 5000, 2.0),
-    "all10k_m0": ("all", 10000, 0.0), "all10k_m1": ("all", 10000, 1.0), "all10k_m2": ("all", 10000, 2.0),
-    "first5k_m0": ("first", 5000, 0.0), "first5k_m2": ("first", 5000, 2.0),
+# name: (which rows the store(s) keep, capacity, margin in standard errors, margin at the end of the budget)
+VARIANTS: dict[str, tuple[str, int, float, float]] = {
+    "recent5k_m0": ("recent", 5000, 0.0, 0.0), "all5k_m2": ("all", 5000, 2.0, 2.0),
+    "all5k_m3": ("all", 5000, 3.0, 3.0), "all5k_m4": ("all", 5000, 4.0, 4.0),
+    "all5k_m2to4": ("all", 5000, 2.0, 4.0), "all5k_m2to6": ("all", 5000, 2.0, 6.0),
+    "first5k_m2": ("first", 5000, 2.0, 2.0), "first5k_m3": ("first", 5000, 3.0, 3.0),
+    "first+all5k_m2": ("first+all", 5000, 2.0, 2.0), "first+recent5k_m2": ("first+recent", 5000, 2.0, 2.0),
 }
 
 
-class FirstRowsStore(HeldOutStore):
-    """Keeps only the first ``capacity`` held-out rows (the early rounds)."""
-
-    def add(self, x: torch.Tensor, p: torch.Tensor) -> None:
-        room = self.capacity - self.filled
-        if room > 0:
-            super().add(x[:room], p[:room])
-
-
-def make_shadows(make_student, oracle, seed: int) -> tuple[dict[tuple, HeldOutStore], dict[str, StudentSelector]]:
-    """One selector per variant; variants with the same store share it (the same rows, fed once)."""
+def make_shadows(make_student, oracle, seed: int,
+                 names: list[str]) -> tuple[dict[tuple, HeldOutStore], dict[str, StudentSelector]]:
+    """One selector per variant; variants with the same store kind and capacity share it (fed once)."""
     stores: dict[tuple, HeldOutStore] = {}
     shadows: dict[str, StudentSelector] = {}
-    for name, (keep, capacity, margin) in VARIANTS.items():
+    for name in names:
+        keep, capacity, margin, margin_end = VARIANTS[name]
         selector = StudentSelector(make_student(), capacity, oracle.input_shape, oracle.num_classes, "cpu",
-                                   keep="recent" if keep == "first" else keep, margin=margin, seed=seed)
-        if keep == "first":
-            selector.store = FirstRowsStore(capacity, oracle.input_shape, oracle.num_classes)
-        selector.store = stores.setdefault((keep, capacity), selector.store)
+                                   keep=keep, margin=margin, seed=seed, margin_end=margin_end)
+        selector.stores = [stores.setdefault((kind, capacity), store)
+                           for kind, store in zip(keep.split("+"), selector.stores, strict=True)]
         shadows[name] = selector
     return stores, shadows
 
 
-def run(mode: str, seed: int, budget: int, every: int) -> dict:
+def run(mode: str, seed: int, budget: int, every: int, names: list[str]) -> dict:
     torch.set_num_threads(1)
     victim = open_victim(standard_victim("digits-conv2").path, mode=mode, budget=budget, seed=seed)
     validation = victim_splits(victim).attacker_pool
@@ -67,7 +62,7 @@ def run(mode: str, seed: int, budget: int, every: int) -> dict:
     make_student = student_factory("conv2", victim, seed, c1=16, c2=32, hidden=64)
     config = CoDFeConfig(**{**recipe_settings("labelonly-v1", "codfe", mode), "ngf": 16, "seed": seed},
                          loop=LoopConfig(eval_every=10**9, checkpoint_every=0, grid_samples=0))
-    stores, shadows = make_shadows(make_student, victim.oracle, seed)
+    stores, shadows = make_shadows(make_student, victim.oracle, seed, names)
     curve: list[dict] = []
     start = time.perf_counter()
 
@@ -89,7 +84,7 @@ def run(mode: str, seed: int, budget: int, every: int) -> dict:
             out = super().step(query, progress)
             candidates = self.candidates()
             for selector in shadows.values():
-                selector.consider(candidates)
+                selector.consider(candidates, progress)
             spent = sum(victim.oracle.ledger.as_dict().values())
             if spent % every == 0:
                 point = {"queries": spent, "seconds": round(time.perf_counter() - start, 1),
@@ -110,14 +105,46 @@ def run(mode: str, seed: int, budget: int, every: int) -> dict:
             "load_end": os.getloadavg(), "torch": torch.__version__, "curve": curve}
 
 
+def largest_fall(accs: list[float]) -> float:
+    """The largest fall, in points, of a curve below its best earlier value."""
+    best, fall = -1.0, 0.0
+    for a in accs:
+        fall = max(fall, best - a)
+        best = max(best, a)
+    return round(100 * fall, 1)
+
+
+def summarise(paths: list[str], marks: tuple[int, ...] = (10_000, 25_000, 50_000, 100_000)) -> dict:
+    """Per variant, over the runs in ``paths``: accuracy at each mark (mean over runs), the worst fall at the
+    marks and at every scored step from the first mark on (per run), and the mean over those steps."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    names = [n for n in ["student", "ema", "own", *VARIANTS] if all(n in r["curve"][0] for r in runs)]
+    out: dict[str, dict] = {}
+    for name in names:
+        curves = [[pt[name] for pt in r["curve"] if pt["queries"] >= marks[0]] for r in runs]
+        at = [[pt[name] for pt in r["curve"] if pt["queries"] in marks] for r in runs]
+        out[name] = {
+            "marks": [round(sum(c[i] for c in at) / len(at), 3) for i in range(len(marks))],
+            "fall_marks": max(largest_fall(c) for c in at),
+            "fall_steps_per_seed": {r["seed"]: largest_fall(c) for r, c in zip(runs, curves, strict=True)},
+            "mean": round(sum(sum(c) / len(c) for c in curves) / len(curves), 3),
+        }
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=["label", "probs"], default="label")
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--budget", type=int, default=100_000)
     parser.add_argument("--every", type=int, default=5000, help="score every this many queries")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names of VARIANTS")
+    parser.add_argument("--summarise", nargs="+", metavar="JSON", help="summarise earlier runs' outputs instead")
     args = parser.parse_args()
-    print(json.dumps(run(args.mode, args.seed, args.budget, args.every)))
+    if args.summarise:
+        print(json.dumps(summarise(args.summarise), indent=1))
+        return
+    print(json.dumps(run(args.mode, args.seed, args.budget, args.every, args.variants.split(","))))
 
 
 if __name__ == "__main__":

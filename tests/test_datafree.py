@@ -76,6 +76,10 @@ TINY = {
                                                diversity=1.0, holdout=0.25, holdout_capacity=20, loop=LOOP)),
     "maze-disguide": (extract_maze, MAZEConfig(batch_size=8, nz=8, ngf=4, clone_steps=3, replay_steps=2,
                                                objective="disagreement", holdout=0.25, loop=LOOP)),
+    # DFME/MAZE with CoDFe's selector options: a reservoir store and a margin
+    "dfme-reservoir": (extract_dfme, DFMEConfig(batch_size=8, nz=8, ngf=4, student_steps=3, objective="disagreement",
+                                                holdout=0.25, holdout_capacity=10, holdout_keep="first+all",
+                                                selection_margin=1.0, selection_margin_end=2.0, loop=LOOP)),
     "codfe-selected": (extract_codfe, CoDFeConfig(noise_set=24, batch_size=8, substitute_iterations=3,
                                                   generator_iterations=2, nz=8, ngf=4, students=2, disagreement=1.0,
                                                   candidates=2, hard_replay=0.5, replay_capacity=40, ema=0.9,
@@ -85,9 +89,16 @@ TINY = {
                                                    generator_iterations=2, nz=8, ngf=4, ema=0.9, holdout=0.25,
                                                    holdout_capacity=10, holdout_keep="all", selection_margin=1.0,
                                                    loop=LOOP)),
+    # two held-out stores (a frozen first one and a reservoir), a margin that grows over the budget, and the
+    # clones' rate annealed over it
+    "codfe-judges": (extract_codfe, CoDFeConfig(noise_set=24, batch_size=8, substitute_iterations=3,
+                                                generator_iterations=2, nz=8, ngf=4, ema=0.9, holdout=0.25,
+                                                holdout_capacity=10, holdout_keep="first+all", selection_margin=1.0,
+                                                selection_margin_end=3.0, substitute_schedule="cosine",
+                                                loop=LOOP)),
 }
 COST = {"dfme": dfme_cost, "maze": maze_cost, "dast": dast_cost, "dfme-disguide": dfme_cost,
-        "maze-disguide": maze_cost, **{k: codfe_cost for k in TINY if "codfe" in k}}
+        "maze-disguide": maze_cost, "dfme-reservoir": dfme_cost, **{k: codfe_cost for k in TINY if "codfe" in k}}
 
 
 def with_loop(config, **kw):  # noqa: ANN001, ANN201

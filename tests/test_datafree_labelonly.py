@@ -13,7 +13,7 @@ from torch import nn
 
 from stealkit.errors import InputError
 from stealkit.extract.cabage import HardReplayBuffer, balanced_selection
-from stealkit.extract.codfe import CoDFeConfig, codfe_cost, extract_codfe
+from stealkit.extract.codfe import CoDFeAttack, CoDFeConfig, codfe_cost, extract_codfe
 from stealkit.extract.datafree_loop import LoopConfig
 from stealkit.extract.disguide import class_diversity_loss, disagreement_loss, sample_disagreement
 from stealkit.extract.recipes import (
@@ -25,7 +25,7 @@ from stealkit.extract.recipes import (
     recipe_sizes,
 )
 from stealkit.extract.selection import ExponentialAverage, HeldOutStore, StudentSelector, agreement
-from stealkit.oracle import LocalOracle
+from stealkit.oracle import LocalOracle, OutputMode
 
 from .test_datafree import SHAPE, Victim, student, tiny_victim_dir
 
@@ -135,6 +135,45 @@ def test_selection_margin_keeps_the_snapshot_within_the_store_noise() -> None:
     assert StudentSelector(student(), 100, SHAPE, 4, "cpu").beats(0.8, 0.8, 100)  # margin 0: at least as good
 
 
+def test_first_rows_store_is_frozen_once_full() -> None:
+    first = HeldOutStore(30, (1,), 2, keep="first")
+    for r in range(20):
+        first.add(torch.full((10, 1), float(r)), torch.eye(2)[torch.zeros(10, dtype=torch.long)])
+    assert len(first) == 30 and first.seen == 200
+    assert set(first.x[:, 0].float().tolist()) == {0.0, 1.0, 2.0}
+
+
+def test_margin_grows_over_the_budget() -> None:
+    sel = StudentSelector(student(), 100, SHAPE, 4, "cpu", margin=2.0, margin_end=4.0)
+    assert sel.margin_at(0.0) == 2.0 and sel.margin_at(0.5) == 3.0 and sel.margin_at(1.0) == 4.0
+    assert StudentSelector(student(), 100, SHAPE, 4, "cpu", margin=2.0).margin_at(0.9) == 2.0
+
+
+def test_a_candidate_must_win_on_every_store() -> None:
+    torch.manual_seed(0)
+    x_old, x_new = torch.rand(40, *SHAPE), torch.rand(40, *SHAPE) + 1.0
+    good = student()
+    labels_old = good(x_old).argmax(1)
+    sel = StudentSelector(student(), 40, SHAPE, 4, "cpu", keep="first+recent")
+    sel.add(x_old, torch.eye(4)[labels_old])  # both stores: the old rows
+    assert sel.consider({"good": good}) == "good"
+    other = student()
+    for layer in other.modules():
+        if hasattr(layer, "reset_parameters"):
+            layer.reset_parameters()
+    labels_new = other(x_new).argmax(1)
+    sel.add(x_new, torch.eye(4)[labels_new])  # the recent store now holds only the new rows, the first the old
+    assert agreement(other, x_new, labels_new) > agreement(good, x_new, labels_new)
+    assert agreement(other, x_old, labels_old) < 1.0
+    assert sel.consider({"other": other}) == "good"  # better on the recent store, worse on the first: kept
+    twin = StudentSelector(student(), 40, SHAPE, 4, "cpu", keep="first+recent")
+    twin.load(sel.tensors(), sel.scalars())
+    for a, b in zip(sel.stores, twin.stores, strict=True):
+        assert torch.equal(a.x, b.x) and a.seen == b.seen
+    with pytest.raises(InputError, match="holdout_keep"):
+        StudentSelector(student(), 40, SHAPE, 4, "cpu", keep="first+first")
+
+
 def test_exponential_average_moves_towards_the_weights() -> None:
     m = nn.Linear(2, 2)
     avg = ExponentialAverage(m, 0.5)
@@ -156,9 +195,23 @@ def test_holdout_rows_are_paid_for_but_never_trained_on() -> None:
     assert result.student is not None
 
 
+def test_cosine_schedule_anneals_only_the_clones_rate() -> None:
+    config = CoDFeConfig(noise_set=20, batch_size=8, substitute_iterations=1, generator_iterations=1, nz=8, ngf=4,
+                         students=2, substitute_schedule="cosine", lr_substitute=0.01, lr_generator=0.002)
+    attack = CoDFeAttack(input_shape=SHAPE, num_classes=4, mode=OutputMode.LABEL, make_student=student,
+                         config=config)
+    victim = Victim().eval()
+    attack.step(lambda x: victim(x).argmax(1), 0.5)
+    rates = {name: opt.param_groups[0]["lr"] for name, opt in attack.optimizers.items()}
+    assert rates == {"student": pytest.approx(0.005), "student1": pytest.approx(0.005), "generator": 0.002}
+    with pytest.raises(InputError, match="substitute_schedule"):
+        CoDFeConfig(substitute_schedule="linear")
+
+
 def test_selection_settings_are_checked() -> None:
     for bad in ({"holdout": 1.0}, {"ema": -0.1}, {"hard_replay": 2.0}, {"candidates": 0}, {"students": 0},
-                {"noise_set": 2, "holdout": 0.6}, {"holdout_keep": "oldest"}, {"selection_margin": -1.0}):
+                {"noise_set": 2, "holdout": 0.6}, {"holdout_keep": "oldest"}, {"selection_margin": -1.0},
+                {"holdout_keep": "first+oldest"}, {"selection_margin_end": -1.0}):
         with pytest.raises(InputError):
             CoDFeConfig(**bad)
 
@@ -233,6 +286,10 @@ def test_disagreement_objective_costs_only_the_clone_steps_and_needs_no_smoothin
     assert maze_cost(MAZEConfig(objective="disagreement")) == 128 * 5
     with pytest.raises(InputError, match="students >= 2"):
         MAZEConfig(objective="disagreement", students=1)
+    for bad in ({"holdout_keep": "oldest"}, {"selection_margin": -1.0}, {"selection_margin_end": -2.0}):
+        for cls in (DFMEConfig, MAZEConfig):
+            with pytest.raises(InputError, match="holdout_keep|selection_margin"):
+                cls(objective="disagreement", **bad)
     loop = LoopConfig(eval_every=10**9, checkpoint_every=0, grid_samples=0, max_iterations=2)
     config = DFMEConfig(batch_size=8, nz=8, ngf=4, student_steps=2, objective="disagreement", label_smoothing=0.0,
                         loop=loop)

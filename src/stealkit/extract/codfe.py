@@ -27,8 +27,11 @@ class-balanced, hardest-first selection of ``M`` rows, and ``hard_replay`` draws
 batch by hardness (CaBaGE-style, :mod:`stealkit.extract.cabage`); ``holdout`` sets that share of every round's
 answers aside to choose the reported student by held-out agreement (:mod:`stealkit.extract.selection`) among
 the clones and their exponential average (``ema`` decay), on a store of ``holdout_capacity`` rows that keeps
-the most recent rounds or a uniform sample of all of them (``holdout_keep``), replacing the reported student
-only when a candidate beats it by ``selection_margin`` standard errors. A round still costs exactly ``M`` queries.
+the most recent rounds, a uniform sample of all of them or the first rows only (``holdout_keep``; several
+joined by ``+``: a candidate must win on each), replacing the reported student only when a candidate beats it
+by ``selection_margin`` standard errors (growing linearly to ``selection_margin_end`` over the budget).
+``substitute_schedule="cosine"`` anneals the clones' learning rate from ``lr_substitute`` to 0 over the planned
+budget (MAZE's schedule; the paper's Adam rate is constant). A round still costs exactly ``M`` queries.
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ from stealkit.extract.datafree_loop import DataFreeResult, LoopConfig, run_dataf
 from stealkit.extract.disguide import Committee, disagreement_loss, ensemble_probs, sample_disagreement
 from stealkit.extract.losses import soft_cross_entropy, soft_cross_entropy_rows
 from stealkit.extract.replay import ReplayBuffer
-from stealkit.extract.selection import KEEP, ExponentialAverage, StudentSelector
+from stealkit.extract.schedules import cosine_factor, set_lr
+from stealkit.extract.selection import ExponentialAverage, StudentSelector, keep_kinds
 from stealkit.extract.targets import answer_probs
 from stealkit.metrics import Evaluator
 from stealkit.models.generators import UpsampleGenerator
@@ -66,6 +70,7 @@ class CoDFeConfig:
     ngf: int = 64
     lr_substitute: float = 1e-3
     lr_generator: float = 1e-3
+    substitute_schedule: str = "constant"
     diversity: float = 0.0
     replay_capacity: int = 0
     confidence: float = 1.0
@@ -79,6 +84,7 @@ class CoDFeConfig:
     holdout_capacity: int = 5000
     holdout_keep: str = "recent"
     selection_margin: float = 0.0
+    selection_margin_end: float | None = None
     seed: int = 0
     loop: LoopConfig = field(default_factory=LoopConfig)
 
@@ -98,9 +104,14 @@ class CoDFeConfig:
         for name in ("hard_replay", "ema", "holdout"):
             if not 0 <= getattr(self, name) < (1.0001 if name == "hard_replay" else 1):
                 raise InputError(f"CoDFe: {name} must be in [0, 1), got {getattr(self, name)}")
-        if self.holdout_keep not in KEEP or self.selection_margin < 0:
-            raise InputError(f"CoDFe: holdout_keep must be one of {', '.join(KEEP)} and selection_margin >= 0, "
-                             f"got {self.holdout_keep!r} and {self.selection_margin}")
+        keep_kinds(self.holdout_keep)
+        if self.substitute_schedule not in ("constant", "cosine"):
+            raise InputError(f"CoDFe: substitute_schedule must be 'constant' or 'cosine', got "
+                             f"{self.substitute_schedule!r}")
+        if min(self.selection_margin, self.selection_margin if self.selection_margin_end is None
+               else self.selection_margin_end) < 0:
+            raise InputError(f"CoDFe: selection_margin and selection_margin_end must be >= 0, got "
+                             f"{self.selection_margin} and {self.selection_margin_end}")
         if self.holdout > 0 and int(self.noise_set * (1 - self.holdout)) < 1:
             raise InputError("CoDFe: holdout leaves no row of a round to train on; lower it or raise noise_set")
 
@@ -142,7 +153,8 @@ class CoDFeAttack(DataFreeAttack):
         self.average = ExponentialAverage(self.student, config.ema) if config.ema > 0 else None
         self.selector = (StudentSelector(make_student(), config.holdout_capacity, input_shape, num_classes, device,
                                          keep=config.holdout_keep, margin=config.selection_margin,
-                                         seed=config.seed) if config.holdout > 0 else None)
+                                         seed=config.seed, margin_end=config.selection_margin_end)
+                         if config.holdout > 0 else None)
 
     @property
     def variant(self) -> str:
@@ -241,6 +253,10 @@ class CoDFeAttack(DataFreeAttack):
 
     def step(self, query: QueryFn, progress: float) -> dict[str, float]:
         cfg = self.config
+        if cfg.substitute_schedule == "cosine":  # the clones' rate anneals to 0 over the planned budget
+            for name, opt in self.optimizers.items():
+                if name != "generator":
+                    set_lr(opt, cfg.lr_substitute * cosine_factor(progress))
         x = self._queries()
         answer = query(x).to(self.device)
         soft = answer_probs(answer, self.mode, self.num_classes)  # one-hot rows for labels
@@ -273,7 +289,7 @@ class CoDFeAttack(DataFreeAttack):
         if g_losses:
             out["loss_generator"] = sum(g_losses) / len(g_losses)
         if self.selector is not None:
-            self.selector.consider(self.candidates())
+            self.selector.consider(self.candidates(), progress)
             out["selected_agreement"] = self.selector.score
         return out
 

@@ -21,7 +21,8 @@ authors built on DFME's code): ``students`` clones, the generator maximises thei
 ``diversity`` times the class-diversity term) with no victim query, and the clones learn by cross-entropy on
 the victim's labels (label mode) or DFME's l1/KL (scores). One iteration then costs ``B * n_S``. ``holdout``
 sets that share of every answered batch aside to choose the reported clone by held-out agreement
-(:mod:`stealkit.extract.selection`).
+(:mod:`stealkit.extract.selection`; ``holdout_keep``, ``selection_margin`` and ``selection_margin_end`` as for
+CoDFe).
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ class DFMEConfig:
     diversity: float = 0.0
     holdout: float = 0.0
     holdout_capacity: int = 5000
+    holdout_keep: str = "recent"
+    selection_margin: float = 0.0
+    selection_margin_end: float | None = None
     seed: int = 0
     loop: LoopConfig = field(default_factory=LoopConfig)
 
@@ -111,7 +115,9 @@ class DFMEAttack(CommitteeAttack):
 
         self.committee = Committee(self.student, make_student, config.students if config.objective ==
                                    "disagreement" else 1, config.seed, sgd, device)
-        self.selector = (StudentSelector(make_student(), config.holdout_capacity, input_shape, num_classes, device)
+        self.selector = (StudentSelector(make_student(), config.holdout_capacity, input_shape, num_classes, device,
+                                         keep=config.holdout_keep, margin=config.selection_margin,
+                                         seed=config.seed, margin_end=config.selection_margin_end)
                          if config.holdout > 0 else None)
         torch.manual_seed(config.seed + 1)
         self.generator = UpsampleGenerator(config.nz, input_shape, ngf=config.ngf).to(device).train()
@@ -160,6 +166,7 @@ class DFMEAttack(CommitteeAttack):
 
     def step(self, query: QueryFn, progress: float) -> dict[str, float]:
         cfg = self.config
+        self.progress = progress
         factor = multistep_factor(progress, cfg.milestones, cfg.gamma)
         for name in self.optimizers:
             set_lr(self.optimizers[name], (cfg.lr_generator if name == "generator" else cfg.lr_student) * factor)

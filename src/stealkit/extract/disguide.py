@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stealkit.extract.datafree_attack import DataFreeAttack
-from stealkit.extract.selection import StudentSelector
+from stealkit.extract.selection import StudentSelector, keep_kinds
 
 
 def ensemble_probs(logits: list[torch.Tensor]) -> torch.Tensor:
@@ -87,6 +87,10 @@ def check_disguide(who: str, config: Any) -> None:
         raise InputError(f"{who}: the disagreement objective needs students >= 2")
     if not 0 <= config.holdout < 1 or config.diversity < 0 or config.holdout_capacity < 1:
         raise InputError(f"{who}: holdout must be in [0, 1), diversity >= 0 and holdout_capacity >= 1")
+    keep_kinds(config.holdout_keep)
+    end = config.selection_margin if config.selection_margin_end is None else config.selection_margin_end
+    if min(config.selection_margin, end) < 0:
+        raise InputError(f"{who}: selection_margin and selection_margin_end must be >= 0")
 
 
 class Committee:
@@ -123,6 +127,8 @@ class CommitteeAttack(DataFreeAttack):
 
     committee: Committee
     selector: StudentSelector | None = None
+    #: the share of the budget spent when the current iteration began (the selector's margin may grow with it)
+    progress: float = 0.0
 
     def hold_out(self, x: torch.Tensor, probs: torch.Tensor, share: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Give the first ``share`` of an answered batch to the selector; return the rest to train on."""
@@ -146,7 +152,7 @@ class CommitteeAttack(DataFreeAttack):
     def select(self, out: dict[str, float]) -> dict[str, float]:
         """After an iteration: let the selector choose among the clones; ``out`` gains its agreement."""
         if self.selector is not None:
-            self.selector.consider(self.candidates())
+            self.selector.consider(self.candidates(), self.progress)
             out["selected_agreement"] = self.selector.score
         return out
 

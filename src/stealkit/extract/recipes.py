@@ -3,9 +3,10 @@
 ``paper`` is each paper's (or reference code's) exact settings: the dataclass defaults, nothing overridden;
 the studies and ``stealkit reproduce`` use it. ``labelonly-v1`` is the recipe chosen on a validation split
 (digits' attacker split, which the attack never sees; the test split only reports), per method and per
-access mode (``label``, or ``probs`` for every mode that returns scores). ``labelonly-v2`` (the default) is
-v1 with CoDFe's reported student chosen on a store that keeps every round and only with a margin, and with
-the generator and student sizes it was validated at, by the victim's input size (:func:`recipe_sizes`). How
+access mode (``label``, or ``probs`` for every mode that returns scores). ``labelonly-v2`` is v1 with CoDFe's
+reported student chosen on a store that keeps every round and only with a margin, and with the generator and
+student sizes it was validated at, by the victim's input size (:func:`recipe_sizes`). ``labelonly-v3`` (the
+default) is v2 with CoDFe's student learning rate annealed (cosine) over the planned budget. How
 each value was chosen, and the runs behind it, are in ``docs/label-only.md``. The commands write the recipe's
 name, and the sizes it gave, into ``config.json``.
 """
@@ -18,7 +19,8 @@ from stealkit.errors import InputError
 
 PAPER = "paper"
 VALIDATED_V1 = "labelonly-v1"
-VALIDATED = "labelonly-v2"
+VALIDATED_V2 = "labelonly-v2"
+VALIDATED = "labelonly-v3"
 #: the recipe a command uses when none is named
 DEFAULT = VALIDATED
 
@@ -37,6 +39,9 @@ _DISAGREEMENT: dict[str, Any] = {"objective": "disagreement", "diversity": 1.0, 
 #: when a candidate beats it by more than two standard errors of its agreement on the store (chosen on the
 #: validation split, docs/label-only.md)
 _CODFE_V2: dict[str, Any] = _CODFE | {"holdout_keep": "all", "holdout_capacity": 5000, "selection_margin": 2.0}
+#: v3: v2 with the clones' learning rate annealed (cosine) to 0 over the planned budget, so that the late
+#: rounds cannot undo what the early ones learnt (chosen on the validation split, docs/label-only.md)
+_CODFE_V3: dict[str, Any] = _CODFE_V2 | {"substitute_schedule": "cosine"}
 
 RECIPES: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
     PAPER: {},
@@ -45,8 +50,13 @@ RECIPES: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
         "dfme": {"label": dict(_DISAGREEMENT), "probs": dict(_DISAGREEMENT)},
         "maze": {"label": dict(_DISAGREEMENT), "probs": dict(_DISAGREEMENT)},
     },
-    VALIDATED: {
+    VALIDATED_V2: {
         "codfe": {"label": dict(_CODFE_V2), "probs": dict(_CODFE_V2)},
+        "dfme": {"label": dict(_DISAGREEMENT), "probs": dict(_DISAGREEMENT)},
+        "maze": {"label": dict(_DISAGREEMENT), "probs": dict(_DISAGREEMENT)},
+    },
+    VALIDATED: {
+        "codfe": {"label": dict(_CODFE_V3), "probs": dict(_CODFE_V3)},
         "dfme": {"label": dict(_DISAGREEMENT), "probs": dict(_DISAGREEMENT)},
         "maze": {"label": dict(_DISAGREEMENT), "probs": dict(_DISAGREEMENT)},
     },
@@ -59,7 +69,7 @@ SMALL_SIDE = 8
 #: conv2 32/64/128) until the recipe is validated there (on a GPU, docs/label-only.md).
 SMALL_SIZES: dict[str, Any] = {"ngf": 16, "student_kwargs": {"c1": 16, "c2": 32, "hidden": 64}}
 #: recipes that carry sizes (v1 predates them: its command ran the commands' own sizes)
-SIZED = (VALIDATED,)
+SIZED = (VALIDATED, VALIDATED_V2)
 
 
 def recipe_settings(name: str, method: str, mode: str) -> dict[str, Any]:
