@@ -50,3 +50,13 @@ def test_cli_set_errors_are_one_line(tmp_path, capsys) -> None:  # noqa: ANN001
     err = capsys.readouterr().err
     assert "train has no setting epoch; valid settings:" in err and "Traceback" not in err
     assert not (tmp_path / "m").exists()
+
+
+def test_a_name_given_with_the_methods_prefix_gets_a_hint() -> None:
+    from stealkit.settings import typed_settings
+
+    with pytest.raises(InputError, match=r"write --set tau=\.\.\., without the 'surrogate\.' prefix"):
+        typed_settings(SurrogateConfig, {"surrogate.tau": 2.0}, who="surrogate")
+    with pytest.raises(InputError) as plain:
+        typed_settings(SurrogateConfig, {"bogus": 1}, who="surrogate")
+    assert "prefix" not in str(plain.value)

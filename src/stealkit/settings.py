@@ -40,7 +40,11 @@ def typed_settings(cls: type, settings: Mapping[str, Any], *, who: str,
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in exclude}  # type: ignore[arg-type]
     unknown = sorted(set(settings) - set(fields))
     if unknown:
-        raise InputError(f"{who} has no setting {', '.join(unknown)}; valid settings: {', '.join(sorted(fields))}")
+        prefixed = [k for k in unknown if "." in k and k.split(".", 1)[1] in fields]
+        hint = (f" (write --set {prefixed[0].split('.', 1)[1]}=..., without the "
+                f"'{prefixed[0].split('.', 1)[0]}.' prefix)" if prefixed else "")
+        raise InputError(f"{who} has no setting {', '.join(unknown)}{hint}; "
+                         f"valid settings: {', '.join(sorted(fields))}")
     hints = _hints(cls)
     return {k: _convert(who, k, v, hints.get(k, Any), fields[k]) for k, v in settings.items()}
 
