@@ -33,6 +33,7 @@ from torch import nn
 
 from stealkit.errors import InputError
 from stealkit.extract.answer_cache import AnswerCache
+from stealkit.extract.kmeans import kmeans
 from stealkit.extract.losses import LossFn
 from stealkit.extract.targets import answer_probs
 from stealkit.progress import progress
@@ -66,17 +67,7 @@ class KnockoffConfig:
 def kmeans_actions(x: torch.Tensor, k: int, *, seed: int = 0, iters: int = 20, size: int = 8) -> torch.Tensor:
     """Action labels ``[N]`` for an unlabelled pool: k-means on images downsampled to ``size`` x ``size``."""
     feats = F.adaptive_avg_pool2d(x.float(), size).flatten(1)
-    k = max(1, min(k, feats.shape[0]))
-    gen = torch.Generator().manual_seed(seed)
-    centres = feats[torch.randperm(feats.shape[0], generator=gen)[:k]].clone()
-    labels = torch.zeros(feats.shape[0], dtype=torch.long)
-    for _ in range(iters):
-        labels = torch.cdist(feats, centres).argmin(dim=1)
-        for j in range(k):
-            members = feats[labels == j]
-            if members.shape[0]:
-                centres[j] = members.mean(dim=0)
-    return labels
+    return kmeans(feats, k, torch.Generator().manual_seed(seed), iters=iters, init="random")
 
 
 class _RunningStat:

@@ -27,34 +27,10 @@ import torch.nn.functional as F
 
 from stealkit.errors import InputError
 from stealkit.extract.active import kcenter_greedy
+from stealkit.extract.kmeans import kmeans
 
 ColdStart = Literal["random", "typiclust", "kcenter"]
 COLD_STARTS = ("random", "typiclust", "kcenter")
-
-
-def kmeans(x: torch.Tensor, k: int, gen: torch.Generator, *, iters: int = 50, chunk: int = 4096) -> torch.Tensor:
-    """Lloyd's k-means with k-means++ seeding (Arthur & Vassilvitskii 2007); returns each row's cluster."""
-    n = x.shape[0]
-    k = min(k, n)
-    centres = torch.empty((k, x.shape[1]), dtype=x.dtype)
-    centres[0] = x[torch.randint(n, (1,), generator=gen)]
-    d2 = ((x - centres[0]) ** 2).sum(1)
-    for j in range(1, k):
-        total = float(d2.sum())
-        i = int(torch.multinomial(d2 / total, 1, generator=gen)) if total > 0 else int(torch.randint(n, (1,), generator=gen))
-        centres[j] = x[i]
-        d2 = torch.minimum(d2, ((x - centres[j]) ** 2).sum(1))
-    assign = torch.full((n,), -1, dtype=torch.long)
-    for _ in range(iters):
-        new = torch.cat([torch.cdist(x[i : i + chunk], centres).argmin(1) for i in range(0, n, chunk)])
-        if torch.equal(new, assign):
-            break
-        assign = new
-        sums = torch.zeros_like(centres).index_add_(0, assign, x)
-        counts = torch.bincount(assign, minlength=k).to(x.dtype)
-        filled = counts > 0  # an empty cluster keeps its centre
-        centres[filled] = sums[filled] / counts[filled, None]
-    return assign
 
 
 def typicality(x: torch.Tensor, k_nn: int = 20) -> torch.Tensor:
