@@ -285,6 +285,8 @@ def ours_variant(name: str, victim_dir: str, mode: str, pool: torch.Tensor, budg
             "accuracy": r.accuracy, "fidelity": r.fidelity, "queries": r.queries["predict"],
             "seconds": round(time.perf_counter() - t0 - (0 if pre.get("reused") else pre.get("seconds", 0)), 1),
             "pretrain_seconds": pre.get("seconds", 0.0), "pretrain_epochs": pre.get("epochs", 0),
+            "settings": list(args.set), "lr": r.extra.get("finetune_lr", config.lr),
+            "cold_start_size": r.extra.get("cold_start_size"),
             "select_seconds": round(sum(x["select_seconds"] for x in rounds), 2),
             "round_train_seconds": round(sum(x["train_seconds"] for x in rounds), 2)}
 
@@ -364,7 +366,8 @@ def active_main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default="ours-default,ours-plain,ours-ssl,ours-active,art",
                    help="comma list of ours-default, ours-plain, ours-ssl, ours-soft, ours-active, ours-active-ssl, art, "
                         "art-defaults (ART's own epochs and batch: a second row), one ART attack by name "
-                        "(e.g. art-copycat, art-copycat-defaults), or SELECT/SSL pairs")
+                        "(e.g. art-copycat, art-copycat-defaults), or SELECT/SSL pairs; ROW+key=value+... "
+                        "gives one ours row its own --set values (e.g. ours-rot-typiclust+cold_start_size=100)")
     p.add_argument("--student", default="conv2")
     p.add_argument("--epochs", type=int, default=30, help="epochs of every tool's student (equal training)")
     p.add_argument("--batch-size", type=int, default=64, help="batch of every tool's student")
@@ -412,8 +415,10 @@ def active_main(argv: list[str] | None = None) -> int:
                             log.info("%s", row)
                             _append_jsonl(args.jsonl, row)
                         continue
+                    base, *row_sets = row_name.split("+")  # ROW+key=value+...: settings of this row only
+                    a.set = [*args.set, *row_sets]
                     row = ours_variant(row_name, str(trained.path), mode, pool, budget, evaluator, a,
-                                       row_combo(row_name), flip)
+                                       row_combo(base), flip)
                     rows.append(row)
                     log.info("%s", row)
                     _append_jsonl(args.jsonl, row)

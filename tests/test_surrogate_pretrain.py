@@ -198,3 +198,62 @@ def test_checkpointed_random_queries_are_the_plain_paths_images(tmp_path: Path):
         extract_surrogate(oracle, _pool(), make_student=lambda: TinyNet(seed=5), config=config, checkpoint_dir=ckpt)
         answered.append(torch.cat(log).flatten(1).sum(1).sort().values)
     assert torch.allclose(answered[0], answered[1])  # the CLI (checkpointed) asks what the benchmark row asks
+
+
+def test_budget_aware_cold_start_chooses_only_the_first_queries_the_rest_are_the_plain_images():
+    from stealkit.extract.typiclust import budget_aware_start
+
+    x, _ = _blobs(per=12)
+    picked = budget_aware_start("typiclust", x, 10, 3, torch.Generator().manual_seed(0))
+    assert picked.numel() == 10 == picked.unique().numel()
+    assert torch.equal(picked[:3], cold_start("typiclust", x, 3, torch.Generator().manual_seed(0)))
+    rest = torch.tensor([i for i in range(x.shape[0]) if i not in picked[:3].tolist()][:7])
+    assert torch.equal(picked[3:], rest)  # the shuffled pool's first images not chosen, as the plain attack's
+    assert torch.equal(budget_aware_start("typiclust", x, 3, 10, torch.Generator().manual_seed(0)), picked[:3])
+
+
+@pytest.mark.parametrize("mode", ["label", "probs"])
+@pytest.mark.parametrize("select,size", [("random", None), ("random", 7), ("kcenter", 4), ("random", 1000)])
+def test_budget_aware_cold_start_and_finetune_lr_spend_exactly_the_budget(mode, select, size):
+    victim = CountingNet().eval()
+    oracle = LocalOracle(victim, (1, 4, 4), mode=mode, budget=30)
+    victim.seen = 0
+    config = SurrogateConfig(epochs=2, batch_size=8, select=select, cold_start="typiclust", pretrain="rotation",
+                             cold_start_size=size, pretraining=PretrainConfig(epochs=1, min_steps=0, finetune_lr=0.02),
+                             seed=2)
+    result = extract_surrogate(oracle, _pool(), make_student=lambda: TinyNet(seed=5), config=config)
+    assert result.queries["predict"] == 30 == result.extra["n_distinct"] == victim.seen
+    assert result.extra["finetune_lr"] == 0.02
+    assert result.extra["cold_start_size"] == (size or 10 * oracle.num_classes)
+
+
+def test_resume_with_a_budget_aware_cold_start_pays_nothing_twice_and_refuses_other_sizes(tmp_path: Path):
+    from stealkit.extract.active import ActiveConfig
+
+    def run(resume: bool, size: int, lr: float | None = 0.05) -> tuple[object, CountingNet]:
+        config = SurrogateConfig(epochs=1, batch_size=8, select="entropy", cold_start="typiclust",
+                                 cold_start_size=size, pretrain="rotation", active=ActiveConfig(rounds=2),
+                                 pretraining=PretrainConfig(epochs=1, min_steps=0, finetune_lr=lr), seed=2)
+        victim = CountingNet().eval()
+        oracle = LocalOracle(victim, (1, 4, 4), mode="probs", budget=25)
+        victim.seen = 0
+        result = extract_surrogate(oracle, _pool(), make_student=lambda: TinyNet(seed=5), config=config,
+                                   checkpoint_dir=tmp_path, resume=resume)
+        return result, victim
+
+    first, _ = run(False, 3)
+    resumed, victim = run(True, 3)
+    assert victim.seen == 0 and resumed.queries == first.queries == {"predict": 25, "explain": 0}  # type: ignore[attr-defined]
+    with pytest.raises(InputError, match="cold_start_size"):
+        run(True, 4)
+    with pytest.raises(InputError, match="'lr'"):
+        run(True, 3, lr=None)
+
+
+def test_budget_aware_settings_refuse_bad_values():
+    with pytest.raises(InputError, match="cold_start_size must be a positive"):
+        SurrogateConfig(cold_start="typiclust", cold_start_size=0)
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(InputError, match="finetune_lr must be a positive"):
+            PretrainConfig(finetune_lr=bad)
+    assert "finetune_lr" not in PretrainConfig(finetune_lr=0.03).identity("rotation")  # the weights are reused

@@ -235,6 +235,7 @@ def active_rounds(
     resume: bool = False,
     device: str | torch.device = "cpu",
     first: Callable[[int], torch.Tensor] | None = None,
+    identity: dict[str, Any] | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """Query ``n`` distinct images of ``cache.x`` in rounds (ActiveThief, Algorithm 1); returns the answered
     indices and a trace (per round: queries, seconds spent training the substitute and selecting).
@@ -243,7 +244,8 @@ def active_rounds(
     ``on_round(substitute, record)`` sees each round's substitute (e.g. to score it). With ``checkpoint_dir``
     each round is saved; ``resume`` continues from the last saved round (see the module docstring).
     ``first(m)`` chooses the first round's ``m`` images (a cold start, :mod:`stealkit.extract.typiclust`);
-    without it they are random.
+    without it they are random. ``identity``: further settings the rounds depend on (e.g. the cold start's
+    size), saved with each round; a resume with other values is refused.
     """
     from stealkit.extract.journal import JournalOracle
 
@@ -262,6 +264,9 @@ def active_rounds(
                 raise InputError(f"the checkpoint in {checkpoint_dir} was made with selection "
                                  f"{meta.get('strategy')} and rounds {meta.get('sizes')}, not {strategy} and "
                                  f"{sizes}: resume with the same settings")
+            if meta.get("identity", identity) != identity:  # checkpoints from before identities match any
+                raise InputError(f"the checkpoint in {checkpoint_dir} was made with {meta.get('identity')}, not "
+                                 f"{identity}: resume with the same --set values")
             start, rounds = int(meta["round"]) + 1, list(meta["rounds"])
             gen.set_state(torch.tensor(meta["rng"], dtype=torch.uint8))
             log.info("resumed after round %d (%d images answered)", start - 1, cache.n_answered)
@@ -301,7 +306,7 @@ def active_rounds(
         if checkpoint_dir is not None:
             save_round(checkpoint_dir, cache, cache.oracle.ledger,
                        {"round": r, "rounds": rounds, "sizes": sizes, "strategy": strategy,
-                        "pool_size": len(cache), "rng": gen.get_state().tolist()})
+                        "pool_size": len(cache), "rng": gen.get_state().tolist(), "identity": identity})
             if journal is not None:
                 journal.close()
                 (checkpoint_dir / f"journal-{r}.bin").unlink(missing_ok=True)

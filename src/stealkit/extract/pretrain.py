@@ -38,7 +38,19 @@ class PretrainConfig:
     pool images per step (rotation shows each in 4 rotations, SimCLR in 2 views). ``lr``: maximum SGD learning
     rate of the one-cycle schedule. ``temperature``: SimCLR's NT-Xent temperature. ``freeze``: after
     pretraining train only the student's last linear layer on the answers (a linear probe) instead of
-    fine-tuning all of it (applied after pretraining: the same weights serve both)."""
+    fine-tuning all of it (applied after pretraining: the same weights serve both). ``finetune_lr``: the peak
+    learning rate of every student that starts from the pretrained weights (the round substitutes and the final
+    student), in place of the attack's ``lr`` (``None``: the attack's); pretrained features need a gentler
+    fine-tune than a fresh student (Kumar et al., *Fine-Tuning can Distort Pretrained Features*, ICLR 2022,
+    Sec. 1: a large step on a randomly initialised head distorts the features), most of all at a few dozen
+    steps (digits, 50 answers: one seed of 30 steps at 0.1 diverged, docs/surrogate-active.md).
+    ``probe_epochs``: LP-FT (Kumar et al. 2022, Sec. 4): the first ``probe_epochs`` of the student's epochs train
+    only its last linear layer (a linear probe on the pretrained features), the rest fine-tune everything; the
+    epochs and the schedule are the attack's (no extra training). ``warm_max_per_class``: the students start
+    from the pretrained weights only when the query budget is at most this many queries per class (``None``:
+    always); above it the pretrained features only choose the cold start's queries and every student starts
+    fresh, as the plain attack's (pretraining helps at small budgets and costs accuracy from about 100 queries
+    per class on: Jagielski et al. 2020, Sec. 5.2; docs/surrogate-active.md, fourth pass)."""
 
     epochs: int = 5
     batch_size: int = 128
@@ -46,8 +58,17 @@ class PretrainConfig:
     min_steps: int = 300
     temperature: float = 0.5
     freeze: bool = False
+    finetune_lr: float | None = None
+    probe_epochs: int = 0
+    warm_max_per_class: int | None = None
 
     def __post_init__(self) -> None:
+        if self.warm_max_per_class is not None and self.warm_max_per_class < 0:
+            raise InputError(f"pretraining.warm_max_per_class must be >= 0 or none, got {self.warm_max_per_class}")
+        if self.probe_epochs < 0:
+            raise InputError(f"pretraining.probe_epochs must be >= 0, got {self.probe_epochs}")
+        if self.finetune_lr is not None and not (self.finetune_lr > 0 and math.isfinite(self.finetune_lr)):
+            raise InputError(f"pretraining.finetune_lr must be a positive learning rate or none, got {self.finetune_lr}")
         if self.epochs < 1 or self.batch_size < 2 or not self.lr > 0 or self.min_steps < 0 or not self.temperature > 0:
             raise InputError("pretraining epochs must be >= 1, batch_size >= 2, lr and temperature > 0, "
                              "min_steps >= 0")
@@ -60,9 +81,14 @@ class PretrainConfig:
         return TrainConfig(epochs=self.epochs_for(pool_size), batch_size=self.batch_size, optimizer="sgd",
                            lr=self.lr, momentum=0.9, weight_decay=5e-4, schedule="onecycle", seed=seed)
 
+    def warm_start(self, budget: int, num_classes: int) -> bool:
+        """Whether the students of an attack with ``budget`` queries start from the pretrained weights."""
+        return self.warm_max_per_class is None or budget <= self.warm_max_per_class * num_classes
+
     def identity(self, method: str) -> dict[str, Any]:
-        """What the pretrained weights depend on (not ``freeze``; ``temperature`` only for SimCLR)."""
-        skip = {"freeze"} | ({"temperature"} if method != "simclr" else set())
+        """What the pretrained weights depend on (not ``freeze``, ``finetune_lr``, ``probe_epochs`` or
+        ``warm_max_per_class``, which act after pretraining; ``temperature`` only for SimCLR)."""
+        skip = {"freeze", "finetune_lr", "probe_epochs", "warm_max_per_class"} | ({"temperature"} if method != "simclr" else set())
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 

@@ -90,9 +90,14 @@ def from_pretrained(make_student: Callable[[], nn.Module], state: dict[str, torc
         student = make_student()
         student.load_state_dict(state)
         if freeze:
-            head = {id(p) for p in last_linear(student).parameters()}
-            for p in student.parameters():
-                p.requires_grad_(id(p) in head)
+            train_only_head(student, True)
         return student
 
     return make
+
+
+def train_only_head(student: nn.Module, only: bool) -> None:
+    """Let only the last linear layer train (``only``), or every layer again."""
+    head = {id(p) for p in last_linear(student).parameters()}
+    for p in student.parameters():
+        p.requires_grad_(not only or id(p) in head)

@@ -52,13 +52,13 @@ from stealkit.extract.knockoff import KnockoffConfig, knockoff_select
 from stealkit.extract.logit_recovery import recover_logits
 from stealkit.extract.losses import LossFn
 from stealkit.extract.pretrain import PRETRAINS, Pretrain, PretrainConfig
-from stealkit.extract.pretrained_weights import from_pretrained, pretrained_weights
+from stealkit.extract.pretrained_weights import from_pretrained, pretrained_weights, train_only_head
 from stealkit.extract.semi_supervised import SSL, FixMatchConfig, FixMatchLoss, shift_images
 from stealkit.extract.soft_targets import SoftTargetLoss
 from stealkit.extract.surrogate_presets import DEFAULT_PRESET as DEFAULT_PRESET  # re-exported
 from stealkit.extract.surrogate_presets import PRESETS as PRESETS
 from stealkit.extract.targets import victim_log_probs
-from stealkit.extract.typiclust import COLD_STARTS, ColdStart, cold_start
+from stealkit.extract.typiclust import COLD_STARTS, PER_CLASS, ColdStart, budget_aware_start
 from stealkit.metrics import Evaluator
 from stealkit.oracle import Oracle, OutputMode
 from stealkit.train import TrainConfig, fit
@@ -136,7 +136,9 @@ class SurrogateConfig:
     sharpened teacher targets (:mod:`stealkit.extract.soft_targets`). ``pretrain``: ``rotation`` (RotNet) or
     ``simclr`` trains the student on the pool before any query and starts every student from it
     (``pretraining`` holds its settings). ``cold_start``: how the first queries are chosen -- ``random``, or ``typiclust`` /
-    ``kcenter`` in the pretrained features (the pixels without pretraining). The defaults are the plain attack.
+    ``kcenter`` in the pretrained features (the pixels without pretraining); ``cold_start_size``: how many of
+    the first round's queries it chooses (``None``: 10 per class), the rest being the plain attack's images
+    (:func:`stealkit.extract.typiclust.budget_aware_start`). The defaults are the plain attack.
     """
 
     max_distinct: int | None = None
@@ -158,6 +160,7 @@ class SurrogateConfig:
     pretrain: Pretrain = "none"
     pretraining: PretrainConfig = field(default_factory=PretrainConfig)
     cold_start: ColdStart = "random"
+    cold_start_size: int | None = None
     query_batch: int = 256
     eval_every: int = 0
     seed: int = 0
@@ -184,6 +187,9 @@ class SurrogateConfig:
         if self.cold_start != "random" and self.strategy == "knockoff":
             raise InputError(f"cold start {self.cold_start!r} chooses the first queries; knockoff's policy "
                              "chooses all of them: use one or the other")
+        if self.cold_start_size is not None and self.cold_start_size < 1:
+            raise InputError(f"cold_start_size must be a positive number of queries or none (10 per class), "
+                             f"got {self.cold_start_size}")
         if self.augment not in ("none", "shift", "shift-flip"):
             raise InputError(f"unknown augmentation {self.augment!r}; expected none, shift or shift-flip")
         if self.loss not in ("auto", "kl", "ce", "l1"):
@@ -235,6 +241,10 @@ def train_student(
         return loss_fn(model(augment_batch(cache.x[idx], config.augment, gen).to(device)), answers)
 
     batch_loss: Callable[..., torch.Tensor] = labelled
+    # LP-FT: a pretrained student first trains only its last layer (not when frozen for good)
+    probe = config.pretraining.probe_epochs if config.pretrain != "none" and not config.pretraining.freeze else 0
+    if probe:
+        train_only_head(student, True)
     if config.ssl in ("fixmatch", "soft"):
         indices = epoch_indices(indices, len(cache), config.fixmatch)
         steps = math.ceil(indices.numel() / tc.batch_size) * tc.epochs
@@ -243,6 +253,8 @@ def train_student(
                                   num_classes=cache.oracle.num_classes)
 
     def epoch_done(epoch: int, rec: dict[str, float]) -> None:
+        if epoch == probe:
+            train_only_head(student, False)
         if epoch == tc.epochs and isinstance(batch_loss, FixMatchLoss):
             batch_loss.finish(student)  # FixMatch's mean teacher becomes the student
         if on_epoch is not None:
@@ -296,12 +308,21 @@ def extract_surrogate(
     if n == 0:
         raise InputError("the oracle's budget allows no query at all; raise --budget")
     extra: dict[str, Any] = {}
+    featurize: Callable[[], nn.Module] | None = None  # the cold start's feature extractor
     if config.pretrain != "none":
-        path = checkpoint_dir / "pretrained.safetensors" if checkpoint_dir is not None else pretrain_cache
-        state, extra["pretraining"] = pretrained_weights(
-            path, config.pretrain, make_student, pool[order], config.pretraining, seed=config.seed,
-            reuse=resume or checkpoint_dir is None, flip=config.fixmatch.flip, device=device)
-        make_student = from_pretrained(make_student, state, config.pretraining.freeze)
+        warm = config.pretraining.warm_start(n, oracle.num_classes)
+        if warm or config.cold_start != "random":
+            path = checkpoint_dir / "pretrained.safetensors" if checkpoint_dir is not None else pretrain_cache
+            state, extra["pretraining"] = pretrained_weights(
+                path, config.pretrain, make_student, pool[order], config.pretraining, seed=config.seed,
+                reuse=resume or checkpoint_dir is None, flip=config.fixmatch.flip, device=device)
+            featurize = from_pretrained(make_student, state)
+        if warm:  # every student starts from the pretrained weights, at its own peak learning rate
+            make_student = from_pretrained(make_student, state, config.pretraining.freeze)
+            config = replace(config, lr=config.pretraining.finetune_lr or config.lr)
+        else:  # a budget above the pretrained start's: fresh students, as the plain attack's
+            config = replace(config, pretraining=replace(config.pretraining, probe_epochs=0))
+        extra["warm_start"], extra["finetune_lr"] = warm, config.lr
     if config.strategy == "knockoff":
         labels = pool_labels[order] if pool_labels is not None else None
         cache = AnswerCache(oracle, pool[order], query_batch=config.query_batch)
@@ -314,7 +335,7 @@ def extract_surrogate(
         indices = torch.arange(n)
     else:
         cache, indices, active = _active(oracle, pool[order], n, loss_fn, make_student, config, evaluator,
-                                         checkpoint_dir, resume, device)
+                                         checkpoint_dir, resume, device, featurize)
         extra.update(active)
     curve: list[dict[str, Any]] = []
 
@@ -353,8 +374,10 @@ def extract_surrogate(
 
 def _active(oracle: Oracle, pool: torch.Tensor, n: int, loss_fn: LossFn, make_student: Callable[[], nn.Module],
             config: SurrogateConfig, evaluator: Evaluator | None, checkpoint_dir: Path | None, resume: bool,
-            device: str | torch.device) -> tuple[AnswerCache, torch.Tensor, dict[str, Any]]:
-    """Query ``n`` images of ``pool`` in active rounds; each round's substitute is scored into the trace."""
+            device: str | torch.device, featurize: Callable[[], nn.Module] | None = None,
+            ) -> tuple[AnswerCache, torch.Tensor, dict[str, Any]]:
+    """Query ``n`` images of ``pool`` in active rounds; each round's substitute is scored into the trace.
+    ``featurize()``: the pretrained student whose features the cold start clusters (``None``: the pixels)."""
     from stealkit.extract.journal import JournalOracle
 
     answering: Oracle = JournalOracle(oracle) if checkpoint_dir is not None else oracle  # type: ignore[assignment]
@@ -375,9 +398,14 @@ def _active(oracle: Oracle, pool: torch.Tensor, n: int, loss_fn: LossFn, make_st
         """The cold start: the first round in the (pretrained) student's features, or the pixels."""
         from stealkit.extract.active import probs_and_features
 
-        feats = (cache.x.flatten(1) if config.pretrain == "none" else
-                 probs_and_features(make_student(), cache.x, batch=config.active.score_batch, device=device)[1])
-        return cold_start(config.cold_start, feats, m, torch.Generator().manual_seed(config.seed))
+        feats = (cache.x.flatten(1) if featurize is None else
+                 probs_and_features(featurize(), cache.x, batch=config.active.score_batch, device=device)[1])
+        return budget_aware_start(config.cold_start, feats, m, size, torch.Generator().manual_seed(config.seed))
+
+    size = config.cold_start_size or PER_CLASS * oracle.num_classes
+    identity: dict[str, Any] = {"cold_start": config.cold_start, "lr": config.lr, "warm": featurize is not None and
+                                config.pretraining.warm_start(n, oracle.num_classes),
+                                "cold_start_size": size if config.cold_start != "random" else None}
 
     if config.cold_start != "random":
         pick: Callable[[int], torch.Tensor] | None = first
@@ -387,6 +415,6 @@ def _active(oracle: Oracle, pool: torch.Tensor, n: int, loss_fn: LossFn, make_st
         pick = None
     indices, trace = active_rounds(cache, n, strategy=config.select, config=config.active, train=train,
                                    seed=config.seed, on_round=on_round, checkpoint_dir=checkpoint_dir,
-                                   resume=resume, device=device, first=pick)
+                                   resume=resume, device=device, first=pick, identity=identity)
     trace["round_scores"] = scores
-    return cache, indices, {"active": trace}
+    return cache, indices, {"active": trace, "cold_start_size": identity["cold_start_size"]}

@@ -15,6 +15,12 @@ so their first round is random. With a representation learnt from the pool itsel
   the coverage strategy, run before any answer (it tends to pick outliers, the paper's own caveat).
 
 Features are the pretrained student's penultimate layer; without pretraining, the flattened pixels.
+
+Budget-aware (:func:`budget_aware_start`): Hacohen et al.'s own result (Sec. 2, Fig. 1) is that typical points
+help only in the *low-budget* regime, and that from a few tens of labels per class the opposite (uncertain or
+plain random) queries win. So the cold start chooses only the first ``size`` queries (by default 10 per
+class, :data:`PER_CLASS`); the rest of the round is the plain attack's images (the shuffled pool's first ones
+not yet chosen), so a budget much larger than ``size`` queries almost what the plain attack queries.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from stealkit.extract.kmeans import kmeans
 
 ColdStart = Literal["random", "typiclust", "kcenter"]
 COLD_STARTS = ("random", "typiclust", "kcenter")
+PER_CLASS = 10  # the default cold start: 10 queries per class, Hacohen et al.'s low-budget regime
 
 
 def typicality(x: torch.Tensor, k_nn: int = 20) -> torch.Tensor:
@@ -86,3 +93,13 @@ def cold_start(kind: ColdStart, feats: torch.Tensor, m: int, gen: torch.Generato
     if kind == "random":
         return torch.randperm(feats.shape[0], generator=gen)[:m]
     raise InputError(f"unknown cold start {kind!r}; expected one of {', '.join(COLD_STARTS)}")
+
+
+def budget_aware_start(kind: ColdStart, feats: torch.Tensor, m: int, size: int, gen: torch.Generator) -> torch.Tensor:
+    """The first round's ``m`` indices: ``min(m, size)`` chosen by the cold start ``kind``, the rest the
+    lowest indices not chosen (the pool is already in the attack's shuffled order: the plain attack's images)."""
+    picked = cold_start(kind, feats, min(m, size), gen)
+    taken = torch.zeros(feats.shape[0], dtype=torch.bool)
+    taken[picked] = True
+    rest = (~taken).nonzero().flatten()[: m - picked.numel()]
+    return torch.cat([picked, rest])
