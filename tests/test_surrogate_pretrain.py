@@ -257,3 +257,56 @@ def test_budget_aware_settings_refuse_bad_values():
         with pytest.raises(InputError, match="finetune_lr must be a positive"):
             PretrainConfig(finetune_lr=bad)
     assert "finetune_lr" not in PretrainConfig(finetune_lr=0.03).identity("rotation")  # the weights are reused
+
+
+def test_lp_ft_probe_epochs_keep_the_pretrained_body_while_probing(tmp_path: Path):
+    from safetensors.torch import load_file
+
+    def body_moved(probe: int) -> bool:
+        oracle = LocalOracle(CountingNet().eval(), (1, 4, 4), mode="probs", budget=20)
+        config = SurrogateConfig(epochs=2, batch_size=8, pretrain="rotation", seed=2,
+                                 pretraining=PretrainConfig(epochs=1, min_steps=0, probe_epochs=probe))
+        result = extract_surrogate(oracle, _pool(), make_student=lambda: TinyNet(seed=5), config=config,
+                                   pretrain_cache=tmp_path / "w.safetensors")
+        state = load_file(str(tmp_path / "w.safetensors"))
+        body = result.student.net[1].weight  # the first linear layer; the last one is the probe's
+        return not torch.equal(body, state["net.1.weight"])
+
+    assert not body_moved(2)  # every epoch a linear probe: the features stay the pretrained ones
+    assert body_moved(1)  # LP then FT: the second epoch fine-tunes everything
+    assert body_moved(0)
+
+
+def test_warm_max_per_class_starts_large_budgets_fresh_and_skips_unneeded_pretraining(monkeypatch):
+    victim = CountingNet().eval()
+    oracle = LocalOracle(victim, (1, 4, 4), mode="label", budget=30)
+    victim.seen = 0
+    config = SurrogateConfig(epochs=1, batch_size=8, cold_start="typiclust", pretrain="rotation", cold_start_size=5,
+                             pretraining=PretrainConfig(epochs=1, min_steps=0, warm_max_per_class=2,
+                                                        finetune_lr=0.01, probe_epochs=1), seed=2)
+    result = extract_surrogate(oracle, _pool(), make_student=lambda: TinyNet(seed=5), config=config)
+    assert result.queries["predict"] == 30 == victim.seen  # 30 > 2 per class x 3 classes: fresh students
+    assert result.extra["warm_start"] is False and result.extra["finetune_lr"] == config.lr
+    assert "pretraining" in result.extra  # still computed: the cold start's features
+    monkeypatch.setattr(weights, "run_pretraining", lambda *a, **k: (_ for _ in ()).throw(
+        AssertionError("pretrained for nothing")))
+    plain_start = SurrogateConfig(epochs=1, batch_size=8, pretrain="rotation", seed=2,
+                                  pretraining=PretrainConfig(warm_max_per_class=2))
+    oracle = LocalOracle(CountingNet().eval(), (1, 4, 4), mode="label", budget=30)
+    result = extract_surrogate(oracle, _pool(), make_student=lambda: TinyNet(seed=5), config=plain_start)
+    assert result.extra["warm_start"] is False and result.queries["predict"] == 30
+
+
+@pytest.mark.parametrize("setting,message", [("pretraining.finetune_lr=0", "finetune_lr must be a positive"),
+                                             ("cold_start_size=0", "cold_start_size must be a positive"),
+                                             ("pretraining.probe_epochs=-1", "probe_epochs must be >= 0"),
+                                             ("pretraining.warm_max_per_class=x", "warm_max_per_class")])
+def test_cli_bad_budget_aware_values_give_one_error_line(tmp_path: Path, capsys, setting, message):
+    from stealkit.cli import main
+
+    out = tmp_path / "run"
+    code = main(["-q", "extract", "surrogate", "--victim", str(tmp_path / "none"), "--budget", "30",
+                 "--preset", "typiclust", "--set", setting, "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists()  # nothing half-written
