@@ -224,7 +224,7 @@ def test_budget_aware_cold_start_and_finetune_lr_spend_exactly_the_budget(mode, 
     result = extract_surrogate(oracle, _pool(), make_student=lambda: TinyNet(seed=5), config=config)
     assert result.queries["predict"] == 30 == result.extra["n_distinct"] == victim.seen
     assert result.extra["finetune_lr"] == 0.02
-    assert result.extra["cold_start_size"] == (size or 30)  # none: the whole first round
+    assert result.extra["cold_start_size"] == (size or 10 * oracle.num_classes)  # none: 10 per class
 
 
 def test_resume_with_a_budget_aware_cold_start_pays_nothing_twice_and_refuses_other_sizes(tmp_path: Path):

@@ -84,8 +84,9 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=DEFAULT_PRESET, show_default=True,
               help="plain/paper: random queries, no SSL (DFME appendix A); semi: random queries + FixMatch on the "
                    "unqueried pool (warm-up, mean teacher, distribution alignment); active: k-center selection + "
-                   "FixMatch; typiclust: rotation pretraining on the pool + TypiClust "
-                   "queries, for about 10 queries per class or fewer (docs/surrogate-active.md).")
+                   "FixMatch; typiclust: rotation pretraining on the pool + TypiClust for the first "
+                   "10 queries per class, random after; pretrained students up to 10 queries per class "
+                   "(docs/surrogate-active.md).")
 @click.option("--resume", is_flag=True, help="Continue the stopped active rounds in --out from their checkpoint.")
 @click.option("--augment", type=click.Choice(["none", "shift", "shift-flip"]), default="none", show_default=True,
               help="Train on shifted/flipped copies of queried images with their cached answers (no queries).")

@@ -40,17 +40,18 @@ class PretrainConfig:
     pretraining train only the student's last linear layer on the answers (a linear probe) instead of
     fine-tuning all of it (applied after pretraining: the same weights serve both). ``finetune_lr``: the peak
     learning rate of every student that starts from the pretrained weights (the round substitutes and the final
-    student), in place of the attack's ``lr`` (``None``: the attack's); pretrained features need a gentler
-    fine-tune than a fresh student (Kumar et al., *Fine-Tuning can Distort Pretrained Features*, ICLR 2022,
-    Sec. 1: a large step on a randomly initialised head distorts the features), most of all at a few dozen
-    steps (digits, 50 answers: one seed of 30 steps at 0.1 diverged, docs/surrogate-active.md).
-    ``probe_epochs``: LP-FT (Kumar et al. 2022, Sec. 4): the first ``probe_epochs`` of the student's epochs train
-    only its last linear layer (a linear probe on the pretrained features), the rest fine-tune everything; the
-    epochs and the schedule are the attack's (no extra training). ``warm_max_per_class``: the students start
-    from the pretrained weights only when the query budget is at most this many queries per class (``None``:
-    always); above it the pretrained features only choose the cold start's queries and every student starts
-    fresh, as the plain attack's (pretraining helps at small budgets and costs accuracy from about 100 queries
-    per class on: Jagielski et al. 2020, Sec. 5.2; docs/surrogate-active.md, fourth pass)."""
+    student), in place of the attack's ``lr`` (``None``: the attack's); 0.05, chosen on the validation split
+    (docs/surrogate-active.md, fifth pass): at the attack's 0.1 a 30-step fine-tune (digits, 50 answers)
+    diverged on one seed; pretrained features want a gentler fine-tune than a fresh student (Kumar et al.,
+    *Fine-Tuning can Distort Pretrained Features and Underperform Out-of-Distribution*, ICLR 2022).
+    ``probe_epochs``: their LP-FT: the first ``probe_epochs`` of the student's epochs train only its last linear
+    layer (a linear probe on the pretrained features), the rest fine-tune everything; the epochs and the
+    schedule are the attack's (no extra training); 0 (off) by default, as validated. ``warm_max_per_class``:
+    the students start from the pretrained weights only when the query budget is at most this many queries per
+    class (``None``: always); above it the pretrained features only choose the cold start's queries and every
+    student starts fresh, as the plain attack's (default 10: on the validation split the pretrained start
+    helps at about 10 queries per class and costs accuracy at 100, docs/surrogate-active.md, fourth and fifth
+    passes). With a random cold start above that budget nothing is pretrained at all."""
 
     epochs: int = 5
     batch_size: int = 128
@@ -58,9 +59,9 @@ class PretrainConfig:
     min_steps: int = 300
     temperature: float = 0.5
     freeze: bool = False
-    finetune_lr: float | None = None
+    finetune_lr: float | None = 0.05
     probe_epochs: int = 0
-    warm_max_per_class: int | None = None
+    warm_max_per_class: int | None = 10
 
     def __post_init__(self) -> None:
         if self.warm_max_per_class is not None and self.warm_max_per_class < 0:

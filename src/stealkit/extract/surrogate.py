@@ -58,7 +58,7 @@ from stealkit.extract.soft_targets import SoftTargetLoss
 from stealkit.extract.surrogate_presets import DEFAULT_PRESET as DEFAULT_PRESET  # re-exported
 from stealkit.extract.surrogate_presets import PRESETS as PRESETS
 from stealkit.extract.targets import victim_log_probs
-from stealkit.extract.typiclust import COLD_STARTS, ColdStart, budget_aware_start
+from stealkit.extract.typiclust import COLD_STARTS, PER_CLASS, ColdStart, budget_aware_start
 from stealkit.metrics import Evaluator
 from stealkit.oracle import Oracle, OutputMode
 from stealkit.train import TrainConfig, fit
@@ -137,7 +137,7 @@ class SurrogateConfig:
     ``simclr`` trains the student on the pool before any query and starts every student from it
     (``pretraining`` holds its settings). ``cold_start``: how the first queries are chosen -- ``random``, or ``typiclust`` /
     ``kcenter`` in the pretrained features (the pixels without pretraining); ``cold_start_size``: how many of
-    the first round's queries it chooses (``None``: all of them), the rest being the plain attack's images
+    the first round's queries it chooses (``None``: 10 per class), the rest being the plain attack's images
     (:func:`stealkit.extract.typiclust.budget_aware_start`). The defaults are the plain attack.
     """
 
@@ -188,7 +188,7 @@ class SurrogateConfig:
             raise InputError(f"cold start {self.cold_start!r} chooses the first queries; knockoff's policy "
                              "chooses all of them: use one or the other")
         if self.cold_start_size is not None and self.cold_start_size < 1:
-            raise InputError(f"cold_start_size must be a positive number of queries or none (the whole first round), "
+            raise InputError(f"cold_start_size must be a positive number of queries or none (10 per class), "
                              f"got {self.cold_start_size}")
         if self.augment not in ("none", "shift", "shift-flip"):
             raise InputError(f"unknown augmentation {self.augment!r}; expected none, shift or shift-flip")
@@ -402,7 +402,7 @@ def _active(oracle: Oracle, pool: torch.Tensor, n: int, loss_fn: LossFn, make_st
                  probs_and_features(featurize(), cache.x, batch=config.active.score_batch, device=device)[1])
         return budget_aware_start(config.cold_start, feats, m, size, torch.Generator().manual_seed(config.seed))
 
-    size = config.cold_start_size or n
+    size = config.cold_start_size or PER_CLASS * oracle.num_classes
     identity: dict[str, Any] = {"cold_start": config.cold_start, "lr": config.lr, "warm": featurize is not None and
                                 config.pretraining.warm_start(n, oracle.num_classes),
                                 "cold_start_size": size if config.cold_start != "random" else None}

@@ -3,9 +3,14 @@
 ``plain`` / ``paper`` is the attack of DFME appendix A (random queries, no semi-supervised learning); ``semi``
 adds FixMatch with its remedies against confirmation bias on the unqueried pool
 (:mod:`stealkit.extract.semi_supervised`), still with random queries; ``active`` queries by k-center coverage
-(:mod:`stealkit.extract.active`) and adds FixMatch; ``typiclust`` (fourth pass, for small budgets, about 10
-queries per class or fewer) pretrains the student on the pool by rotation prediction and chooses the queries
-by TypiClust in its features (:mod:`stealkit.extract.pretrain`, :mod:`stealkit.extract.typiclust`).
+(:mod:`stealkit.extract.active`) and adds FixMatch; ``typiclust`` (fourth pass, made budget-aware in the fifth)
+pretrains the student on the pool by rotation prediction and chooses the first 10 queries per class by
+TypiClust in its features (``cold_start_size``), the rest at random like ``plain``; up to 10 queries per class
+every student starts from the pretrained weights and fine-tunes at ``pretraining.finetune_lr=0.05``, above it
+students start fresh (``pretraining.warm_max_per_class=10``) (:mod:`stealkit.extract.pretrain`,
+:mod:`stealkit.extract.typiclust`). Its fourth-pass meaning (TypiClust for the whole budget, pretrained
+students at the attack's learning rate at every budget) is ``--set cold_start_size=BUDGET --set
+pretraining.finetune_lr=none --set pretraining.warm_max_per_class=none``.
 ``DEFAULT_PRESET`` is the command's default, chosen on the
 validation split (docs/surrogate-active.md): a default must not be worse on any validated setting than the
 attack it replaces.

@@ -16,13 +16,12 @@ so their first round is random. With a representation learnt from the pool itsel
 
 Features are the pretrained student's penultimate layer; without pretraining, the flattened pixels.
 
-Budget-aware (:func:`budget_aware_start`, ``--set cold_start_size=N``): Hacohen et al.'s own result (Sec. 2,
-Fig. 1) is that typical points help only in the *low-budget* regime, and that from a few tens of labels per
-class the opposite (uncertain or plain random) queries win. With a size the cold start chooses only the first
-``N`` queries (e.g. 10 per class); the rest of the round is the plain attack's images (the shuffled pool's first
-ones not yet chosen), so a budget much larger than ``N`` queries almost what the plain attack queries. Without
-one it chooses the whole first round (fourth pass; validated against the size in docs/surrogate-active.md,
-fifth pass, and kept).
+Budget-aware (:func:`budget_aware_start`, ``--set cold_start_size=N``; fifth pass): Hacohen et al.'s own
+result (Sec. 2, Fig. 1) is that typical points help only in the *low-budget* regime, and that from a few tens
+of labels per class the opposite (uncertain or plain random) queries win. So the cold start chooses only the
+first ``N`` queries (default 10 per class, :data:`PER_CLASS`); the rest of the round is the plain attack's
+images (the shuffled pool's first ones not yet chosen), so a budget much larger than ``N`` queries almost what
+the plain attack queries. ``N`` at least the budget is the fourth pass's cold start (the whole first round).
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ from stealkit.extract.kmeans import kmeans
 
 ColdStart = Literal["random", "typiclust", "kcenter"]
 COLD_STARTS = ("random", "typiclust", "kcenter")
+PER_CLASS = 10  # the default cold start: 10 queries per class, Hacohen et al.'s low-budget regime
 
 
 def typicality(x: torch.Tensor, k_nn: int = 20) -> torch.Tensor:
