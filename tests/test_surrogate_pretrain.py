@@ -34,6 +34,16 @@ def _blobs(per: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.arange(3).repeat_interleave(per)
 
 
+def _counted_run(config: SurrogateConfig, budget: int, checkpoint_dir: Path, resume: bool) -> tuple[object, CountingNet]:
+    """One checkpointed attack on a fresh probability oracle; the victim counts what it is really asked."""
+    victim = CountingNet().eval()
+    oracle = LocalOracle(victim, (1, 4, 4), mode="probs", budget=budget)
+    victim.seen = 0
+    result = extract_surrogate(oracle, _pool(), make_student=lambda: TinyNet(seed=5), config=config,
+                               checkpoint_dir=checkpoint_dir, resume=resume)
+    return result, victim
+
+
 def test_rotations_are_the_four_quarter_turns():
     x = torch.arange(2 * 9, dtype=torch.float32).reshape(2, 1, 3, 3)
     views, labels = rotations(x)
@@ -130,12 +140,7 @@ def test_resume_reuses_the_pretrained_weights_and_answers(tmp_path: Path, monkey
                              pretraining=PretrainConfig(epochs=1, min_steps=0), seed=2)
 
     def run(resume: bool) -> tuple[object, CountingNet]:
-        victim = CountingNet().eval()
-        oracle = LocalOracle(victim, (1, 4, 4), mode="probs", budget=20)
-        victim.seen = 0
-        result = extract_surrogate(oracle, _pool(), make_student=lambda: TinyNet(seed=5), config=config,
-                                   checkpoint_dir=tmp_path, resume=resume)
-        return result, victim
+        return _counted_run(config, 20, tmp_path, resume)
 
     first, _ = run(False)
     assert (tmp_path / "pretrained.safetensors").exists() and (tmp_path / "active.json").exists()
@@ -234,12 +239,7 @@ def test_resume_with_a_budget_aware_cold_start_pays_nothing_twice_and_refuses_ot
         config = SurrogateConfig(epochs=1, batch_size=8, select="entropy", cold_start="typiclust",
                                  cold_start_size=size, pretrain="rotation", active=ActiveConfig(rounds=2),
                                  pretraining=PretrainConfig(epochs=1, min_steps=0, finetune_lr=lr), seed=2)
-        victim = CountingNet().eval()
-        oracle = LocalOracle(victim, (1, 4, 4), mode="probs", budget=25)
-        victim.seen = 0
-        result = extract_surrogate(oracle, _pool(), make_student=lambda: TinyNet(seed=5), config=config,
-                                   checkpoint_dir=tmp_path, resume=resume)
-        return result, victim
+        return _counted_run(config, 25, tmp_path, resume)
 
     first, _ = run(False, 3)
     resumed, victim = run(True, 3)
