@@ -24,7 +24,9 @@ The attacker queries the victim with a surrogate data set and distils the answer
 * **Self-supervised pretraining and cold start** (``pretrain="rotation"|"simclr"``; Jagielski et al. 2020
   Sec. 5.2): the student first learns from the whole pool, with no query, to predict rotations (Gidaris et
   al. ICLR 2018) or contrastively (SimCLR, Chen et al. 2020) (:mod:`stealkit.extract.pretrain`); ``cold_start`` chooses the first queries in that feature space
-  (TypiClust, Hacohen et al. ICML 2022 Sec. 3, or k-center; :mod:`stealkit.extract.typiclust`). ``PRESETS`` (:mod:`stealkit.extract.surrogate_presets`) names the combinations.
+  (TypiClust, Hacohen et al. ICML 2022 Sec. 3, or k-center; :mod:`stealkit.extract.typiclust`), budget-aware:
+  the cold start chooses the first ``cold_start_size`` queries (10 per class) and students start pretrained
+  (fine-tuned at ``pretraining.finetune_lr``) only up to ``pretraining.warm_max_per_class``. ``PRESETS`` (:mod:`stealkit.extract.surrogate_presets`) names the combinations.
 
 Surrogate sources (the victim's attacker pool, a skewed subset, another data set adapted by resizing and
 channel repetition, natural patches, Gaussian noise) come from :func:`stealkit.data.load_query_source`.
