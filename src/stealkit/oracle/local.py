@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from stealkit.errors import InputError
+from stealkit.models.chunking import forward_chunk
 from stealkit.oracle.base import (
     ExplainMethod,
     ExplainOutput,
@@ -38,7 +39,9 @@ class LocalOracle:
         budget: total images this oracle will answer (``None``: unlimited); or pass a ``ledger``.
         defences: output perturbations applied to the probabilities before the mode is applied
             (e.g. rounding, reverse sigmoid); ignored in ``logits`` mode unless they accept logits.
-        batch_size: the largest chunk sent through the model at once (bounds memory).
+        batch_size: the largest chunk sent through the model at once; ``None`` (default) chooses it for the
+            device (:func:`stealkit.models.chunking.forward_chunk`: on the CPU the largest chunk whose
+            activations stay in cache, 16-512 images; 1,024 elsewhere). It never changes what is charged.
     """
 
     def __init__(
@@ -53,7 +56,7 @@ class LocalOracle:
         budget: int | None = None,
         ledger: QueryLedger | None = None,
         defences: Sequence[Defence] = (),
-        batch_size: int = 1024,
+        batch_size: int | None = None,
         device: str | torch.device = "cpu",
         log_queries: bool = False,
     ) -> None:
@@ -68,7 +71,10 @@ class LocalOracle:
         self.temperature = float(temperature)
         self.top_k = int(top_k)
         self.defences = tuple(defences)
-        self.batch_size = int(batch_size)
+        if batch_size is not None and int(batch_size) < 1:
+            raise InputError(f"batch_size must be at least 1, got {batch_size}")
+        self.batch_size = int(batch_size) if batch_size is not None else forward_chunk(self.model, self.input_shape,
+                                                                                       self.device)
         self._log_queries = log_queries
         self._ledger = ledger if ledger is not None else QueryLedger(budget=budget, log=log_queries)
         if num_classes is None:
