@@ -47,6 +47,9 @@ from torch import nn
 
 SHORT = {"digits": "digits", "fashion-mnist": "fmnist"}
 ART_HSJ = {"max_iter": 40, "max_eval": 1000, "init_eval": 100, "init_size": 100}
+#: stealkit's LocalOracle forward chunk (``None``: its device default) and ART HopSkipJump's ``batch_size``
+#: (64, ART's default); ``--oracle-chunk`` / ``--art-batch`` set them, every row records both
+CHUNKS: dict[str, int | None] = {"oracle_chunk": None, "art_batch": 64}
 ART_BOUNDARY = {"max_iter": 500}
 #: the ``--preset tuned`` settings without a substitute before the third round (orthogonal probes, GeoDA's
 #: allocation) was adopted
@@ -149,7 +152,7 @@ def run_stealkit(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, 
     from stealkit.evade.hopskipjump import hopskipjump
     from stealkit.oracle import LocalOracle
 
-    oracle = LocalOracle(model, tuple(x.shape[1:]), mode="label")
+    oracle = LocalOracle(model, tuple(x.shape[1:]), mode="label", batch_size=CHUNKS["oracle_chunk"])
     t0 = time.perf_counter()
     if isinstance(cfg, SurFreeRun):
         from stealkit.evade.surfree import SurFreeConfig, hopskipjump_surfree, surfree
@@ -184,7 +187,7 @@ def run_art(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed:
     clf = PyTorchClassifier(rec, loss=nn.CrossEntropyLoss(), input_shape=tuple(x.shape[1:]), nb_classes=k,
                             clip_values=(0.0, 1.0))
     if kind == "hsj":
-        attack = HopSkipJump(clf, targeted=False, norm=2, verbose=False, **ART_HSJ)
+        attack = HopSkipJump(clf, targeted=False, norm=2, verbose=False, batch_size=CHUNKS["art_batch"], **ART_HSJ)
     else:
         attack = BoundaryAttack(clf, targeted=False, verbose=False, **ART_BOUNDARY)
     curves, counts = [], []
@@ -307,12 +310,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="only run these HopSkipJump settings on the validation images, e.g. "
                         "'[{\"start_tries\": 100}, {\"start_tries\": 100, \"substitute\": true}]'")
     p.add_argument("--tune-budget", type=int, default=2000)
+    p.add_argument("--oracle-chunk", type=int, default=None,
+                   help="stealkit's oracle forward chunk (default: the device default, 256 for 28x28 conv victims on a CPU)")
+    p.add_argument("--art-batch", type=int, default=64, help="ART HopSkipJump's batch_size (default 64, ART's own)")
     p.add_argument("--jsonl", default=None, help="also append each row here as soon as it is measured")
     p.add_argument("--table", default=None, metavar="JSONL", help="only print markdown tables of a --jsonl file")
     args = p.parse_args(argv)
     if args.table:
         print(table(args.table))
         return 0
+    CHUNKS.update(oracle_chunk=args.oracle_chunk, art_batch=args.art_batch)
     from stealkit.data import load_splits
     from stealkit.victims import standard_victim
 
@@ -323,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     trained = standard_victim(f"{SHORT[args.dataset]}-conv2")
     model = trained.model.eval()
     k = int(trained.spec.num_classes)
+    from stealkit.models.chunking import forward_chunk
+
+    CHUNKS["oracle_chunk_used"] = args.oracle_chunk or forward_chunk(model, tuple(trained.spec.input_shape), "cpu")
     cache = Path("runs/decision_bench") / f"sub-{args.dataset}-{args.pool}-{args.sub_epochs}"
     sub, sub_info = steal(str(trained.path), args.pool, args.sub_epochs, log, cache)
     test = load_splits(args.dataset).test
@@ -342,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     tools = args.tools.split(",")
 
     def emit(row: dict[str, Any]) -> None:
-        row = row | {"load_avg": [round(v, 2) for v in os.getloadavg()]}
+        row = row | {"load_avg": [round(v, 2) for v in os.getloadavg()]} | CHUNKS
         log(json.dumps(row))
         rows.append(row)
         if args.jsonl:
