@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     trained = standard_victim(f"{SHORT[args.dataset]}-conv2")
     model = trained.model.eval()
     k = int(trained.spec.num_classes)
-    from stealkit.models.chunking import forward_chunk
+    from stealkit.chunking import forward_chunk
 
     CHUNKS["oracle_chunk_used"] = args.oracle_chunk or forward_chunk(model, tuple(trained.spec.input_shape), "cpu")
     cache = Path("runs/decision_bench") / f"sub-{args.dataset}-{args.pool}-{args.sub_epochs}"

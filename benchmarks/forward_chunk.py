@@ -1,11 +1,11 @@
 """Victim forward throughput (images/s) against the chunk size, and the chunk stealkit's oracle chooses.
 
 The LocalOracle answers a large query in chunks; on a CPU the chunk decides whether the activations stay in
-cache (:mod:`stealkit.models.chunking`). For each standard victim this times the forward pass over the same
+cache (:mod:`stealkit.chunking`). For each standard victim this times the forward pass over the same
 ``--images`` random images at every chunk size in ``--sizes``, the sizes interleaved within each of
 ``--repeats`` rounds (so a change in the machine's load hits every size alike), under ``torch.inference_mode``
 with ``--threads`` torch threads, and prints one JSON document: per victim and size the median, min and max
-images/s, the largest layer output per image and the chunk :func:`~stealkit.models.chunking.forward_chunk`
+images/s, the largest layer output per image and the chunk :func:`~stealkit.chunking.forward_chunk`
 picks. Run on a quiet machine:
 
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python benchmarks/forward_chunk.py
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from stealkit.models.chunking import forward_chunk, largest_activation_bytes
+    from stealkit.chunking import forward_chunk, largest_activation_bytes
     from stealkit.victims import standard_victim
 
     torch.set_num_threads(args.threads)

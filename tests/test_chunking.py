@@ -1,4 +1,4 @@
-"""The CPU forward chunk (models/chunking.py) and LocalOracle's use of it."""
+"""The CPU forward chunk (stealkit/chunking.py) and LocalOracle's use of it."""
 
 from __future__ import annotations
 
@@ -6,9 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from stealkit.errors import InputError
-from stealkit.models import build_model
-from stealkit.models.chunking import (
+from stealkit.chunking import (
     DEFAULT_CHUNK,
     MAX_CPU_CHUNK,
     MIN_CPU_CHUNK,
@@ -16,6 +14,8 @@ from stealkit.models.chunking import (
     forward_chunk,
     largest_activation_bytes,
 )
+from stealkit.errors import InputError
+from stealkit.models import build_model
 from stealkit.oracle import LocalOracle
 
 
@@ -63,3 +63,17 @@ def test_a_bad_batch_size_is_one_clear_error() -> None:
     model = build_model("conv2", input_shape=(1, 8, 8), num_classes=10)
     with pytest.raises(InputError, match="batch_size"):
         LocalOracle(model, (1, 8, 8), batch_size=0)
+
+
+def test_the_probe_leaves_batch_norm_and_the_training_mode_alone() -> None:
+    from stealkit.metrics import predict_logits
+
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 26 * 26, 3))
+    model.train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.rand(40, 1, 28, 28)
+    out = predict_logits(model, x)
+    assert model.training
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert torch.equal(out, predict_logits(model, x, batch_size=1024))

@@ -9,17 +9,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from stealkit.chunking import DEFAULT_CHUNK, MIN_CPU_CHUNK, forward_chunk
 from stealkit.device import module_device
 
 
-def predict_logits(model: nn.Module, x: torch.Tensor, *, batch_size: int = 1024,
+def predict_logits(model: nn.Module, x: torch.Tensor, *, batch_size: int | None = None,
                    device: str | torch.device | None = None) -> torch.Tensor:
     """Logits of ``model`` on ``x`` in eval mode, in chunks, without gradients, on the CPU.
 
-    Each chunk runs on the model's own device; ``device`` is used only for a model without parameters."""
+    Each chunk runs on the model's own device; ``device`` is used only for a model without parameters. The
+    chunk (``batch_size``) defaults to the device's (:func:`stealkit.chunking.forward_chunk`)."""
     device = module_device(model, default=str(device or "cpu"))
     was_training = model.training
     model.eval()
+    if batch_size is None:
+        batch_size = forward_chunk(model, tuple(x.shape[1:]), device) if x.shape[0] > MIN_CPU_CHUNK else DEFAULT_CHUNK
     outs = []
     with torch.inference_mode():
         for i in range(0, x.shape[0], batch_size):
@@ -29,7 +33,7 @@ def predict_logits(model: nn.Module, x: torch.Tensor, *, batch_size: int = 1024,
     return torch.cat(outs) if outs else torch.empty(0)
 
 
-def predict_labels(model: nn.Module, x: torch.Tensor, *, batch_size: int = 1024,
+def predict_labels(model: nn.Module, x: torch.Tensor, *, batch_size: int | None = None,
                    device: str | torch.device | None = None) -> torch.Tensor:
     return predict_logits(model, x, batch_size=batch_size, device=device).argmax(1)
 

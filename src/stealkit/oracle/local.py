@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from stealkit.chunking import forward_chunk
 from stealkit.errors import InputError
-from stealkit.models.chunking import forward_chunk
 from stealkit.oracle.base import (
     ExplainMethod,
     ExplainOutput,
@@ -40,7 +40,7 @@ class LocalOracle:
         defences: output perturbations applied to the probabilities before the mode is applied
             (e.g. rounding, reverse sigmoid); ignored in ``logits`` mode unless they accept logits.
         batch_size: the largest chunk sent through the model at once; ``None`` (default) chooses it for the
-            device (:func:`stealkit.models.chunking.forward_chunk`: on the CPU the largest chunk whose
+            device (:func:`stealkit.chunking.forward_chunk`: on the CPU the largest chunk whose
             activations stay in cache, 16-512 images; 1,024 elsewhere). It never changes what is charged.
     """
 

@@ -41,6 +41,8 @@ def largest_activation_bytes(model: nn.Module, input_shape: Sequence[int], devic
         handles = [m.register_forward_hook(record) for m in leaves]
     except RuntimeError:  # e.g. a scripted module
         return None
+    was_training = model.training
+    model.eval()  # the probe must not touch batch-norm statistics
     try:
         with torch.inference_mode():
             model(torch.zeros(1, *input_shape, device=device))
@@ -49,6 +51,7 @@ def largest_activation_bytes(model: nn.Module, input_shape: Sequence[int], devic
     finally:
         for h in handles:
             h.remove()
+        model.train(was_training)
     return max(sizes) if sizes else None
 
 
