@@ -154,12 +154,14 @@ def tuned_settings(*, substitute: bool, shape: tuple[int, ...] | None = None, bu
 def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool = False,
                 target: torch.Tensor | int | None = None, starting_points: torch.Tensor | None = None,
                 max_queries: int | None = None, config: HopSkipJumpConfig | None = None,
-                batch_size: int = 256, substitute: nn.Module | None = None) -> AttackResult:
+                batch_size: int = 256, substitute: nn.Module | None = None,
+                used: torch.Tensor | None = None) -> AttackResult:
     """Minimise ``||x_adv - x||_2`` with HopSkipJump using only labels (see the module docstring).
 
     Arguments as :func:`~stealkit.evade.boundary.boundary_attack`; ``substitute``: a stolen model for the
-    prior and the starting points (its gradients are free; only victim queries are counted). ``queries`` is
-    the ledger's count.
+    prior and the starting points (its gradients are free; only victim queries are counted); ``used``:
+    queries each example already spent under the same ``max_queries`` (a later phase). ``queries`` is the
+    ledger's count.
     """
     cfg = config or HopSkipJumpConfig()
     x, y = check_batch(x, y)
@@ -170,6 +172,8 @@ def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: b
         raise InputError("schedule='geoda' plans a per-image budget: give max_queries (--max-queries)")
     tgt = check_target(target, y, targeted, oracle.num_classes)
     access = LabelAccess(oracle, y, tgt, max_queries=max_queries, batch_size=batch_size)
+    if used is not None:
+        access.used += used.long().cpu()
     gen = torch.Generator().manual_seed(cfg.seed)
     prior = SubstitutePrior(substitute, batch_size=batch_size) if substitute is not None else None
     if starting_points is not None:
