@@ -10,11 +10,11 @@ ones). Rows:
   per-image budget (``--budgets``, ``--max-queries`` of the CLI), queries from the ledger; HopSkipJump with
   the validated settings of ``attack hopskipjump --preset tuned`` (:func:`stealkit.evade.hopskipjump.tuned_settings`).
 * ``stealkit-hsj-prev``: the tuned settings before the third round (``start_tries=100, semicircle=True``, the
-  second round's preset).
+  second round's preset); ``stealkit-hsj-r3``: the third round's preset (before the Triangle Attack opening).
 * ``stealkit-ta``: the Triangle Attack (:mod:`stealkit.evade.triangle`, Wang et al. ECCV 2022) with the
   settings chosen on the validation images (:data:`stealkit.evade.triangle.TUNED`); ``stealkit-ta-paper``:
-  with the reference code's; ``stealkit-ta-hsj``: the Triangle Attack for a share of the per-image budget,
-  then the tuned HopSkipJump from its points (:data:`stealkit.evade.triangle.OPENING`).
+  with the reference code's (HopSkipJump with the Triangle Attack as its opening is the HopSkipJump setting
+  ``opening``).
 * ``stealkit-hsj-paper`` / ``stealkit-hsj-paper-sub``: the same with the paper's settings (``--preset paper``).
 * ``stealkit-hsj-art-settings``: stealkit HopSkipJump with ART's settings (40 rounds, at most 1,000
   evaluations per estimate, 100 initial), no cap; ``stealkit-hsj-tuned-art-settings``: the same work with the
@@ -55,6 +55,9 @@ ART_BOUNDARY = {"max_iter": 500}
 #: the ``--preset tuned`` settings without a substitute before the third round (orthogonal probes, GeoDA's
 #: allocation) was adopted
 PREVIOUS_TUNED = {"start_tries": 100, "semicircle": True}
+#: the third round's ``--preset tuned`` without a substitute, with a per-image budget
+THIRD_ROUND = {"start_tries": 100, "semicircle": True, "orthogonal": True, "schedule": "geoda", "init_evals": 50,
+               "max_evals": 10_000}
 
 
 class Recorder(nn.Module):
@@ -156,14 +159,9 @@ def run_stealkit(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, 
     oracle = LocalOracle(model, tuple(x.shape[1:]), mode="label")
     t0 = time.perf_counter()
     if isinstance(cfg, TriangleRun):
-        from stealkit.evade.triangle import TriangleConfig, triangle, triangle_hopskipjump
+        from stealkit.evade.triangle import TriangleConfig, triangle
 
-        tc = TriangleConfig(**cfg.triangle)
-        if cfg.share:
-            r = triangle_hopskipjump(oracle, x, y, max_queries=budget, share=cfg.share,  # type: ignore[arg-type]
-                                     config=tc, hsj=cfg.hsj)
-        else:
-            r = triangle(oracle, x, y, max_queries=budget, config=tc)
+        r = triangle(oracle, x, y, max_queries=budget, config=TriangleConfig(**cfg.triangle))
     elif isinstance(cfg, SurFreeRun):
         from stealkit.evade.surfree import SurFreeConfig, hopskipjump_surfree, surfree
 
@@ -224,25 +222,21 @@ class SurFreeRun:
 
 @dataclass(frozen=True)
 class TriangleRun:
-    """Triangle Attack settings (``triangle``, TriangleConfig fields) alone or, with ``share``, as the opening
-    of HopSkipJump (settings ``hsj``)."""
+    """Triangle Attack settings (``triangle``: TriangleConfig fields)."""
 
     triangle: dict[str, Any]
-    share: float
-    hsj: Any
 
 
 def hsj_config(seed: int, **kw: Any) -> Any:
     """HopSkipJump settings; with ``arms`` (and ``share``) a ``(config, halving settings)`` pair for
     :func:`stealkit.evade.halving.successive_halving`; with ``surfree`` (SurFreeConfig fields) a
     :class:`SurFreeRun` (SurFree alone, or after HopSkipJump for ``finish_share`` of the budget); with
-    ``triangle`` (TriangleConfig fields) a :class:`TriangleRun` (alone, or for ``ta_share`` of the budget
-    before HopSkipJump with the other settings)."""
+    ``triangle`` (TriangleConfig fields) a :class:`TriangleRun` (the Triangle Attack alone; as HopSkipJump's
+    opening it is the HopSkipJump setting ``opening``)."""
     from stealkit.evade.hopskipjump import HopSkipJumpConfig
 
     if "triangle" in kw:
-        tc, share = dict(kw.pop("triangle")) | {"seed": seed}, float(kw.pop("ta_share", 0.0))
-        return TriangleRun(tc, share, hsj_config(seed, **kw) if share else None)
+        return TriangleRun(dict(kw.pop("triangle")) | {"seed": seed})
     if "surfree" in kw:
         sf, share = dict(kw.pop("surfree")) | {"seed": seed}, float(kw.pop("finish_share", 0.0))
         return SurFreeRun(sf, share, hsj_config(seed, **kw) if share else None)
@@ -386,11 +380,10 @@ def main(argv: list[str] | None = None) -> int:
     for seed in seeds:
         cfgs = {"hsj": hsj_config(seed, **tuned_settings(substitute=False, budgeted=True)),
                 "hsj-sub": hsj_config(seed, **tuned_settings(substitute=True)),
-                "hsj-prev": hsj_config(seed, **PREVIOUS_TUNED),
+                "hsj-prev": hsj_config(seed, **PREVIOUS_TUNED), "hsj-r3": hsj_config(seed, **THIRD_ROUND),
                 "hsj-paper": hsj_config(seed), "hsj-paper-sub": hsj_config(seed),
                 "boundary": boundary_config(seed), "boundary-sub": boundary_config(seed),
-                "ta": hsj_config(seed, triangle=triangle.TUNED), "ta-paper": hsj_config(seed, triangle={}),
-                "ta-hsj": hsj_config(seed, **triangle.OPENING)}
+                "ta": hsj_config(seed, triangle=triangle.TUNED), "ta-paper": hsj_config(seed, triangle={})}
         for tool in tools:
             if tool in cfgs:
                 kind = "hsj" if tool.startswith("hsj") else "boundary"
@@ -416,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
                                           "stealkit_hsj_paper": repr(hsj_config(0)),
                                           "stealkit_hsj_tuned": tuned_settings(substitute=False, budgeted=True),
                                           "stealkit_hsj_sub_tuned": tuned_settings(substitute=True),
-                                          "stealkit_ta_tuned": triangle.TUNED, "stealkit_ta_hsj": triangle.OPENING},
+                                          "stealkit_ta_tuned": triangle.TUNED},
                              "rows": rows, "art_curves": curves}, indent=1))
     return 0
 

@@ -12,9 +12,9 @@ import torch
 
 from stealkit.errors import InputError
 from stealkit.evade.decision import LabelAccess, binary_search
-from stealkit.evade.hopskipjump import HopSkipJumpConfig
+from stealkit.evade.hopskipjump import HopSkipJumpConfig, hopskipjump
 from stealkit.evade.subspace import dct_directions, dct_matrix
-from stealkit.evade.triangle import TriangleConfig, triangle, triangle_hopskipjump
+from stealkit.evade.triangle import TriangleConfig, triangle
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet
 
@@ -63,12 +63,16 @@ def test_a_ledger_budget_stops_it_without_passing_it() -> None:
 def test_opening_then_hopskipjump_honours_the_cap_and_the_ledger(max_queries: int) -> None:
     victim, x, y = _batch()
     oracle = LocalOracle(victim, SHAPE, mode="label")
-    r = triangle_hopskipjump(oracle, x, y, max_queries=max_queries, share=0.3, config=TriangleConfig(freq=1.0),
-                             hsj=HopSkipJumpConfig(iterations=1000, init_evals=20, semicircle=True))
+    cfg = HopSkipJumpConfig(iterations=1000, init_evals=20, semicircle=True, opening=0.3, opening_freq=1.0)
+    r = hopskipjump(oracle, x, y, max_queries=max_queries, config=cfg)
     per = r.extra["queries_per_example"]
     assert int(per.max()) <= max_queries
     assert int(per.sum()) == oracle.ledger.total == r.queries["predict"]
     assert _adversarial(victim, r.x_adv[r.success], y[r.success])
+    alone = triangle(LocalOracle(victim, SHAPE, mode="label"), x, y, max_queries=max(1, int(0.3 * max_queries)),
+                     config=TriangleConfig(freq=1.0, coords=3))
+    # HopSkipJump starts from the opening's points and never leaves one for a farther point
+    assert bool((r.norms[r.success] <= alone.norms[r.success] + 1e-6).all())
 
 
 def test_same_seed_same_result_and_points_only_move_nearer() -> None:
@@ -114,9 +118,11 @@ def test_bad_input_is_one_clear_error() -> None:
         TriangleConfig(half_range=math.pi)
     with pytest.raises(InputError, match="half_range"):
         TriangleConfig(init_alpha=1.0)
+    with pytest.raises(InputError, match="opening"):
+        HopSkipJumpConfig(opening=1.0)
     victim, x, y = _batch()
-    with pytest.raises(InputError, match="share"):
-        triangle_hopskipjump(LocalOracle(victim, SHAPE, mode="label"), x, y, max_queries=100, share=1.0)
+    with pytest.raises(InputError, match="max_queries"):
+        hopskipjump(LocalOracle(victim, SHAPE, mode="label"), x, y, config=HopSkipJumpConfig(opening=0.2))
     with pytest.raises(InputError, match="C, H, W"):
         triangle(LocalOracle(victim, (16,), mode="label"), x.flatten(1), y, max_queries=10)
 

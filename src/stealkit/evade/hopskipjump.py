@@ -38,6 +38,10 @@ Optional additions, all off by default (then the attack is the paper's):
 * ``config.orthogonal``: the probe directions of step 2 are orthonormal in blocks of ``d`` instead of i.i.d.
   (:mod:`stealkit.evade.orthogonal`: Choromanski et al. ICML 2018, Sec. 3), one random frame per round shared
   by the batch's examples (each takes its first ``n_t`` rows); full pixel space only.
+* ``config.opening = s``: the Triangle Attack (:mod:`stealkit.evade.triangle`, Wang et al. ECCV 2022; its
+  low-frequency DCT directions: ``opening_freq``, ``opening_coords``) spends a share ``s`` of the per-image
+  budget first, and its points are the starts (one query re-checks each); needs ``max_queries``, and neither
+  ``starting_points`` nor a substitute.
 
 :data:`TUNED` holds the additions chosen on validation images (the CLI's default ``--preset tuned``).
 
@@ -51,7 +55,7 @@ as are the step-size and binary searches (no per-query Python round trip).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -73,6 +77,7 @@ from stealkit.evade.semicircle import search_cost, semicircle_search
 from stealkit.evade.starts import best_of_noise
 from stealkit.evade.subspace import check_side, random_directions, subspace_dim
 from stealkit.evade.tangent import tangent_points
+from stealkit.evade.triangle import TriangleConfig, triangle
 from stealkit.oracle import Oracle
 
 #: the fewest probes worth spending on one estimate
@@ -103,6 +108,9 @@ class HopSkipJumpConfig:
     eta: float = 0.6
     accumulate: float = 0.0
     orthogonal: bool = False
+    opening: float = 0.0
+    opening_freq: float = 0.3
+    opening_coords: int = 3
     start_round: int = 1
     seed: int = 0
 
@@ -125,6 +133,8 @@ class HopSkipJumpConfig:
             raise InputError(f"arc_tol must be in (0, 1) (radians), got {self.arc_tol!r}")
         if self.subspace < 0:
             raise InputError(f"subspace must be 0 (full space) or a positive grid side, got {self.subspace}")
+        if not (0 <= self.opening < 1):
+            raise InputError(f"opening must be a share of the per-image budget in [0, 1), got {self.opening!r}")
         if not (0 < self.prior_spread < 10 and 0 < self.prior_agreement < 1):
             raise InputError("prior_spread must be in (0, 10) and prior_agreement in (0, 1)")
 
@@ -170,6 +180,9 @@ def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: b
     check_side(cfg.subspace, tuple(x.shape[1:]))
     if cfg.schedule == "geoda" and max_queries is None:
         raise InputError("schedule='geoda' plans a per-image budget: give max_queries (--max-queries)")
+    if cfg.opening:
+        return _opened(oracle, x, y, targeted=targeted, target=target, max_queries=max_queries, cfg=cfg,
+                       batch_size=batch_size, substitute=substitute, starting_points=starting_points, used=used)
     tgt = check_target(target, y, targeted, oracle.num_classes)
     access = LabelAccess(oracle, y, tgt, max_queries=max_queries, batch_size=batch_size)
     if used is not None:
@@ -189,6 +202,29 @@ def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: b
     res = decision_result(access, x, y, tgt, best, found)
     res.extra["rounds"] = run.rounds
     return res
+
+
+def _opened(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool,
+            target: torch.Tensor | int | None, max_queries: int | None, cfg: HopSkipJumpConfig, batch_size: int,
+            substitute: nn.Module | None, starting_points: torch.Tensor | None, used: torch.Tensor | None
+            ) -> AttackResult:
+    """``config.opening``: the Triangle Attack for that share of the per-image budget, then HopSkipJump from
+    its points (the per-image total never passes ``max_queries``; ``queries`` counts both phases)."""
+    if max_queries is None or max_queries < 2:
+        raise InputError("opening= spends a share of the per-image budget: give max_queries >= 2 (--max-queries)")
+    if substitute is not None or starting_points is not None or used is not None:
+        raise InputError("opening= makes the starting points: drop the substitute / starting_points")
+    start = oracle.ledger.as_dict()
+    first = triangle(oracle, x, y, targeted=targeted, target=target, max_queries=max(1, int(cfg.opening * max_queries)),
+                     config=TriangleConfig(freq=cfg.opening_freq, coords=cfg.opening_coords, seed=cfg.seed,
+                                           init_trials=cfg.init_trials), batch_size=batch_size)
+    rest = hopskipjump(oracle, x, y, targeted=targeted, target=target, starting_points=first.x_adv,
+                       max_queries=max_queries, config=replace(cfg, opening=0.0), batch_size=batch_size,
+                       used=first.extra["queries_per_example"])
+    # an image the opening found no start for has x itself as its start: HopSkipJump's check fails, as it should
+    now = oracle.ledger.as_dict()
+    rest.queries = {k: now.get(k, 0) - start.get(k, 0) for k in now}
+    return rest
 
 
 class _Run:

@@ -40,8 +40,8 @@ image's best so far; ``alpha`` is clamped to its range on every path.
 All images move in lock-step: each candidate stage of an iteration is one batch of oracle calls for every
 image still searching. Every query goes through :class:`~stealkit.evade.decision.LabelAccess` (the ledger,
 the per-image cap); with a per-image ``max_queries`` each image spends exactly its budget unless ``steps``
-runs out first. :func:`triangle_hopskipjump` runs the Triangle Attack for a ``share`` of the per-image
-budget and HopSkipJump from its points for the rest (an opening).
+runs out first. HopSkipJump's ``opening`` option (:mod:`~stealkit.evade.hopskipjump`) runs the Triangle
+Attack for a share of the per-image budget and starts from its points.
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ from torch import nn
 from stealkit.errors import InputError
 from stealkit.evade.base import TINY, AttackResult, check_batch, check_target, clip_box
 from stealkit.evade.decision import LabelAccess, binary_search, check_starts, decision_result, find_starts
-from stealkit.evade.hopskipjump import HopSkipJumpConfig, hopskipjump
 from stealkit.evade.priors import SubstitutePrior, transfer_starts
 from stealkit.evade.starts import best_of_noise
 from stealkit.evade.subspace import dct_directions
@@ -94,11 +93,7 @@ class TriangleConfig:
 
 
 #: settings chosen on the validation images (``benchmarks/decision_attacks.py --tune``, docs/decision-attacks.md)
-TUNED: dict[str, object] = {"freq": 0.5, "coords": 0}
-#: the opening chosen there: the Triangle Attack (``triangle``) for ``ta_share`` of the per-image budget, then
-#: HopSkipJump with the other settings (its tuned preset with a known budget)
-OPENING: dict[str, object] = {"triangle": TUNED, "ta_share": 0.2, "start_tries": 0, "semicircle": True,
-                              "orthogonal": True, "schedule": "geoda", "init_evals": 50, "max_evals": 10_000}
+TUNED: dict[str, object] = {"freq": 0.3, "coords": 3}
 
 
 def triangle(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool = False,
@@ -139,34 +134,6 @@ def triangle(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool
             best[d] = best_of_noise(access, x[d], best[d], idx, tries=cfg.start_tries, tol=tol, gen=gen)
         best[d] = _Triangles(access, x[d], idx, cfg, gen).run(best[d])
     return decision_result(access, x, y, tgt, best, found)
-
-
-def triangle_hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, max_queries: int, share: float,
-                         config: TriangleConfig | None = None, hsj: HopSkipJumpConfig | None = None,
-                         batch_size: int = 256) -> AttackResult:
-    """The Triangle Attack for ``share`` of the per-image budget, then HopSkipJump from its points for the rest
-    (one query re-checks each start); the per-image total never passes ``max_queries``."""
-    if not 0 < share < 1:
-        raise InputError(f"share must be in (0, 1), got {share!r}")
-    if max_queries is None or max_queries < 2:
-        raise InputError("an opening needs a per-image budget (max_queries >= 2)")
-    start = oracle.ledger.as_dict()
-    first = triangle(oracle, x, y, max_queries=max(1, int(share * max_queries)), config=config,
-                     batch_size=batch_size)
-    ok = first.success.cpu()
-    out = hopskipjump(oracle, x[ok.to(x.device)], y[ok.to(y.device)], starting_points=first.x_adv[ok.to(x.device)],
-                      max_queries=max_queries, config=hsj, batch_size=batch_size,
-                      used=first.extra["queries_per_example"][ok])
-    x_adv, per = first.x_adv.clone(), first.extra["queries_per_example"].clone()
-    keep = ok.clone()  # HopSkipJump's point where it is verified (it never leaves a start for a farther one)
-    keep[ok] = out.success.cpu()
-    x_adv[keep.to(x.device)] = out.x_adv[out.success]
-    per[ok] = out.extra["queries_per_example"]
-    now = oracle.ledger.as_dict()
-    return AttackResult(x_adv=x_adv, success=first.success.clone(), norms=(x_adv - x).flatten(1).norm(dim=1),
-                        norm=first.norm, labels=first.labels, target=first.target,
-                        queries={k: now.get(k, 0) - start.get(k, 0) for k in now},
-                        extra={"queries_per_example": per})
 
 
 class _Triangles:
@@ -268,4 +235,4 @@ class _Triangles:
         self.alpha[sel] = alpha
 
 
-__all__ = ["TriangleConfig", "triangle", "triangle_hopskipjump"]
+__all__ = ["TUNED", "TriangleConfig", "triangle"]
