@@ -144,20 +144,25 @@ class HopSkipJumpConfig:
 TUNED: dict[bool, dict[str, object]] = {False: {"start_tries": 100, "semicircle": True, "orthogonal": True},
                                        True: {"init_evals": 50, "subspace": 14}}
 #: added to the tuned settings without a substitute when the per-image budget is known (``max_queries``):
-#: GeoDA's allocation of it over the rounds (it plans a budget, so it needs one)
-TUNED_BUDGETED: dict[str, object] = {"schedule": "geoda", "init_evals": 50, "max_evals": 10_000}
+#: GeoDA's allocation of it over the rounds (it plans a budget, so it needs one) and, since the fourth round,
+#: the Triangle Attack for the first 10% of it (``opening``), then 30 noise tries instead of 100
+TUNED_BUDGETED: dict[str, object] = {"schedule": "geoda", "init_evals": 50, "max_evals": 10_000, "opening": 0.1,
+                                     "start_tries": 30}
 
 
 def tuned_settings(*, substitute: bool, shape: tuple[int, ...] | None = None, budgeted: bool = False
                    ) -> dict[str, object]:
     """The validated settings (:data:`TUNED`) for a run without or with a substitute, with
     :data:`TUNED_BUDGETED` when there is no substitute and a per-image budget (``budgeted``); for inputs of
-    ``shape`` that are not [C, H, W] images the subspace (an image grid) is left out."""
+    ``shape`` that are not [C, H, W] images the subspace (an image grid) and the opening (a DCT search) are left
+    out."""
     out = dict(TUNED[substitute])
     if budgeted and not substitute:
         out |= TUNED_BUDGETED
     if shape is not None and len(shape) != 3:
         out.pop("subspace", None)
+        if out.pop("opening", None) is not None:
+            out["start_tries"] = TUNED[False]["start_tries"]
     return out
 
 
