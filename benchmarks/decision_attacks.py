@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     from stealkit.evade.hopskipjump import tuned_settings
 
     for seed in seeds:
-        cfgs = {"hsj": hsj_config(seed, **tuned_settings(substitute=False, budgeted=True)),
+        cfgs = {"hsj": hsj_config(seed, **tuned_settings(substitute=False, budgeted=True, shape=tuple(x.shape[1:]))),
                 "hsj-sub": hsj_config(seed, **tuned_settings(substitute=True)),
                 "hsj-prev": hsj_config(seed, **PREVIOUS_TUNED), "hsj-r3": hsj_config(seed, **THIRD_ROUND),
                 "hsj-paper": hsj_config(seed), "hsj-paper-sub": hsj_config(seed),
@@ -407,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
                                    secs, seed) | {"anytime": True, "seconds": None, "queries_per_s": None})
     print(json.dumps(meta | {"settings": {"art_hsj": ART_HSJ, "art_boundary": ART_BOUNDARY,
                                           "stealkit_hsj_paper": repr(hsj_config(0)),
-                                          "stealkit_hsj_tuned": tuned_settings(substitute=False, budgeted=True),
+                                          "stealkit_hsj_tuned": tuned_settings(substitute=False, budgeted=True,
+                                                                               shape=tuple(x.shape[1:])),
                                           "stealkit_hsj_sub_tuned": tuned_settings(substitute=True),
                                           "stealkit_ta_tuned": triangle.TUNED},
                              "rows": rows, "art_curves": curves}, indent=1))
