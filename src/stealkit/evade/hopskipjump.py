@@ -67,12 +67,17 @@ from stealkit.evade.decision import (
     LabelAccess,
     OutOfQueries,
     binary_search,
-    check_starts,
     decision_result,
-    find_starts,
 )
 from stealkit.evade.orthogonal import orthogonal_directions
-from stealkit.evade.priors import SubstitutePrior, prior_estimate, prior_probes, tilt, transfer_starts, unit
+from stealkit.evade.priors import (
+    SubstitutePrior,
+    first_points,
+    prior_estimate,
+    prior_probes,
+    tilt,
+    unit,
+)
 from stealkit.evade.semicircle import search_cost, semicircle_search
 from stealkit.evade.starts import best_of_noise
 from stealkit.evade.subspace import check_side, random_directions, subspace_dim
@@ -199,12 +204,8 @@ def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: b
         access.used += used.long().cpu()
     gen = torch.Generator().manual_seed(cfg.seed)
     prior = SubstitutePrior(substitute, batch_size=batch_size) if substitute is not None else None
-    if starting_points is not None:
-        best, found = check_starts(access, x, starting_points)
-    elif prior is not None:
-        best, found = transfer_starts(access, prior, x, y, tgt, trials=cfg.init_trials, gen=gen)
-    else:
-        best, found = find_starts(access, x, trials=cfg.init_trials, gen=gen)
+    best, found = first_points(access, x, y, tgt, starting_points=starting_points, prior=prior,
+                               trials=cfg.init_trials, gen=gen)
     idx = found.nonzero().squeeze(1)
     run = _Run(access, x, y, tgt, cfg, gen, prior)
     if idx.numel():

@@ -54,8 +54,8 @@ from torch import nn
 
 from stealkit.errors import InputError
 from stealkit.evade.base import TINY, AttackResult, check_batch, check_target, clip_box
-from stealkit.evade.decision import LabelAccess, binary_search, check_starts, decision_result, find_starts
-from stealkit.evade.priors import SubstitutePrior, transfer_starts
+from stealkit.evade.decision import LabelAccess, binary_search, decision_result
+from stealkit.evade.priors import SubstitutePrior, first_points
 from stealkit.evade.starts import best_of_noise
 from stealkit.evade.subspace import dct_directions
 from stealkit.oracle import Oracle
@@ -119,12 +119,8 @@ def triangle(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool
         access.used += used.long().cpu()
     gen = torch.Generator().manual_seed(cfg.seed)
     prior = SubstitutePrior(substitute, batch_size=batch_size) if substitute is not None else None
-    if starting_points is not None:
-        best, found = check_starts(access, x, starting_points)
-    elif prior is not None:
-        best, found = transfer_starts(access, prior, x, y, tgt, trials=cfg.init_trials, gen=gen)
-    else:
-        best, found = find_starts(access, x, trials=cfg.init_trials, gen=gen)
+    best, found = first_points(access, x, y, tgt, starting_points=starting_points, prior=prior,
+                               trials=cfg.init_trials, gen=gen)
     idx = found.nonzero().squeeze(1)
     if idx.numel():
         d = idx.to(x.device)
