@@ -10,7 +10,11 @@ ones). Rows:
   per-image budget (``--budgets``, ``--max-queries`` of the CLI), queries from the ledger; HopSkipJump with
   the validated settings of ``attack hopskipjump --preset tuned`` (:func:`stealkit.evade.hopskipjump.tuned_settings`).
 * ``stealkit-hsj-prev``: the tuned settings before the third round (``start_tries=100, semicircle=True``, the
-  second round's preset).
+  second round's preset); ``stealkit-hsj-r3``: the third round's preset (before the Triangle Attack opening).
+* ``stealkit-ta``: the Triangle Attack (:mod:`stealkit.evade.triangle`, Wang et al. ECCV 2022) with the
+  settings chosen on the validation images (:data:`stealkit.evade.triangle.TUNED`); ``stealkit-ta-paper``:
+  with the reference code's (HopSkipJump with the Triangle Attack as its opening is the HopSkipJump setting
+  ``opening``).
 * ``stealkit-hsj-paper`` / ``stealkit-hsj-paper-sub``: the same with the paper's settings (``--preset paper``).
 * ``stealkit-hsj-art-settings``: stealkit HopSkipJump with ART's settings (40 rounds, at most 1,000
   evaluations per estimate, 100 initial), no cap; ``stealkit-hsj-tuned-art-settings``: the same work with the
@@ -54,6 +58,9 @@ ART_BOUNDARY = {"max_iter": 500}
 #: the ``--preset tuned`` settings without a substitute before the third round (orthogonal probes, GeoDA's
 #: allocation) was adopted
 PREVIOUS_TUNED = {"start_tries": 100, "semicircle": True}
+#: the third round's ``--preset tuned`` without a substitute, with a per-image budget
+THIRD_ROUND = {"start_tries": 100, "semicircle": True, "orthogonal": True, "schedule": "geoda", "init_evals": 50,
+               "max_evals": 10_000}
 
 
 class Recorder(nn.Module):
@@ -154,7 +161,11 @@ def run_stealkit(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, 
 
     oracle = LocalOracle(model, tuple(x.shape[1:]), mode="label", batch_size=CHUNKS["oracle_chunk"])
     t0 = time.perf_counter()
-    if isinstance(cfg, SurFreeRun):
+    if isinstance(cfg, TriangleRun):
+        from stealkit.evade.triangle import TriangleConfig, triangle
+
+        r = triangle(oracle, x, y, max_queries=budget, config=TriangleConfig(**cfg.triangle))
+    elif isinstance(cfg, SurFreeRun):
         from stealkit.evade.surfree import SurFreeConfig, hopskipjump_surfree, surfree
 
         sf = SurFreeConfig(**cfg.surfree)
@@ -212,12 +223,23 @@ class SurFreeRun:
     hsj: Any
 
 
+@dataclass(frozen=True)
+class TriangleRun:
+    """Triangle Attack settings (``triangle``: TriangleConfig fields)."""
+
+    triangle: dict[str, Any]
+
+
 def hsj_config(seed: int, **kw: Any) -> Any:
     """HopSkipJump settings; with ``arms`` (and ``share``) a ``(config, halving settings)`` pair for
     :func:`stealkit.evade.halving.successive_halving`; with ``surfree`` (SurFreeConfig fields) a
-    :class:`SurFreeRun` (SurFree alone, or after HopSkipJump for ``finish_share`` of the budget)."""
+    :class:`SurFreeRun` (SurFree alone, or after HopSkipJump for ``finish_share`` of the budget); with
+    ``triangle`` (TriangleConfig fields) a :class:`TriangleRun` (the Triangle Attack alone; as HopSkipJump's
+    opening it is the HopSkipJump setting ``opening``)."""
     from stealkit.evade.hopskipjump import HopSkipJumpConfig
 
+    if "triangle" in kw:
+        return TriangleRun(dict(kw.pop("triangle")) | {"seed": seed})
     if "surfree" in kw:
         sf, share = dict(kw.pop("surfree")) | {"seed": seed}, float(kw.pop("finish_share", 0.0))
         return SurFreeRun(sf, share, hsj_config(seed, **kw) if share else None)
@@ -243,6 +265,7 @@ def tune(model: nn.Module, sub: nn.Module, xv: torch.Tensor, yv: torch.Tensor, b
         with_sub = bool(kw.pop("substitute", False))
         meds, gms = [], []
         t0 = time.perf_counter()
+        load = round(os.getloadavg()[0], 2)
         for seed in seeds:
             if kw.get("art"):
                 curves, _, _ = run_art("hsj", model, xv, yv, seed, k)
@@ -254,7 +277,8 @@ def tune(model: nn.Module, sub: nn.Module, xv: torch.Tensor, yv: torch.Tensor, b
             meds.append(round(statistics.median(ok), 4) if ok else None)
             gms.append(round(math.exp(statistics.fmean(math.log(d) for d in ok)), 4) if ok else None)
         row = {"config": extra, "budget": budget, "median_l2": meds, "geo_mean_l2": gms, "seeds": seeds,
-               "success": len(ok) / len(norms), "seconds": round(time.perf_counter() - t0, 1)}
+               "success": len(ok) / len(norms), "seconds": round(time.perf_counter() - t0, 1),
+               "load_avg": [load, round(os.getloadavg()[0], 2)]}
         log(f"tune {json.dumps(row)}")
         rows.append(row)
     return rows
@@ -309,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tune", default=None, metavar="JSON",
                    help="only run these HopSkipJump settings on the validation images, e.g. "
                         "'[{\"start_tries\": 100}, {\"start_tries\": 100, \"substitute\": true}]'")
-    p.add_argument("--tune-budget", type=int, default=2000)
+    p.add_argument("--tune-budget", default="2000", help="per-image budget(s) for --tune, e.g. 1000,5000")
     p.add_argument("--oracle-chunk", type=int, default=None,
                    help="stealkit's oracle forward chunk (default: the device default, 256 for 28x28 conv victims on a CPU)")
     p.add_argument("--art-batch", type=int, default=64, help="ART HopSkipJump's batch_size (default 64, ART's own)")
@@ -343,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
             "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M")}
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.tune:
-        rows = tune(model, sub, xv, yv, args.tune_budget, json.loads(args.tune), seeds, k, log)
+        rows = [r for b in args.tune_budget.split(",")
+                for r in tune(model, sub, xv, yv, int(b), json.loads(args.tune), seeds, k, log)]
         print(json.dumps(meta | {"tune_budget": args.tune_budget, "tune": rows}, indent=1))
         return 0
     rows: list[dict[str, Any]] = []
@@ -359,14 +384,16 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.jsonl, "a") as fh:
                 fh.write(json.dumps(row | {"dataset": args.dataset}) + "\n")
 
+    from stealkit.evade import triangle
     from stealkit.evade.hopskipjump import tuned_settings
 
     for seed in seeds:
-        cfgs = {"hsj": hsj_config(seed, **tuned_settings(substitute=False, budgeted=True)),
+        cfgs = {"hsj": hsj_config(seed, **tuned_settings(substitute=False, budgeted=True, shape=tuple(x.shape[1:]))),
                 "hsj-sub": hsj_config(seed, **tuned_settings(substitute=True)),
-                "hsj-prev": hsj_config(seed, **PREVIOUS_TUNED),
+                "hsj-prev": hsj_config(seed, **PREVIOUS_TUNED), "hsj-r3": hsj_config(seed, **THIRD_ROUND),
                 "hsj-paper": hsj_config(seed), "hsj-paper-sub": hsj_config(seed),
-                "boundary": boundary_config(seed), "boundary-sub": boundary_config(seed)}
+                "boundary": boundary_config(seed), "boundary-sub": boundary_config(seed),
+                "ta": hsj_config(seed, triangle=triangle.TUNED), "ta-paper": hsj_config(seed, triangle={})}
         for tool in tools:
             if tool in cfgs:
                 kind = "hsj" if tool.startswith("hsj") else "boundary"
@@ -390,8 +417,10 @@ def main(argv: list[str] | None = None) -> int:
                                    secs, seed) | {"anytime": True, "seconds": None, "queries_per_s": None})
     print(json.dumps(meta | {"settings": {"art_hsj": ART_HSJ, "art_boundary": ART_BOUNDARY,
                                           "stealkit_hsj_paper": repr(hsj_config(0)),
-                                          "stealkit_hsj_tuned": tuned_settings(substitute=False, budgeted=True),
-                                          "stealkit_hsj_sub_tuned": tuned_settings(substitute=True)},
+                                          "stealkit_hsj_tuned": tuned_settings(substitute=False, budgeted=True,
+                                                                               shape=tuple(x.shape[1:])),
+                                          "stealkit_hsj_sub_tuned": tuned_settings(substitute=True),
+                                          "stealkit_ta_tuned": triangle.TUNED},
                              "rows": rows, "art_curves": curves}, indent=1))
     return 0
 

@@ -97,3 +97,14 @@ def test_tuned_settings_leave_out_the_image_subspace_for_flat_inputs() -> None:
 
     assert "subspace" not in tuned_settings(substitute=True, shape=(30,))
     assert tuned_settings(substitute=True, shape=(1, 28, 28)) == tuned_settings(substitute=True)
+
+
+def test_tuned_budgeted_settings_open_with_the_triangle_attack_on_large_enough_images_only() -> None:
+    from stealkit.evade.hopskipjump import TUNED, tuned_settings
+
+    image = tuned_settings(substitute=False, shape=(1, 28, 28), budgeted=True)
+    assert image["opening"] == 0.1 and HopSkipJumpConfig(**image).opening == 0.1  # type: ignore[arg-type]
+    for shape in ((30,), (1, 8, 8)):  # not an image, or one smaller than OPENING_MIN_SIDE
+        small = tuned_settings(substitute=False, shape=shape, budgeted=True)
+        assert "opening" not in small and small["start_tries"] == TUNED[False]["start_tries"]
+    assert "opening" not in tuned_settings(substitute=True, shape=(1, 28, 28), budgeted=True)

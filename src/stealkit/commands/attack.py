@@ -18,7 +18,7 @@ TARGETS = ("second", "random", "least-likely")
 @click.group("attack")
 def attack() -> None:
     """Evasion attacks. Transfer: craft on a stolen substitute, count successes on the victim's oracle
-    (fgsm, bim, pgd, mifgsm, cw). Decision-based, on the victim's labels only: boundary, hopskipjump."""
+    (fgsm, bim, pgd, mifgsm, cw). Decision-based, on the victim's labels only: boundary, hopskipjump, triangle."""
 
 
 def _victim_opts(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -125,13 +125,17 @@ def _make_transfer(method: str) -> click.Command:
     return cmd
 
 
+DECISION_NAMES = {"boundary": "Boundary attack", "hopskipjump": "HopSkipJump", "triangle": "Triangle Attack"}
+
+
 def _make_decision(method: str) -> click.Command:
-    @click.command(method, help=f"{'Boundary attack' if method == 'boundary' else 'HopSkipJump'} on the victim's "
-                                "labels only (minimum L2); every query is charged to the victim's ledger.")
+    @click.command(method, help=f"{DECISION_NAMES.get(method, method)} on the victim's labels only (minimum L2); "
+                                "every query is charged to the victim's ledger.")
     @_victim_opts
     @click.option("--max-queries", type=int, default=5000, show_default=True, help="Queries per image at most.")
     @click.option("--iterations", type=int, default=None,
-                  help="Steps (boundary, default 5000) or rounds (hopskipjump, default 40).")
+                  help="Steps (boundary, default 5000), rounds (hopskipjump, default 40) or triangle searches "
+                       "(triangle, default 100000: until --max-queries is spent).")
     @click.option("--substitute", default=None, type=click.Path(exists=True, file_okay=False),
                   help="A stolen model (its directory, or an extraction run directory holding student/): its "
                        "transfer example is the start and its gradient the prior. Default: no substitute.")
@@ -154,13 +158,19 @@ def _make_decision(method: str) -> click.Command:
         sub = _load_substitute(substitute, v, device) if substitute is not None else None
         x, y = _test_sample(v, data_dir, n, seed)
         spec = ATTACKS[method]
-        rounds = {"steps": iterations or 5000} if method == "boundary" else {"iterations": iterations or 40}
+        rounds: dict[str, object] = {"boundary": {"steps": iterations or 5000},
+                                     "triangle": {"steps": iterations or 100_000}}.get(
+                                         method, {"iterations": iterations or 40})
         if method == "hopskipjump" and preset == "tuned":
             from stealkit.evade.hopskipjump import tuned_settings
 
             tuned = tuned_settings(substitute=sub is not None, shape=tuple(v.oracle.input_shape),
                                    budgeted=True)  # --max-queries always sets a per-image budget
-            rounds = rounds | tuned  # type: ignore[operator]
+            rounds = rounds | tuned
+        elif method == "triangle" and preset == "tuned":
+            from stealkit.evade.triangle import TUNED
+
+            rounds = rounds | TUNED
         config = apply_settings(spec.config(seed=seed, **rounds), parse_kv(settings), who=method)  # type: ignore[misc]
         clean = v.oracle.query(x)  # which images the victim gets right (charged)
         from stealkit.oracle import labels_from_answer
@@ -171,7 +181,7 @@ def _make_decision(method: str) -> click.Command:
                              "is nothing to attack; raise --n or check the victim and --dataset")
         run_config = {"victim": victim, "dataset": v.dataset, "n": n, "max_queries": max_queries,
                       "iterations": iterations, "substitute": substitute} | (
-                          {"preset": preset} if method == "hopskipjump" else {}) | (
+                          {"preset": preset} if method in ("hopskipjump", "triangle") else {}) | (
                           {"settings": parse_kv(settings)} if settings else {})
         run = RunDir(out).create(command=f"attack {method}", seed=seed, config=run_config)
         res = spec.run(v.oracle, x[ok], y[ok], max_queries=max_queries, config=config, substitute=sub)
@@ -195,6 +205,11 @@ def _make_decision(method: str) -> click.Command:
         click.echo(f"success {summary['asr']}, median L2 {summary['median_norm_successful']}, victim queries "
                    f"{summary['victim_queries']}; report: {run.report_path}")
 
+    if method == "triangle":
+        cmd = click.option(
+            "--preset", type=click.Choice(["tuned", "paper"]), default="tuned", show_default=True,
+            help="tuned: the settings chosen on validation images (docs/decision-attacks.md); paper: the "
+                 "reference code's (Wang et al. 2022). --set overrides either.")(cmd)
     if method == "hopskipjump":
         cmd = click.option(
             "--preset", type=click.Choice(["tuned", "paper"]), default="tuned", show_default=True,

@@ -40,11 +40,9 @@ from stealkit.evade.decision import (
     LabelAccess,
     OutOfQueries,
     binary_search,
-    check_starts,
     decision_result,
-    find_starts,
 )
-from stealkit.evade.priors import SubstitutePrior, transfer_starts, unit
+from stealkit.evade.priors import SubstitutePrior, first_points, unit
 from stealkit.oracle import Oracle
 
 
@@ -117,12 +115,8 @@ def boundary_attack(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targete
     access = LabelAccess(oracle, y, tgt, max_queries=max_queries, batch_size=batch_size)
     gen = torch.Generator().manual_seed(cfg.seed)
     prior = SubstitutePrior(substitute, batch_size=batch_size) if substitute is not None else None
-    if starting_points is not None:
-        best, found = check_starts(access, x, starting_points)
-    elif prior is not None:
-        best, found = transfer_starts(access, prior, x, y, tgt, trials=cfg.init_trials, gen=gen)
-    else:
-        best, found = find_starts(access, x, trials=cfg.init_trials, gen=gen)
+    best, found = first_points(access, x, y, tgt, starting_points=starting_points, prior=prior,
+                               trials=cfg.init_trials, gen=gen)
     idx = found.nonzero().squeeze(1)
     if idx.numel():
         best[idx] = binary_search(access, x[idx], best[idx], idx, 1e-3)

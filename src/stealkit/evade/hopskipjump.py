@@ -38,6 +38,10 @@ Optional additions, all off by default (then the attack is the paper's):
 * ``config.orthogonal``: the probe directions of step 2 are orthonormal in blocks of ``d`` instead of i.i.d.
   (:mod:`stealkit.evade.orthogonal`: Choromanski et al. ICML 2018, Sec. 3), one random frame per round shared
   by the batch's examples (each takes its first ``n_t`` rows); full pixel space only.
+* ``config.opening = s``: the Triangle Attack (:mod:`stealkit.evade.triangle`, Wang et al. ECCV 2022; its
+  low-frequency DCT directions: ``opening_freq``, ``opening_coords``) spends a share ``s`` of the per-image
+  budget first, and its points are the starts (one query re-checks each); needs ``max_queries``, and neither
+  ``starting_points`` nor a substitute.
 
 :data:`TUNED` holds the additions chosen on validation images (the CLI's default ``--preset tuned``).
 
@@ -51,7 +55,7 @@ as are the step-size and binary searches (no per-query Python round trip).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -63,16 +67,22 @@ from stealkit.evade.decision import (
     LabelAccess,
     OutOfQueries,
     binary_search,
-    check_starts,
     decision_result,
-    find_starts,
 )
 from stealkit.evade.orthogonal import orthogonal_directions
-from stealkit.evade.priors import SubstitutePrior, prior_estimate, prior_probes, tilt, transfer_starts, unit
+from stealkit.evade.priors import (
+    SubstitutePrior,
+    first_points,
+    prior_estimate,
+    prior_probes,
+    tilt,
+    unit,
+)
 from stealkit.evade.semicircle import search_cost, semicircle_search
 from stealkit.evade.starts import best_of_noise
 from stealkit.evade.subspace import check_side, random_directions, subspace_dim
 from stealkit.evade.tangent import tangent_points
+from stealkit.evade.triangle import TriangleConfig, triangle
 from stealkit.oracle import Oracle
 
 #: the fewest probes worth spending on one estimate
@@ -103,6 +113,9 @@ class HopSkipJumpConfig:
     eta: float = 0.6
     accumulate: float = 0.0
     orthogonal: bool = False
+    opening: float = 0.0
+    opening_freq: float = 0.3
+    opening_coords: int = 3
     start_round: int = 1
     seed: int = 0
 
@@ -125,6 +138,8 @@ class HopSkipJumpConfig:
             raise InputError(f"arc_tol must be in (0, 1) (radians), got {self.arc_tol!r}")
         if self.subspace < 0:
             raise InputError(f"subspace must be 0 (full space) or a positive grid side, got {self.subspace}")
+        if not (0 <= self.opening < 1):
+            raise InputError(f"opening must be a share of the per-image budget in [0, 1), got {self.opening!r}")
         if not (0 < self.prior_spread < 10 and 0 < self.prior_agreement < 1):
             raise InputError("prior_spread must be in (0, 10) and prior_agreement in (0, 1)")
 
@@ -134,32 +149,44 @@ class HopSkipJumpConfig:
 TUNED: dict[bool, dict[str, object]] = {False: {"start_tries": 100, "semicircle": True, "orthogonal": True},
                                        True: {"init_evals": 50, "subspace": 14}}
 #: added to the tuned settings without a substitute when the per-image budget is known (``max_queries``):
-#: GeoDA's allocation of it over the rounds (it plans a budget, so it needs one)
-TUNED_BUDGETED: dict[str, object] = {"schedule": "geoda", "init_evals": 50, "max_evals": 10_000}
+#: GeoDA's allocation of it over the rounds (it plans a budget, so it needs one) and, since the fourth round,
+#: the Triangle Attack for the first 10% of it (``opening``), then 30 noise tries instead of 100
+TUNED_BUDGETED: dict[str, object] = {"schedule": "geoda", "init_evals": 50, "max_evals": 10_000, "opening": 0.1,
+                                     "start_tries": 30}
+#: the opening only for images at least this many pixels high and wide: it won on Fashion-MNIST (28 x 28)
+#: and lost on digits (8 x 8) on the validation images (docs/decision-attacks.md, fourth round)
+OPENING_MIN_SIDE = 16
 
 
 def tuned_settings(*, substitute: bool, shape: tuple[int, ...] | None = None, budgeted: bool = False
                    ) -> dict[str, object]:
     """The validated settings (:data:`TUNED`) for a run without or with a substitute, with
     :data:`TUNED_BUDGETED` when there is no substitute and a per-image budget (``budgeted``); for inputs of
-    ``shape`` that are not [C, H, W] images the subspace (an image grid) is left out."""
+    ``shape`` that are not [C, H, W] images the subspace (an image grid) is left out, and the opening (a DCT
+    search) for those and for images smaller than :data:`OPENING_MIN_SIDE` (then the third round's noise tries
+    stay)."""
     out = dict(TUNED[substitute])
     if budgeted and not substitute:
         out |= TUNED_BUDGETED
     if shape is not None and len(shape) != 3:
         out.pop("subspace", None)
+    if shape is not None and (len(shape) != 3 or min(shape[1:]) < OPENING_MIN_SIDE) and "opening" in out:
+        del out["opening"]
+        out["start_tries"] = TUNED[False]["start_tries"]
     return out
 
 
 def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool = False,
                 target: torch.Tensor | int | None = None, starting_points: torch.Tensor | None = None,
                 max_queries: int | None = None, config: HopSkipJumpConfig | None = None,
-                batch_size: int = 256, substitute: nn.Module | None = None) -> AttackResult:
+                batch_size: int = 256, substitute: nn.Module | None = None,
+                used: torch.Tensor | None = None) -> AttackResult:
     """Minimise ``||x_adv - x||_2`` with HopSkipJump using only labels (see the module docstring).
 
     Arguments as :func:`~stealkit.evade.boundary.boundary_attack`; ``substitute``: a stolen model for the
-    prior and the starting points (its gradients are free; only victim queries are counted). ``queries`` is
-    the ledger's count.
+    prior and the starting points (its gradients are free; only victim queries are counted); ``used``:
+    queries each example already spent under the same ``max_queries`` (a later phase). ``queries`` is the
+    ledger's count.
     """
     cfg = config or HopSkipJumpConfig()
     x, y = check_batch(x, y)
@@ -168,16 +195,17 @@ def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: b
     check_side(cfg.subspace, tuple(x.shape[1:]))
     if cfg.schedule == "geoda" and max_queries is None:
         raise InputError("schedule='geoda' plans a per-image budget: give max_queries (--max-queries)")
+    if cfg.opening:
+        return _opened(oracle, x, y, targeted=targeted, target=target, max_queries=max_queries, cfg=cfg,
+                       batch_size=batch_size, substitute=substitute, starting_points=starting_points, used=used)
     tgt = check_target(target, y, targeted, oracle.num_classes)
     access = LabelAccess(oracle, y, tgt, max_queries=max_queries, batch_size=batch_size)
+    if used is not None:
+        access.used += used.long().cpu()
     gen = torch.Generator().manual_seed(cfg.seed)
     prior = SubstitutePrior(substitute, batch_size=batch_size) if substitute is not None else None
-    if starting_points is not None:
-        best, found = check_starts(access, x, starting_points)
-    elif prior is not None:
-        best, found = transfer_starts(access, prior, x, y, tgt, trials=cfg.init_trials, gen=gen)
-    else:
-        best, found = find_starts(access, x, trials=cfg.init_trials, gen=gen)
+    best, found = first_points(access, x, y, tgt, starting_points=starting_points, prior=prior,
+                               trials=cfg.init_trials, gen=gen)
     idx = found.nonzero().squeeze(1)
     run = _Run(access, x, y, tgt, cfg, gen, prior)
     if idx.numel():
@@ -185,6 +213,29 @@ def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: b
     res = decision_result(access, x, y, tgt, best, found)
     res.extra["rounds"] = run.rounds
     return res
+
+
+def _opened(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool,
+            target: torch.Tensor | int | None, max_queries: int | None, cfg: HopSkipJumpConfig, batch_size: int,
+            substitute: nn.Module | None, starting_points: torch.Tensor | None, used: torch.Tensor | None
+            ) -> AttackResult:
+    """``config.opening``: the Triangle Attack for that share of the per-image budget, then HopSkipJump from
+    its points (the per-image total never passes ``max_queries``; ``queries`` counts both phases)."""
+    if max_queries is None or max_queries < 2:
+        raise InputError("opening= spends a share of the per-image budget: give max_queries >= 2 (--max-queries)")
+    if substitute is not None or starting_points is not None or used is not None:
+        raise InputError("opening= makes the starting points: drop the substitute / starting_points")
+    start = oracle.ledger.as_dict()
+    first = triangle(oracle, x, y, targeted=targeted, target=target, max_queries=max(1, int(cfg.opening * max_queries)),
+                     config=TriangleConfig(freq=cfg.opening_freq, coords=cfg.opening_coords, seed=cfg.seed,
+                                           init_trials=cfg.init_trials), batch_size=batch_size)
+    rest = hopskipjump(oracle, x, y, targeted=targeted, target=target, starting_points=first.x_adv,
+                       max_queries=max_queries, config=replace(cfg, opening=0.0), batch_size=batch_size,
+                       used=first.extra["queries_per_example"])
+    # an image the opening found no start for has x itself as its start: HopSkipJump's check fails, as it should
+    now = oracle.ledger.as_dict()
+    rest.queries = {k: now.get(k, 0) - start.get(k, 0) for k in now}
+    return rest
 
 
 class _Run:

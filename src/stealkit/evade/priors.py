@@ -35,7 +35,7 @@ from torch import nn
 
 from stealkit.errors import InputError
 from stealkit.evade.base import TINY, clip_box
-from stealkit.evade.decision import LabelAccess, OutOfQueries, find_starts
+from stealkit.evade.decision import LabelAccess, OutOfQueries, check_starts, find_starts
 from stealkit.evade.gradient import frozen
 
 #: multiples of the substitute's flipping step count tried as starting points
@@ -159,6 +159,18 @@ def transfer_starts(access: LabelAccess, prior: SubstitutePrior, x: torch.Tensor
     return starts, found
 
 
+def first_points(access: LabelAccess, x: torch.Tensor, y: torch.Tensor, target: torch.Tensor | None, *,
+                 starting_points: torch.Tensor | None, prior: SubstitutePrior | None, trials: int,
+                 gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decision attack's adversarial starts: ``(starts, found)`` -- the given ``starting_points`` (one query
+    each checks them), else the substitute's transfer examples (:func:`transfer_starts`), else uniform noise."""
+    if starting_points is not None:
+        return check_starts(access, x, starting_points)
+    if prior is not None:
+        return transfer_starts(access, prior, x, y, target, trials=trials, gen=gen)
+    return find_starts(access, x, trials=trials, gen=gen)
+
+
 @dataclass
 class PriorEstimate:
     """One prior-guided estimate: the unit normal and the measured agreement ``alpha = cos(v, n)``."""
@@ -236,5 +248,5 @@ def load_prior(model: nn.Module | None) -> SubstitutePrior | None:
     return SubstitutePrior(model)
 
 
-__all__ = ["START_SCALES", "PriorEstimate", "SubstitutePrior", "load_prior", "prior_estimate", "prior_probes",
+__all__ = ["START_SCALES", "PriorEstimate", "SubstitutePrior", "first_points", "load_prior", "prior_estimate", "prior_probes",
            "tilt", "transfer_starts", "unit"]

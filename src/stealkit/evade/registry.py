@@ -24,6 +24,7 @@ ATTACKS = Registry("attack", [
     Entry("boundary", f"{_E}.boundary", "boundary_attack", "BoundaryConfig", "decision", "Brendel et al. 2018"),
     Entry("hopskipjump", f"{_E}.hopskipjump", "hopskipjump", "HopSkipJumpConfig", "decision",
           "Chen et al. 2020"),
+    Entry("triangle", f"{_E}.triangle", "triangle", "TriangleConfig", "decision", "Wang et al. ECCV 2022"),
 ])
 
 #: attacks crafted on a substitute and transferred to the victim

@@ -33,6 +33,7 @@ from stealkit.evade.base import TINY, AttackResult, check_batch, check_target
 from stealkit.evade.decision import LabelAccess, binary_search, check_starts, decision_result, find_starts
 from stealkit.evade.hopskipjump import HopSkipJumpConfig, hopskipjump
 from stealkit.evade.semicircle import arc_points
+from stealkit.evade.subspace import dct_directions, dct_matrix
 from stealkit.oracle import Oracle
 
 
@@ -122,14 +123,6 @@ def hopskipjump_surfree(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, max
                         extra={"queries_per_example": per})
 
 
-def dct_matrix(n: int) -> torch.Tensor:
-    """The orthonormal DCT-II matrix (rows: frequencies)."""
-    k = torch.arange(n, dtype=torch.float64).unsqueeze(1)
-    m = torch.cos(math.pi * (2 * torch.arange(n, dtype=torch.float64) + 1) * k / (2 * n)) * math.sqrt(2 / n)
-    m[0] /= math.sqrt(2)
-    return m.float()
-
-
 class _Search:
     """SurFree's iterations for a batch of examples with verified boundary points (rows aligned with ``x``)."""
 
@@ -142,8 +135,6 @@ class _Search:
         self.hist = torch.zeros(n, self.ring, dim, device=x.device)
         self.count = 0
         self.theta_max = torch.full((n,), math.radians(cfg.theta_max), device=x.device)
-        if cfg.basis == "dct":
-            self.dct = [dct_matrix(s).to(x.device) for s in x.shape[2:]]
 
     def run(self, best: torch.Tensor) -> torch.Tensor:
         rows = torch.arange(self.x.shape[0])
@@ -158,12 +149,7 @@ class _Search:
         """Random unit directions for rows ``sel`` orthogonal to ``u`` and to the directions kept."""
         x, cfg = self.x, self.cfg
         if cfg.basis == "dct":
-            c, h, w = x.shape[1:]
-            coef = torch.zeros(sel.numel(), c, h, w)
-            kh, kw = max(1, math.ceil(cfg.freq * h)), max(1, math.ceil(cfg.freq * w))
-            coef[:, :, :kh, :kw] = torch.randn(sel.numel(), c, kh, kw, generator=self.gen)
-            coef = coef.to(x.device)
-            r = (self.dct[0].T @ coef @ self.dct[1]).flatten(1)
+            r = dct_directions(sel.numel(), tuple(x.shape[1:]), cfg.freq, self.gen, x.device).flatten(1)
         else:
             r = torch.randn((sel.numel(), x[0].numel()), generator=self.gen).to(x.device)
         d = sel.to(x.device)
