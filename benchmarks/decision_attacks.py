@@ -142,14 +142,22 @@ def steal(victim_dir: str, pool_size: int, epochs: int, log: Any, cache: Path | 
     return r.student.eval(), info
 
 
-def pick_images(model: nn.Module, test: Any, n: int, val: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                         torch.Tensor]:
-    """``n`` reported and ``val`` validation images (disjoint) that the victim classifies correctly."""
+def pick_images(model: nn.Module, test: Any, n: int, val: int, offset: int = 0
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``n`` reported and ``val`` validation images (disjoint) that the victim classifies correctly.
+
+    In a fixed seeded order of the test split's correctly classified images, the reported ones are
+    ``[offset, offset + n)`` (``offset`` 0: the first ``n``) and the validation ones ``[n, n + val)``; an
+    ``offset`` past every validation set used so far gives a fresh reported set."""
+    if offset and offset < n + val and offset + n > n:
+        raise SystemExit(f"--offset {offset}: the reported images [{offset}, {offset + n}) overlap the validation "
+                         f"images [{n}, {n + val}); use an offset of at least {n + val}")
+    size = 4 * (max(offset + n, n + val))
     perm = torch.randperm(len(test.y), generator=torch.Generator().manual_seed(1234))
-    x, y = test.x[perm[: 4 * (n + val)]], test.y[perm[: 4 * (n + val)]]
+    x, y = test.x[perm[:size]], test.y[perm[:size]]
     with torch.no_grad():
         ok = (model(x).argmax(1) == y).nonzero().squeeze(1)
-    rep, va = ok[:n], ok[n : n + val]
+    rep, va = ok[offset : offset + n], ok[n : n + val]
     return x[rep], y[rep], x[va], y[va]
 
 
@@ -324,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="digits", choices=sorted(SHORT))
     p.add_argument("--n", type=int, default=20, help="reported images")
+    p.add_argument("--offset", type=int, default=0,
+                   help="reported images start at this position of the seeded order (0: the first --n); past "
+                        "every validation set (e.g. 400) gives a fresh set never used for tuning")
     p.add_argument("--val", type=int, default=10, help="validation images (for --tune), disjoint from the reported")
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--budgets", default="500,1000,2000,5000,10000")
@@ -360,8 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     cache = Path("runs/decision_bench") / f"sub-{args.dataset}-{args.pool}-{args.sub_epochs}"
     sub, sub_info = steal(str(trained.path), args.pool, args.sub_epochs, log, cache)
     test = load_splits(args.dataset).test
-    x, y, xv, yv = pick_images(model, test, args.n, args.val)
-    meta = {"dataset": args.dataset, "victim": f"{SHORT[args.dataset]}-conv2", "n": int(x.shape[0]),
+    x, y, xv, yv = pick_images(model, test, args.n, args.val, args.offset)
+    meta = {"dataset": args.dataset, "victim": f"{SHORT[args.dataset]}-conv2", "n": int(x.shape[0]), "offset": args.offset,
             "val": int(xv.shape[0]), "substitute": sub_info, "torch": torch.__version__,
             "machine": f"{platform.machine()} {os.cpu_count()} cores", "load_avg": os.getloadavg(),
             "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M")}
@@ -377,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     tools = args.tools.split(",")
 
     def emit(row: dict[str, Any]) -> None:
-        row = row | {"load_avg": [round(v, 2) for v in os.getloadavg()]} | CHUNKS
+        row = row | {"load_avg": [round(v, 2) for v in os.getloadavg()], "n": int(x.shape[0]), "offset": args.offset} | CHUNKS
         log(json.dumps(row))
         rows.append(row)
         if args.jsonl:
