@@ -42,7 +42,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 def run_one(victim_name: str, method: str, mode: str, budget: int, marks: list[int], preset: str,
             device: str, seed: int, overrides: dict[str, Any], save_dir: Path | None = None,
-            recipe: str = "paper", split: str = "test") -> dict[str, Any]:
+            recipe: str = "paper", split: str = "test", points: Path | None = None) -> dict[str, Any]:
     from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
     from stealkit.extract.datafree_loop import LoopConfig
     from stealkit.extract.recipes import recipe_settings
@@ -59,9 +59,17 @@ def run_one(victim_name: str, method: str, mode: str, budget: int, marks: list[i
     loop = LoopConfig(eval_every=max(marks), eval_at=tuple(marks), checkpoint_every=0, grid_samples=0)
     config = entry.config(seed=seed, loop=loop, **{**PRESETS[preset][method], **recipe_settings(recipe, method, mode),
                                                    **overrides.get(method, {})})
+    tag = {"victim": victim_name, "method": method, "mode": mode, "seed": seed, "recipe": recipe, "split": split,
+           "preset": preset, "budget": budget}
+
+    def on_point(point: dict[str, Any]) -> None:  # each scored point as it comes: a stopped run keeps its curve
+        if points is not None:
+            with open(points, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({**tag, **point, "load_average": os.getloadavg()}) + "\n")
+
     start = time.perf_counter()
     result = entry.run(v.oracle, make_student=student_factory(arch, v, seed, **skw), evaluator=ev, config=config,
-                       device=device)
+                       device=device, on_point=on_point)
     wall = time.perf_counter() - start
     cfg_json = json.loads(json.dumps(config, default=lambda o: getattr(o, "__dict__", str(o))))
     student_dir = None
@@ -168,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--split", choices=["test", "validation"], default="test",
                     help="score on the test split (report) or the attacker split (validation, to choose settings)")
     ap.add_argument("--jsonl", type=Path, default=None, help="also append each finished run here")
+    ap.add_argument("--points", type=Path, default=None,
+                    help="also append each scored point of the curve here as it is measured (a stopped run keeps it)")
     ap.add_argument("--save-students", type=Path, default=None, metavar="DIR",
                     help="also save each student as a run directory DIR/METHOD-MODE (for attack study --substitute)")
     ap.add_argument("--quick", action="store_true", help="smoke run: digits-conv2 victim, 20k queries")
@@ -193,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"running {method} {mode} seed {seed} to {args.budget} queries", file=sys.stderr, flush=True)
         save = args.save_students / f"seed{seed}" if args.save_students and len(seeds) > 1 else args.save_students
         r = run_one(args.victim, method, mode, args.budget, marks, args.preset, args.device, seed, overrides, save,
-                    recipe=args.recipe, split=args.split)
+                    recipe=args.recipe, split=args.split, points=args.points)
         r["config"] = {k: v for k, v in r["config"].items() if k != "loop"}
         print(json.dumps({k: v for k, v in r.items() if k != "curve"}), file=sys.stderr, flush=True)
         if args.jsonl:
