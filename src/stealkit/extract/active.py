@@ -40,6 +40,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from stealkit.chunking import forward_chunk
 from stealkit.errors import InputError
 from stealkit.extract.answer_cache import AnswerCache
 from stealkit.fsutil import atomic_path, atomic_write_json, to_jsonable
@@ -59,7 +60,8 @@ class ActiveConfig:
     ``initial``: the fraction of the budget queried at random first (the seed set). ``rounds``: how many
     selection rounds share the rest. ``round_epochs``: epochs of each round's substitute (the final student
     trains for the extraction's own epochs). ``factor``: ``mix`` keeps ``factor * m`` uncertain candidates
-    for k-center greedy. ``score_batch``: images per forward pass when scoring the pool. ``round_ssl``:
+    for k-center greedy. ``score_batch``: images per forward pass when scoring the pool (``None``: the device's forward chunk,
+    :func:`stealkit.chunking.forward_chunk`). ``round_ssl``:
     train the round substitutes with the semi-supervised loss too (off: they train on the answered images
     only, which costs a fraction of the final student's training). ``candidates``: the uncertainty and
     k-center strategies choose among at most this many unanswered images, drawn at random each round (0:
@@ -74,14 +76,14 @@ class ActiveConfig:
     rounds: int = 4
     round_epochs: int = 10
     factor: int = 4
-    score_batch: int = 1024
+    score_batch: int | None = None
     round_ssl: bool = False
     candidates: int = 10_000
 
     def __post_init__(self) -> None:
         if not 0.0 < self.initial <= 1.0:
             raise InputError(f"active initial must be a fraction in (0, 1], got {self.initial}")
-        if self.rounds < 1 or self.round_epochs < 1 or self.factor < 1 or self.score_batch < 1:
+        if self.rounds < 1 or self.round_epochs < 1 or self.factor < 1 or (self.score_batch is not None and self.score_batch < 1):
             raise InputError("active rounds, round_epochs, factor and score_batch must be >= 1")
         if self.candidates < 0:
             raise InputError(f"active candidates must be >= 0 (0: every unanswered image), got {self.candidates}")
@@ -106,9 +108,12 @@ def last_linear(model: nn.Module) -> nn.Linear:
 
 
 @torch.no_grad()
-def probs_and_features(model: nn.Module, x: torch.Tensor, *, batch: int = 1024,
+def probs_and_features(model: nn.Module, x: torch.Tensor, *, batch: int | None = None,
                        device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax outputs ``[N, K]`` and penultimate features ``[N, D]`` of ``model`` on ``x`` (on the CPU)."""
+    """Softmax outputs ``[N, K]`` and penultimate features ``[N, D]`` of ``model`` on ``x`` (on the CPU), in
+    chunks of ``batch`` images (``None``: the device's forward chunk)."""
+    if batch is None:
+        batch = forward_chunk(model, tuple(x.shape[1:]), device)
     feats: list[torch.Tensor] = []
     hook = last_linear(model).register_forward_hook(lambda _m, inp, _o: feats.append(inp[0].flatten(1).cpu()))
     was_training = model.training
@@ -123,7 +128,7 @@ def probs_and_features(model: nn.Module, x: torch.Tensor, *, batch: int = 1024,
     return torch.cat(probs), torch.cat(feats).float()
 
 
-def score_subset(model: nn.Module, x: torch.Tensor, rows: torch.Tensor, *, batch: int = 1024,
+def score_subset(model: nn.Module, x: torch.Tensor, rows: torch.Tensor, *, batch: int | None = None,
                  device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`probs_and_features` of ``x[rows]`` only, placed at their pool indices (the other rows zero)."""
     if rows.numel() == x.shape[0]:
