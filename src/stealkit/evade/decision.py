@@ -9,6 +9,8 @@ ledger's; the per-example tallies kept here only decide who may still ask.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from stealkit.errors import BudgetExhausted, InputError
@@ -78,6 +80,19 @@ class LabelAccess:
         """Queries charged to the ledger since this access was opened, by kind."""
         now = self.oracle.ledger.as_dict()
         return {k: now.get(k, 0) - self._start.get(k, 0) for k in now}
+
+
+def lockstep(access: LabelAccess, idx: torch.Tensor, steps: int,
+             step: Callable[[torch.Tensor], None]) -> None:
+    """Up to ``steps`` iterations of ``step(sel)`` over the rows ``sel`` whose images can still afford a query
+    (one batch of oracle calls per stage of an iteration, every image in lock-step); stops early once no image
+    has a query left."""
+    rows = torch.arange(idx.shape[0])
+    for _ in range(steps):
+        sel = rows[access.room(idx, 1)]
+        if sel.numel() == 0:
+            return
+        step(sel)
 
 
 def blend(x: torch.Tensor, x_adv: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,14 @@ import torch
 
 from stealkit.errors import InputError
 from stealkit.evade.base import TINY, AttackResult, check_batch, check_target
-from stealkit.evade.decision import LabelAccess, binary_search, check_starts, decision_result, find_starts
+from stealkit.evade.decision import (
+    LabelAccess,
+    binary_search,
+    check_starts,
+    decision_result,
+    find_starts,
+    lockstep,
+)
 from stealkit.evade.hopskipjump import HopSkipJumpConfig, hopskipjump
 from stealkit.evade.semicircle import arc_points
 from stealkit.evade.subspace import dct_directions, dct_matrix
@@ -137,12 +144,7 @@ class _Search:
         self.theta_max = torch.full((n,), math.radians(cfg.theta_max), device=x.device)
 
     def run(self, best: torch.Tensor) -> torch.Tensor:
-        rows = torch.arange(self.x.shape[0])
-        for _ in range(self.cfg.steps):
-            sel = rows[self.access.room(self.idx, 1)]
-            if sel.numel() == 0:
-                break
-            self._step(best, sel)
+        lockstep(self.access, self.idx, self.cfg.steps, lambda sel: self._step(best, sel))
         return best
 
     def _directions(self, sel: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

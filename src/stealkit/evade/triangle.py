@@ -54,7 +54,7 @@ from torch import nn
 
 from stealkit.errors import InputError
 from stealkit.evade.base import TINY, AttackResult, check_batch, check_target, clip_box
-from stealkit.evade.decision import LabelAccess, binary_search, decision_result
+from stealkit.evade.decision import LabelAccess, binary_search, decision_result, lockstep
 from stealkit.evade.priors import SubstitutePrior, first_points
 from stealkit.evade.starts import best_of_noise
 from stealkit.evade.subspace import dct_directions
@@ -143,12 +143,7 @@ class _Triangles:
         self.lower, self.upper = math.pi / 2 - cfg.half_range, math.pi / 2 + cfg.half_range
 
     def run(self, best: torch.Tensor) -> torch.Tensor:
-        rows = torch.arange(self.x.shape[0])
-        for _ in range(self.cfg.steps):
-            sel = rows[self.access.room(self.idx, 1)]
-            if sel.numel() == 0:
-                break
-            self._iteration(best, sel)
+        lockstep(self.access, self.idx, self.cfg.steps, lambda sel: self._iteration(best, sel))
         return best
 
     def _first_beta(self, alpha: torch.Tensor) -> torch.Tensor:
