@@ -17,6 +17,13 @@ class TinyNet(nn.Module):
         return self.net(x)
 
 
+def labelled_tiny_batch(seed: int = 3, n: int = 5) -> tuple[TinyNet, torch.Tensor, torch.Tensor]:
+    """A TinyNet victim (seed 0, eval mode), ``n`` seeded random 1x4x4 images and the victim's labels for them."""
+    victim = TinyNet(seed=0).eval()
+    x = torch.rand(n, 1, 4, 4, generator=torch.Generator().manual_seed(seed))
+    return victim, x, victim(x).argmax(1)
+
+
 @pytest.fixture
 def tiny_model() -> nn.Module:
     return TinyNet().eval()

@@ -11,7 +11,7 @@ from stealkit.evade.decision import LabelAccess
 from stealkit.evade.hopskipjump import HopSkipJumpConfig
 from stealkit.evade.surfree import SurFreeConfig, _Search, dct_matrix, hopskipjump_surfree, surfree
 from stealkit.oracle import LocalOracle
-from tests.conftest import TinyNet
+from tests.conftest import TinyNet, labelled_tiny_batch
 
 SHAPE = (1, 4, 4)
 
@@ -22,9 +22,7 @@ def _one_thread(_quiet: None) -> None:
 
 
 def _batch(seed: int = 3) -> tuple[TinyNet, torch.Tensor, torch.Tensor]:
-    victim = TinyNet(seed=0).eval()
-    x = torch.rand(5, *SHAPE, generator=torch.Generator().manual_seed(seed))
-    return victim, x, victim(x).argmax(1)
+    return labelled_tiny_batch(seed)
 
 
 @pytest.mark.parametrize("max_queries", [5, 40, 250, 1000])

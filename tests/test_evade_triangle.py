@@ -16,7 +16,7 @@ from stealkit.evade.hopskipjump import HopSkipJumpConfig, hopskipjump
 from stealkit.evade.subspace import dct_directions, dct_matrix
 from stealkit.evade.triangle import TriangleConfig, triangle
 from stealkit.oracle import LocalOracle
-from tests.conftest import TinyNet
+from tests.conftest import TinyNet, labelled_tiny_batch
 
 SHAPE = (1, 4, 4)
 
@@ -27,9 +27,7 @@ def _one_thread(_quiet: None) -> None:
 
 
 def _batch(seed: int = 3) -> tuple[TinyNet, torch.Tensor, torch.Tensor]:
-    victim = TinyNet(seed=0).eval()
-    x = torch.rand(5, *SHAPE, generator=torch.Generator().manual_seed(seed))
-    return victim, x, victim(x).argmax(1)
+    return labelled_tiny_batch(seed)
 
 
 def _adversarial(victim: TinyNet, x_adv: torch.Tensor, y: torch.Tensor) -> bool:
