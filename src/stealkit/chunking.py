@@ -2,15 +2,16 @@
 
 On a CPU a forward pass is fastest while each layer's output for the whole chunk stays in the last-level
 cache; past that, every layer streams its activations through main memory. Measured on this project's 2-core
-AMD EPYC (32 MiB L3, 1 torch thread, torch 2.13.0+cpu; `docs/benchmarks.md`, "Forward chunk size"): the
-Fashion-MNIST ``conv2`` victim answers about 3,000 images/s in chunks of 16-256 and about 1,750 in chunks of
-512-1,024; ``cnn4`` peaks at 128-256 (1,680/s) and falls to 1,120 at 1,024; the digits ``conv2`` victim is level
-from 64 to 512 and about 35 % slower at 1,024. Both fall where the largest layer output of the chunk passes
-about 32 MiB, so the CPU chunk is the largest power of two that keeps it under that (between 16 and 512).
-On other devices the chunk stays 1,024 (a GPU wants large batches; memory is the only bound there).
+AMD EPYC (32 MiB L3, 1 torch thread, torch 2.13.0+cpu; ``benchmarks/forward_chunk.py``, `docs/benchmarks.md`,
+"Forward chunk size on the CPU"): the Fashion-MNIST ``conv2`` victim answers 2,400-2,700 images/s in chunks of
+32-256 and 1,500-1,650 in chunks of 512-1,024; ``cnn4`` 1,750-2,130 at 32-256 and 1,180-1,360 at 512-1,024;
+the digits ``conv2`` victim is fastest at 512 (noisy). The 28x28 victims slow down where the largest layer
+output of the chunk passes about 32 MiB, so the CPU chunk is the largest power of two that keeps it under
+that (between 16 and 512). On other devices the chunk stays 1,024 (a GPU wants large batches; memory is the
+only bound there).
 
 The chunk never changes which images are charged: a query of B images is still B queries on the ledger.
-Per-image outputs are bitwise equal for any chunk of 16 or more on the models above (checked in
+Per-image outputs are bitwise equal for any chunk of 16 or more on ``conv2`` and ``cnn4`` models (checked in
 ``tests/test_chunking.py``), so the answers do not depend on it beyond float rounding in tiny remainders.
 """
 
