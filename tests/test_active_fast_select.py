@@ -9,9 +9,10 @@ from stealkit.extract.active import (
     ActiveConfig,
     distances_to_row,
     kcenter_greedy,
-    max_pool_channels_last,
+    max_2x2,
     probs_and_features,
     select_batch,
+    strided_max_pooling,
 )
 from stealkit.extract.surrogate import SurrogateConfig, extract_surrogate
 from stealkit.models.zoo import conv2
@@ -34,20 +35,26 @@ def _images(n: int, seed: int = 0) -> torch.Tensor:
     return torch.nn.functional.interpolate(torch.rand(n, 1, 7, 7, generator=g), size=28, mode="bilinear")
 
 
-def test_channels_last_pooling_scores_bitwise_alike_and_leaves_no_hook():
+def test_strided_max_pooling_scores_bitwise_alike_and_is_undone():
     model, x = _student(), _images(150)
     plain = probs_and_features(model, x, batch=64)
     fast = probs_and_features(model, x, batch=64, fast=True)
     assert torch.equal(plain[0], fast[0]) and torch.equal(plain[1], fast[1])
     pools = [m for m in model.modules() if isinstance(m, torch.nn.MaxPool2d)]
-    assert len(pools) == 2 and all(not m._forward_hooks and not m._forward_pre_hooks for m in pools)
-    handles = max_pool_channels_last(model)
-    assert len(handles) == 4
-    with torch.no_grad():
-        out = model[:3](x[:4])  # conv, relu, pool: the next layer gets the usual layout
-    assert out.is_contiguous()
-    for h in handles:
-        h.remove()
+    assert len(pools) == 2 and all("forward" not in vars(m) for m in pools)
+    other = torch.nn.Sequential(torch.nn.MaxPool2d(3), torch.nn.MaxPool2d(2, ceil_mode=True), torch.nn.MaxPool2d(2))
+    with strided_max_pooling(other) as swapped:
+        assert swapped == 1 and "forward" in vars(other[2]) and "forward" not in vars(other[0])
+    assert all("forward" not in vars(m) for m in other)
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 28, 28), (2, 4, 7, 9), (4, 6, 6)])
+def test_max_2x2_is_max_pool2d(shape):
+    y = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    y.view(-1)[0] = float("nan")
+    ref = torch.nn.functional.max_pool2d(y, 2)
+    assert torch.equal(max_2x2(y).isnan(), ref.isnan()) and ref.isnan().any()
+    assert torch.equal(max_2x2(y).nan_to_num(), ref.nan_to_num())
 
 
 @pytest.mark.parametrize("n,d", [(10, 3), (25, 4), (26, 4), (600, 32)])
