@@ -73,7 +73,8 @@ class ActiveConfig:
     docs/surrogate-active.md); pools with at most that many unanswered images are unaffected.
     ``fast_select``: score with 2x2 max-pooling as strided maxima and update k-center's distances from
     precomputed augmented features (:func:`strided_max_pooling`, :func:`distances_to_row`); both give bitwise
-    the same scores and picks as the plain path (off), in less time.
+    the same scores and picks as the plain path (off). Measured at the 10k setting above (2026-11-25, old and
+    new interleaved in one process): the selection step 2.7x faster, 10 % of a round instead of 23-24 %.
     """
 
     initial: float = 0.2
