@@ -15,12 +15,15 @@ trace gives the seconds spent training the substitute, selecting, and querying; 
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python benchmarks/selection_cost.py --budget 10000 \\
         --select kcenter --set active.candidates=0 --set active.candidates=10000
 
-Prints one JSON object: settings, machine (load average, torch), and one row per ``--set`` value.
+Prints one JSON object: settings, machine (load average, torch), and one row per ``--set`` value. Each row's
+``student_digest`` hashes the final student's weights: rows that answered the same images in the same rounds
+(e.g. ``--set active.fast_select=false`` and ``=true``, interleaved) have the same digest.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -46,6 +49,8 @@ def one_run(args: argparse.Namespace, setting: str, pool: torch.Tensor, victim_p
     t0 = time.perf_counter()
     r = extract_surrogate(v.oracle, pool, make_student=student_factory(args.student, v, args.seed), config=config)
     rounds = r.extra["active"]["rounds"]
+    # the same images answered in the same rounds give the same final student: equal digests, equal selections
+    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in r.student.parameters())).hexdigest()[:16]
     timed = [x for x in rounds if x["round"] > 0]  # round 0 is the random seed set: nothing to select
     train = sum(x["train_seconds"] for x in timed)
     select = sum(x["select_seconds"] for x in timed)
@@ -54,7 +59,8 @@ def one_run(args: argparse.Namespace, setting: str, pool: torch.Tensor, victim_p
             "queries": r.queries["predict"], "rounds": rounds, "train_seconds": round(train, 2),
             "select_seconds": round(select, 2), "query_seconds": round(query, 2),
             "select_share": round(select / max(train + select + query, 1e-9), 4),
-            "seconds": round(time.perf_counter() - t0, 1), "loadavg_after": list(os.getloadavg())}
+            "seconds": round(time.perf_counter() - t0, 1), "loadavg_after": list(os.getloadavg()),
+            "student_digest": digest}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,8 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -70,6 +71,10 @@ class ActiveConfig:
     distances per round). 10,000 by default: at a 10k budget with a 60,000-image pool the selection step
     then takes 22 % of a round's wall time instead of 64 % (``benchmarks/selection_cost.py``,
     docs/surrogate-active.md); pools with at most that many unanswered images are unaffected.
+    ``fast_select``: score with 2x2 max-pooling as strided maxima and update k-center's distances from
+    precomputed augmented features (:func:`strided_max_pooling`, :func:`distances_to_row`); both give bitwise
+    the same scores and picks as the plain path (off). Measured at the 10k setting above (2026-11-25, old and
+    new interleaved in one process): the selection step 2.7x faster, 10 % of a round instead of 23-24 %.
     """
 
     initial: float = 0.2
@@ -79,6 +84,7 @@ class ActiveConfig:
     score_batch: int | None = None
     round_ssl: bool = False
     candidates: int = 10_000
+    fast_select: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 < self.initial <= 1.0:
@@ -107,11 +113,47 @@ def last_linear(model: nn.Module) -> nn.Linear:
     return linears[-1]
 
 
+def max_2x2(x: torch.Tensor) -> torch.Tensor:
+    """2x2 max-pooling with stride 2 (odd edges dropped, as ``F.max_pool2d(x, 2)``) as the elementwise maximum
+    of four strided views: a maximum is exact, so the output is bitwise ``F.max_pool2d``'s (NaN propagates
+    alike), without computing the argmax indices. On this project's CPU (torch 2.13, 1 thread) it takes a
+    fifth of ``max_pool2d``'s time on the conv2 student's first pooling layer (docs/surrogate-active.md,
+    sixth pass)."""
+    h, w = x.shape[-2] // 2 * 2, x.shape[-1] // 2 * 2
+    x = x[..., :h, :w]
+    return torch.maximum(torch.maximum(x[..., 0::2, 0::2], x[..., 1::2, 0::2]),
+                         torch.maximum(x[..., 0::2, 1::2], x[..., 1::2, 1::2]))
+
+
+def _plain_2x2(mod: nn.MaxPool2d) -> bool:
+    def pair(v: Any) -> tuple[Any, ...]:
+        return tuple(v) if isinstance(v, tuple | list) else (v, v)
+
+    return (pair(mod.kernel_size) == (2, 2) and pair(mod.stride) == (2, 2) and pair(mod.padding) == (0, 0)
+            and pair(mod.dilation) == (1, 1) and not mod.ceil_mode and not mod.return_indices)
+
+
+@contextmanager
+def strided_max_pooling(model: nn.Module) -> Iterator[int]:
+    """Within the block every plain 2x2 ``nn.MaxPool2d`` of ``model`` runs :func:`max_2x2` (bitwise the same
+    output); yields how many were swapped. Other pooling layers are left as they are."""
+    swapped = [m for m in model.modules()
+               if isinstance(m, nn.MaxPool2d) and _plain_2x2(m) and "forward" not in vars(m)]
+    for m in swapped:
+        m.forward = max_2x2  # type: ignore[method-assign]
+    try:
+        yield len(swapped)
+    finally:
+        for m in swapped:
+            del m.forward
+
+
 @torch.no_grad()
 def probs_and_features(model: nn.Module, x: torch.Tensor, *, batch: int | None = None,
-                       device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+                       device: str | torch.device = "cpu", fast: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax outputs ``[N, K]`` and penultimate features ``[N, D]`` of ``model`` on ``x`` (on the CPU), in
-    chunks of ``batch`` images (``None``: the device's forward chunk)."""
+    chunks of ``batch`` images (``None``: the device's forward chunk). ``fast``: 2x2 max-pooling as strided
+    maxima (:func:`strided_max_pooling`; bitwise the same outputs)."""
     if batch is None:
         batch = forward_chunk(model, tuple(x.shape[1:]), device)
     feats: list[torch.Tensor] = []
@@ -120,8 +162,9 @@ def probs_and_features(model: nn.Module, x: torch.Tensor, *, batch: int | None =
     model.eval()
     probs = []
     try:
-        for i in range(0, x.shape[0], batch):
-            probs.append(torch.softmax(model(x[i : i + batch].to(device)).float(), dim=1).cpu())
+        with strided_max_pooling(model) if fast else nullcontext():
+            for i in range(0, x.shape[0], batch):
+                probs.append(torch.softmax(model(x[i : i + batch].to(device)).float(), dim=1).cpu())
     finally:
         hook.remove()
         model.train(was_training)
@@ -129,11 +172,11 @@ def probs_and_features(model: nn.Module, x: torch.Tensor, *, batch: int | None =
 
 
 def score_subset(model: nn.Module, x: torch.Tensor, rows: torch.Tensor, *, batch: int | None = None,
-                 device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+                 device: str | torch.device = "cpu", fast: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`probs_and_features` of ``x[rows]`` only, placed at their pool indices (the other rows zero)."""
     if rows.numel() == x.shape[0]:
-        return probs_and_features(model, x, batch=batch, device=device)
-    probs, feats = probs_and_features(model, x[rows], batch=batch, device=device)
+        return probs_and_features(model, x, batch=batch, device=device, fast=fast)
+    probs, feats = probs_and_features(model, x[rows], batch=batch, device=device, fast=fast)
     p_all = torch.zeros((x.shape[0], probs.shape[1]))
     f_all = torch.zeros((x.shape[0], feats.shape[1]))
     p_all[rows], f_all[rows] = probs, feats
@@ -149,26 +192,43 @@ def margin(p: torch.Tensor) -> torch.Tensor:
     return top[:, 0] - (top[:, 1] if p.shape[1] > 1 else 0)
 
 
-def kcenter_greedy(feats: torch.Tensor, centres: torch.Tensor, m: int) -> torch.Tensor:
+def distances_to_row(feats: torch.Tensor) -> Callable[[int], torch.Tensor]:
+    """``d(j)``: the Euclidean distances of every row of ``feats`` ``[N, D]`` to row ``j``, bitwise equal to
+    ``torch.cdist(feats, feats[j : j + 1]).flatten()``. For ``N > 25`` ``cdist`` (its default compute mode)
+    multiplies the augmented rows ``[-2 x, |x|^2, 1]`` by ``[y, 1, |y|^2]``; building those once instead of
+    at every call turns each pick's distances into one matrix-vector product."""
+    n = feats.shape[0]
+    if n <= 25:  # cdist computes the differences directly here: keep it (the pool is tiny anyway)
+        return lambda j: torch.cdist(feats, feats[j : j + 1]).flatten()
+    norms = feats.pow(2).sum(-1, keepdim=True)
+    rows = torch.cat([feats.mul(-2), norms, torch.ones_like(norms)], -1)
+    ones = feats.new_ones(1)
+    return lambda j: rows.matmul(torch.cat([feats[j], ones, norms[j]])[:, None]).flatten().clamp_min_(0).sqrt_()
+
+
+def kcenter_greedy(feats: torch.Tensor, centres: torch.Tensor, m: int, *, fast: bool = False) -> torch.Tensor:
     """Sener & Savarese (2018), Algorithm 1: ``m`` rows of ``feats`` chosen one at a time, each the farthest
     (Euclidean) from its nearest centre; ``centres`` ``[C, D]`` are the points already covered (may be empty).
-    Returns indices into ``feats``."""
+    Returns indices into ``feats``. ``fast``: the per-pick distances from :func:`distances_to_row` (the same
+    picks, bitwise the same distances)."""
     n = feats.shape[0]
     dmin = torch.full((n,), math.inf)
     for i in range(0, centres.shape[0], 1024):
         dmin = torch.minimum(dmin, torch.cdist(feats, centres[i : i + 1024]).min(dim=1).values)
+    dist: Callable[[int], torch.Tensor] = (
+        distances_to_row(feats) if fast else lambda j: torch.cdist(feats, feats[j : j + 1]).flatten())
     picked: list[int] = []
     for _ in range(min(m, n)):
         # with no centre yet every distance is infinite: start from the first point (the paper: a random one)
         j = int(dmin.argmax()) if math.isfinite(float(dmin.max())) else 0
         picked.append(j)
-        dmin = torch.minimum(dmin, torch.cdist(feats, feats[j : j + 1]).flatten())
+        dmin = torch.minimum(dmin, dist(j))
         dmin[j] = -1.0  # never twice
     return torch.tensor(picked, dtype=torch.long)
 
 
 def select_batch(strategy: Select, m: int, candidates: torch.Tensor, probs: torch.Tensor, feats: torch.Tensor,
-                 answered: torch.Tensor, *, factor: int, gen: torch.Generator) -> torch.Tensor:
+                 answered: torch.Tensor, *, factor: int, gen: torch.Generator, fast: bool = False) -> torch.Tensor:
     """``m`` indices among ``candidates`` (pool indices not yet answered) by ``strategy``; ``probs`` and
     ``feats`` are the substitute's outputs on the whole pool and ``answered`` the pool indices already paid for."""
     m = min(m, candidates.numel())
@@ -182,7 +242,7 @@ def select_batch(strategy: Select, m: int, candidates: torch.Tensor, probs: torc
         keep = min(candidates.numel(), factor * m)
         candidates = candidates[entropy(probs[candidates]).topk(keep).indices]
     if strategy in ("kcenter", "mix"):
-        return candidates[kcenter_greedy(feats[candidates], feats[answered], m)]
+        return candidates[kcenter_greedy(feats[candidates], feats[answered], m, fast=fast)]
     raise InputError(f"unknown selection {strategy!r}; expected one of {', '.join(SELECTIONS)}")
 
 
@@ -296,9 +356,9 @@ def active_rounds(
                     keep = torch.randperm(candidates.numel(), generator=gen)[: config.candidates]
                     candidates = candidates[keep.sort().values]
                 probs, feats = score_subset(substitute, cache.x, torch.cat([candidates, answered]),
-                                            batch=config.score_batch, device=device)
+                                            batch=config.score_batch, device=device, fast=config.fast_select)
             picked = select_batch(strategy, sizes[r], candidates, probs, feats, answered, factor=config.factor,
-                                  gen=gen)
+                                  gen=gen, fast=config.fast_select)
             select_s = time.perf_counter() - t1
             if on_round is not None:
                 on_round(substitute, {"round": r, "answered": int(answered.numel())})

@@ -61,6 +61,7 @@ from stealkit.extract.surrogate_presets import DEFAULT_PRESET as DEFAULT_PRESET 
 from stealkit.extract.surrogate_presets import PRESETS as PRESETS
 from stealkit.extract.targets import victim_log_probs
 from stealkit.extract.typiclust import COLD_STARTS, PER_CLASS, ColdStart, budget_aware_start
+from stealkit.extract.weight_ema import WeightEMA
 from stealkit.metrics import Evaluator
 from stealkit.oracle import Oracle, OutputMode
 from stealkit.train import TrainConfig, fit
@@ -106,14 +107,18 @@ def resolve_loss(loss: StudentLoss, mode: OutputMode | str) -> str:
     return loss
 
 
-def make_student_loss(loss: StudentLoss, mode: OutputMode | str, tau: float = 1.0) -> LossFn:
-    """The student's loss ``fn(student_logits, victim_answers)`` for an oracle in ``mode``."""
+def make_student_loss(loss: StudentLoss, mode: OutputMode | str, tau: float = 1.0,
+                      label_smoothing: float = 0.0) -> LossFn:
+    """The student's loss ``fn(student_logits, victim_answers)`` for an oracle in ``mode``. ``label_smoothing``
+    applies to the cross entropy only (Szegedy et al., *Rethinking the Inception Architecture*, CVPR 2016,
+    Sec. 7: the one-hot target mixed with the uniform distribution, weight ``label_smoothing``)."""
     mode = OutputMode.parse(mode)
     kind = resolve_loss(loss, mode)
     if kind == "ce":
+        ls = label_smoothing
         if mode is OutputMode.LABEL:
-            return lambda s, y: F.cross_entropy(s, y.long())
-        return lambda s, a: F.cross_entropy(s, a.argmax(dim=1))
+            return lambda s, y: F.cross_entropy(s, y.long(), label_smoothing=ls)
+        return lambda s, a: F.cross_entropy(s, a.argmax(dim=1), label_smoothing=ls)
     if kind == "l1":
         if mode is OutputMode.LOGITS:
             return lambda s, z: F.l1_loss(s, z.float())
@@ -132,7 +137,11 @@ class SurrogateConfig:
     (KL for probs/topk/logits, CE for labels), ``kl``, ``ce`` or ``l1``. ``tau``: the temperature of A.1.
     ``schedule``: ``cyclic`` or ``step`` (A.2), with maximum learning rate ``lr``. ``augment``: random shifts
     of up to 2 pixels (and horizontal flips) of queried images, each trained on the cached answer of its
-    original (costs no query; off in the paper). ``eval_every``: score the student every so many epochs.
+    original (costs no query; off in the paper). ``label_smoothing``: with the cross-entropy loss (labels), the
+    target mixed with the uniform distribution by this weight (Szegedy et al. 2016, Sec. 7; 0: off; no effect
+    on ``kl``/``l1``). ``ema``: the final student is the exponential moving average of its weights over the
+    training steps, with this decay (:mod:`stealkit.extract.weight_ema`; 0: off; not with ``ssl``, whose
+    mean teacher already is the result). ``eval_every``: score the student every so many epochs.
     ``select``: ``random`` (one shuffle) or an active strategy queried in rounds (``active``). ``ssl``:
     ``fixmatch`` adds the consistency loss on the whole pool (``fixmatch``); ``soft`` the same with soft,
     sharpened teacher targets (:mod:`stealkit.extract.soft_targets`). ``pretrain``: ``rotation`` (RotNet) or
@@ -155,6 +164,8 @@ class SurrogateConfig:
     strategy: Strategy = "random"
     knockoff: KnockoffConfig = field(default_factory=KnockoffConfig)
     augment: Augment = "none"
+    label_smoothing: float = 0.0
+    ema: float = 0.0
     select: Select = "random"
     active: ActiveConfig = field(default_factory=ActiveConfig)
     ssl: SSL = "none"
@@ -194,6 +205,13 @@ class SurrogateConfig:
                              f"got {self.cold_start_size}")
         if self.augment not in ("none", "shift", "shift-flip"):
             raise InputError(f"unknown augmentation {self.augment!r}; expected none, shift or shift-flip")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise InputError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if not 0.0 <= self.ema < 1.0:
+            raise InputError(f"ema must be a decay in [0, 1) (0: off), got {self.ema}")
+        if self.ema > 0 and self.ssl != "none":
+            raise InputError(f"ema averages the plain student; with ssl {self.ssl!r} the result already is the "
+                             "mean teacher (set fixmatch.ema instead)")
         if self.loss not in ("auto", "kl", "ce", "l1"):
             raise InputError(f"unknown student loss {self.loss!r}; expected auto, kl, ce or l1")
         if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0 or self.query_batch < 1 or self.eval_every < 0:
@@ -243,6 +261,8 @@ def train_student(
         return loss_fn(model(augment_batch(cache.x[idx], config.augment, gen).to(device)), answers)
 
     batch_loss: Callable[..., torch.Tensor] = labelled
+    if config.ema > 0:
+        batch_loss = WeightEMA(labelled, config.ema)
     # LP-FT: a pretrained student first trains only its last layer (not when frozen for good)
     probe = config.pretraining.probe_epochs if config.pretrain != "none" and not config.pretraining.freeze else 0
     if probe:
@@ -257,8 +277,8 @@ def train_student(
     def epoch_done(epoch: int, rec: dict[str, float]) -> None:
         if epoch == probe:
             train_only_head(student, False)
-        if epoch == tc.epochs and isinstance(batch_loss, FixMatchLoss):
-            batch_loss.finish(student)  # FixMatch's mean teacher becomes the student
+        if epoch == tc.epochs and isinstance(batch_loss, (FixMatchLoss, WeightEMA)):
+            batch_loss.finish(student)  # FixMatch's mean teacher, or the weight average, becomes the student
         if on_epoch is not None:
             on_epoch(epoch, student, rec)
             student.train()
@@ -301,7 +321,7 @@ def extract_surrogate(
                          f"got {list(pool.shape)}; adapt it with stealkit.data.adapt_images")
     if pool.shape[0] == 0:
         raise InputError("the surrogate pool is empty")
-    loss_fn = make_student_loss(config.loss, oracle.mode, config.tau)
+    loss_fn = make_student_loss(config.loss, oracle.mode, config.tau, config.label_smoothing)
     gen = torch.Generator().manual_seed(config.seed)
     order = torch.randperm(pool.shape[0], generator=gen)
     queries_before = oracle.ledger.total
@@ -368,6 +388,7 @@ def extract_surrogate(
         extra={"mode": oracle.mode.value, "loss": resolve_loss(config.loss, oracle.mode), "tau": config.tau,
                "schedule": config.schedule, "strategy": config.strategy, "select": config.select,
                "ssl": config.ssl, "pretrain": config.pretrain, "cold_start": config.cold_start,
+               "augment": config.augment, "label_smoothing": config.label_smoothing, "ema": config.ema,
                "seconds": round(time.perf_counter() - t_start, 2), "n_distinct": cache.n_answered,
                "queries_spent": oracle.ledger.total - queries_before, "cache_hits": cache.hits,
                "final_train_loss": history[-1]["loss"], **extra},

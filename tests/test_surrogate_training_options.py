@@ -1,0 +1,80 @@
+"""The student-training options of surrogate extraction: label smoothing and the weight average (EMA)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stealkit.errors import InputError
+from stealkit.extract.surrogate import SurrogateConfig, extract_surrogate, make_student_loss
+from stealkit.extract.weight_ema import WeightEMA
+from stealkit.oracle import LocalOracle
+from tests.conftest import TinyNet
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def test_label_smoothing_is_the_mixed_target_cross_entropy():
+    s = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
+    y = torch.tensor([0, 3, 1, 2, 0])
+    target = 0.9 * F.one_hot(y, 4).float() + 0.1 / 4
+    expected = -(target * F.log_softmax(s, 1)).sum(1).mean()
+    assert torch.allclose(make_student_loss("auto", "label", label_smoothing=0.1)(s, y), expected, atol=1e-6)
+    # probabilities with loss ce: the argmax label, smoothed alike; plain ce stays unsmoothed
+    p = F.one_hot(y, 4).float() * 0.7 + 0.075
+    assert torch.allclose(make_student_loss("ce", "probs", label_smoothing=0.1)(s, p), expected, atol=1e-6)
+    assert not torch.allclose(make_student_loss("auto", "label")(s, y), expected, atol=1e-4)
+
+
+def test_weight_ema_is_the_decayed_average_of_the_weights_after_each_step():
+    model = nn.Linear(1, 1, bias=False)
+
+    def step_loss(m: nn.Module, idx: torch.Tensor, target: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        return m.weight.sum() * 0
+
+    ema = WeightEMA(step_loss, decay=0.5)
+    gen = torch.Generator()
+    with torch.no_grad():
+        for w in (1.0, 2.0, 4.0):
+            model.weight.fill_(w)
+            ema(model, torch.arange(1), torch.zeros(1), gen)
+        model.weight.fill_(8.0)  # the weights after the last step
+    ema.finish(model)
+    # updates t = 1, 2, 3 with decay min(0.5, (1 + t) / (10 + t)) = 2/11, 3/12, 0.5 ... starting from 1.0
+    avg = 1.0
+    for t, w in enumerate((2.0, 4.0, 8.0), start=1):
+        d = min(0.5, (1 + t) / (10 + t))
+        avg = d * avg + (1 - d) * w
+    assert float(model.weight.detach()) == pytest.approx(avg, rel=1e-6)
+    assert float(model.weight.detach()) != pytest.approx(8.0)
+
+
+@pytest.mark.parametrize("mode", ["label", "probs"])
+@pytest.mark.parametrize("settings", [{"ema": 0.9}, {"label_smoothing": 0.1}, {"augment": "shift"}])
+def test_training_options_spend_exactly_the_budget_and_change_the_student(tiny_model, mode, settings):
+    pool = torch.rand(60, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    students = []
+    for extra in ({}, settings):
+        oracle = LocalOracle(tiny_model, (1, 4, 4), mode=mode, budget=37)
+        config = SurrogateConfig(max_distinct=40, epochs=3, batch_size=8, seed=1, **extra)  # type: ignore[arg-type]
+        r = extract_surrogate(oracle, pool, make_student=lambda: TinyNet(seed=5), config=config)
+        assert r.queries["predict"] == 37 == oracle.ledger.total == r.extra["n_distinct"] == r.extra["queries_spent"]
+        students.append(torch.cat([p.flatten() for p in r.student.parameters()]))
+    if mode == "probs" and "label_smoothing" in settings:  # the KL loss ignores it: the same student
+        assert torch.equal(students[0], students[1])
+    else:
+        assert not torch.allclose(students[0], students[1])
+
+
+def test_bad_training_options_are_refused():
+    with pytest.raises(InputError, match="label_smoothing"):
+        SurrogateConfig(label_smoothing=1.0)
+    with pytest.raises(InputError, match="ema"):
+        SurrogateConfig(ema=1.0)
+    with pytest.raises(InputError, match="mean teacher"):
+        SurrogateConfig(ema=0.99, ssl="fixmatch")
