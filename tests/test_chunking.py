@@ -55,8 +55,11 @@ def test_answers_do_not_depend_on_the_chunk(arch: str) -> None:
         answers.append(oracle.query(x))
         assert oracle.ledger.total == 600
     assert LocalOracle(model, (1, 28, 28), mode="logits").batch_size == 256
+    # bitwise equality across chunks holds on some CPUs (AMD EPYC) and not on others (an Intel Xeon: a chunk
+    # with an 8-image remainder differs by ~1e-8); what the code guarantees is the same labels, logits to rounding
     for other in answers[1:]:
-        assert torch.equal(answers[0], other)
+        torch.testing.assert_close(other, answers[0], rtol=1e-5, atol=1e-5)
+        assert torch.equal(other.argmax(1), answers[0].argmax(1))
 
 
 def test_a_bad_batch_size_is_one_clear_error() -> None:
