@@ -231,13 +231,13 @@ ACTIVE_ROWS = {  # row -> (select, ssl[, pretrain, cold_start]); "ours-default" 
 COMBO_KEYS = ("select", "ssl", "pretrain", "cold_start")
 
 
-def row_combo(row_name: str) -> dict[str, str]:
+def row_combo(row_name: str) -> dict[str, Any]:
     """The (select, ssl, pretrain, cold_start) of an ``ours`` row: a name of ``ACTIVE_ROWS``, ``ours-default``
     (the command's default preset) or ``SELECT/SSL[/PRETRAIN[/COLD_START]]``; what is not given is plain."""
     from stealkit.extract.surrogate import DEFAULT_PRESET, PRESETS
 
-    if row_name == "ours-default":
-        return {k: PRESETS[DEFAULT_PRESET][k] for k in COMBO_KEYS}
+    if row_name == "ours-default":  # the preset's combination and training settings (e.g. label smoothing)
+        return dict(PRESETS[DEFAULT_PRESET])
     parts = row_name.split("/") if "/" in row_name else list(ACTIVE_ROWS[row_name])
     return {**dict(zip(COMBO_KEYS, ("random", "none", "none", "random"), strict=True)),
             **dict(zip(COMBO_KEYS, parts, strict=False))}
