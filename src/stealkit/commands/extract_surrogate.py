@@ -83,7 +83,7 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
                    "Default: the preset's.")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=DEFAULT_PRESET, show_default=True,
               help="paper: random queries, no SSL (DFME appendix A); plain: the same with label smoothing 0.1 "
-                   "on label answers (probabilities train as paper); semi: random queries + FixMatch on the "
+                   "on label answers from 10 queries per class (probabilities train as paper); semi: random queries + FixMatch on the "
                    "unqueried pool (warm-up, mean teacher, distribution alignment); active: k-center selection + "
                    "FixMatch; typiclust: rotation pretraining on the pool + TypiClust for the first "
                    "10 queries per class, random after; pretrained students up to 10 queries per class "

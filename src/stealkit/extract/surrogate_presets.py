@@ -1,8 +1,9 @@
 """The presets of ``stealkit extract surrogate`` (no torch here: the command reads them at import time).
 
 ``paper`` is the attack of DFME appendix A (random queries, no semi-supervised learning); ``plain`` (the
-default) is the same with label smoothing 0.1 on label answers (Szegedy et al. CVPR 2016 Sec. 7; sixth pass,
-chosen on the validation split, docs/surrogate-active.md; probability answers train exactly as ``paper``); ``semi``
+default) is the same with label smoothing 0.1 on label answers when the budget gives at least 10 queries per
+class (Szegedy et al. CVPR 2016 Sec. 7; sixth pass, chosen on the validation split, docs/surrogate-active.md;
+probability answers, and budgets below 10 per class, train exactly as ``paper``); ``semi``
 adds FixMatch with its remedies against confirmation bias on the unqueried pool
 (:mod:`stealkit.extract.semi_supervised`), still with random queries; ``active`` queries by k-center coverage
 (:mod:`stealkit.extract.active`) and adds FixMatch; ``typiclust`` (fourth pass, made budget-aware in the fifth)
@@ -27,7 +28,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "semi": {**_PLAIN, "ssl": "fixmatch"},
     "active": {**_PLAIN, "select": "kcenter", "ssl": "fixmatch"},
     "typiclust": {**_PLAIN, "pretrain": "rotation", "cold_start": "typiclust"},
-    "plain": {**_PLAIN, "label_smoothing": 0.1},
+    "plain": {**_PLAIN, "label_smoothing": 0.1, "label_smoothing_min_per_class": 10},
     "paper": _PLAIN,
 }
 DEFAULT_PRESET = "plain"
