@@ -281,7 +281,9 @@ def ours_variant(name: str, victim_dir: str, mode: str, pool: torch.Tensor, budg
                           evaluator=evaluator, pretrain_cache=cache)
     rounds = r.extra.get("active", {}).get("rounds", [])
     pre = r.extra.get("pretraining", {})
-    return {"attack": name, "mode": mode, "budget": budget, "seed": args.seed, **combo,
+    return {"attack": name, "mode": mode, "budget": budget, "seed": args.seed,
+            **{k: getattr(config, k) for k in combo},  # the values used, after the row's --set
+            "label_smoothing_used": r.extra.get("label_smoothing"),
             "accuracy": r.accuracy, "fidelity": r.fidelity, "queries": r.queries["predict"],
             "seconds": round(time.perf_counter() - t0 - (0 if pre.get("reused") else pre.get("seconds", 0)), 1),
             "pretrain_seconds": pre.get("seconds", 0.0), "pretrain_epochs": pre.get("epochs", 0),
