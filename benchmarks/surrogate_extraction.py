@@ -231,13 +231,13 @@ ACTIVE_ROWS = {  # row -> (select, ssl[, pretrain, cold_start]); "ours-default" 
 COMBO_KEYS = ("select", "ssl", "pretrain", "cold_start")
 
 
-def row_combo(row_name: str) -> dict[str, str]:
+def row_combo(row_name: str) -> dict[str, Any]:
     """The (select, ssl, pretrain, cold_start) of an ``ours`` row: a name of ``ACTIVE_ROWS``, ``ours-default``
     (the command's default preset) or ``SELECT/SSL[/PRETRAIN[/COLD_START]]``; what is not given is plain."""
     from stealkit.extract.surrogate import DEFAULT_PRESET, PRESETS
 
-    if row_name == "ours-default":
-        return {k: PRESETS[DEFAULT_PRESET][k] for k in COMBO_KEYS}
+    if row_name == "ours-default":  # the preset's combination and training settings (e.g. label smoothing)
+        return dict(PRESETS[DEFAULT_PRESET])
     parts = row_name.split("/") if "/" in row_name else list(ACTIVE_ROWS[row_name])
     return {**dict(zip(COMBO_KEYS, ("random", "none", "none", "random"), strict=True)),
             **dict(zip(COMBO_KEYS, parts, strict=False))}
@@ -281,7 +281,9 @@ def ours_variant(name: str, victim_dir: str, mode: str, pool: torch.Tensor, budg
                           evaluator=evaluator, pretrain_cache=cache)
     rounds = r.extra.get("active", {}).get("rounds", [])
     pre = r.extra.get("pretraining", {})
-    return {"attack": name, "mode": mode, "budget": budget, "seed": args.seed, **combo,
+    return {"attack": name, "mode": mode, "budget": budget, "seed": args.seed,
+            **{k: getattr(config, k) for k in combo},  # the values used, after the row's --set
+            "label_smoothing_used": r.extra.get("label_smoothing"),
             "accuracy": r.accuracy, "fidelity": r.fidelity, "queries": r.queries["predict"],
             "seconds": round(time.perf_counter() - t0 - (0 if pre.get("reused") else pre.get("seconds", 0)), 1),
             "pretrain_seconds": pre.get("seconds", 0.0), "pretrain_epochs": pre.get("epochs", 0),

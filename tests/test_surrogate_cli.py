@@ -50,3 +50,17 @@ def test_study_group_lists_the_dfme_studies():
     assert res.exit_code == 0
     for name in ("dfme-table4", "dfme-logits", "dfme-hypothesis1"):
         assert name in res.output
+
+
+@pytest.mark.parametrize("budget,extra,smoothing", [(100, [], 0.1), (99, [], 0.0), (100, ["--preset", "paper"], 0.0),
+                                                    (100, ["--set", "label_smoothing=0"], 0.0),
+                                                    (100, ["--strategy", "knockoff", "--pool", "pool"], 0.0)])
+def test_default_preset_smooths_labels_and_paper_does_not(victim_dir, tmp_path, budget, extra, smoothing):
+    """The default smooths label answers from 10 queries per class (digits: 100); the rest train unsmoothed."""
+    out = tmp_path / "run"
+    rc = main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", str(budget), "--epochs", "1",
+               "--mode", "label", "--student", "mlp2", "--student-arg", "hidden=8", "--out", str(out), *extra])
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["label_smoothing"] == smoothing
+    assert summary["queries"]["predict"] == budget == summary["n_distinct"]

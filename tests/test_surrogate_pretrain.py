@@ -161,8 +161,9 @@ def test_settings_and_presets():
         SurrogateConfig(cold_start="typiclust", strategy="knockoff")
     with pytest.raises(InputError, match="pretraining epochs"):
         PretrainConfig(epochs=0)
-    assert PRESETS["plain"] == {"select": "random", "ssl": "none", "pretrain": "none", "cold_start": "random"}
-    assert PRESETS["typiclust"] == {**PRESETS["plain"], "pretrain": "rotation", "cold_start": "typiclust"}
+    assert PRESETS["paper"] == {"select": "random", "ssl": "none", "pretrain": "none", "cold_start": "random"}
+    assert PRESETS["plain"] == {**PRESETS["paper"], "label_smoothing": 0.1, "label_smoothing_min_per_class": 10}
+    assert PRESETS["typiclust"] == {**PRESETS["paper"], "pretrain": "rotation", "cold_start": "typiclust"}
     assert PretrainConfig(epochs=5, batch_size=128, min_steps=300).epochs_for(8000) == 5
     assert PretrainConfig(epochs=5, batch_size=128, min_steps=300).epochs_for(359) == 100
 

@@ -71,9 +71,26 @@ def test_training_options_spend_exactly_the_budget_and_change_the_student(tiny_m
         assert not torch.allclose(students[0], students[1])
 
 
+def test_label_smoothing_waits_for_enough_answers_per_class(tiny_model):
+    pool = torch.rand(60, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    got = {}
+    for cap, smoothing in ((29, 0.0), (29, 0.1), (30, 0.0), (30, 0.1)):
+        oracle = LocalOracle(tiny_model, (1, 4, 4), mode="label", budget=cap)
+        config = SurrogateConfig(epochs=2, batch_size=8, seed=1, label_smoothing=smoothing,
+                                 label_smoothing_min_per_class=10)
+        r = extract_surrogate(oracle, pool, make_student=lambda: TinyNet(seed=5), config=config)
+        assert r.queries["predict"] == cap == oracle.ledger.total
+        got[cap, smoothing] = (r.extra["label_smoothing"], torch.cat([p.flatten() for p in r.student.parameters()]))
+    assert oracle.num_classes == 3  # 10 per class: from 30 answers
+    assert got[29, 0.1][0] == 0.0 and torch.equal(got[29, 0.1][1], got[29, 0.0][1])
+    assert got[30, 0.1][0] == 0.1 and not torch.allclose(got[30, 0.1][1], got[30, 0.0][1])
+
+
 def test_bad_training_options_are_refused():
     with pytest.raises(InputError, match="label_smoothing"):
         SurrogateConfig(label_smoothing=1.0)
+    with pytest.raises(InputError, match="min_per_class"):
+        SurrogateConfig(label_smoothing_min_per_class=-1)
     with pytest.raises(InputError, match="ema"):
         SurrogateConfig(ema=1.0)
     with pytest.raises(InputError, match="mean teacher"):

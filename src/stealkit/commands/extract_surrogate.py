@@ -82,7 +82,8 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
                    "k-means clusters) or k-center, in the pretrained features (pixels without --pretrain). "
                    "Default: the preset's.")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=DEFAULT_PRESET, show_default=True,
-              help="plain/paper: random queries, no SSL (DFME appendix A); semi: random queries + FixMatch on the "
+              help="paper: random queries, no SSL (DFME appendix A); plain: the same with label smoothing 0.1 "
+                   "on label answers from 10 queries per class (probabilities train as paper); semi: random queries + FixMatch on the "
                    "unqueried pool (warm-up, mean teacher, distribution alignment); active: k-center selection + "
                    "FixMatch; typiclust: rotation pretraining on the pool + TypiClust for the first "
                    "10 queries per class, random after; pretrained students up to 10 queries per class "
@@ -119,7 +120,7 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
     resolve_loss(loss, mode)  # type: ignore[arg-type]  # refuse e.g. KL on labels before any work
     kwargs = parse_kv(student_args)
     method = METHODS["surrogate"]
-    chosen = dict(PRESETS[preset] if strategy == "random" else PRESETS["plain"])  # knockoff: its own policy
+    chosen = dict(PRESETS[preset] if strategy == "random" else PRESETS["paper"])  # knockoff: its own policy
     options = (("select", select), ("ssl", ssl), ("pretrain", pretrain), ("cold_start", cold_start))
     chosen.update({k: v for k, v in options if v is not None})
     config = method.config(max_distinct=max_distinct, loss=loss, tau=tau, epochs=epochs,  # type: ignore[misc]

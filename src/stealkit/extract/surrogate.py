@@ -139,7 +139,8 @@ class SurrogateConfig:
     of up to 2 pixels (and horizontal flips) of queried images, each trained on the cached answer of its
     original (costs no query; off in the paper). ``label_smoothing``: with the cross-entropy loss (labels), the
     target mixed with the uniform distribution by this weight (Szegedy et al. 2016, Sec. 7; 0: off; no effect
-    on ``kl``/``l1``). ``ema``: the final student is the exponential moving average of its weights over the
+    on ``kl``/``l1``), only when the distinct-sample cap gives at least ``label_smoothing_min_per_class`` queries
+    per class (0: always; the default preset uses 10, below which digits lost on validation). ``ema``: the final student is the exponential moving average of its weights over the
     training steps, with this decay (:mod:`stealkit.extract.weight_ema`; 0: off; not with ``ssl``, whose
     mean teacher already is the result). ``eval_every``: score the student every so many epochs.
     ``select``: ``random`` (one shuffle) or an active strategy queried in rounds (``active``). ``ssl``:
@@ -165,6 +166,7 @@ class SurrogateConfig:
     knockoff: KnockoffConfig = field(default_factory=KnockoffConfig)
     augment: Augment = "none"
     label_smoothing: float = 0.0
+    label_smoothing_min_per_class: int = 0
     ema: float = 0.0
     select: Select = "random"
     active: ActiveConfig = field(default_factory=ActiveConfig)
@@ -207,6 +209,9 @@ class SurrogateConfig:
             raise InputError(f"unknown augmentation {self.augment!r}; expected none, shift or shift-flip")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise InputError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.label_smoothing_min_per_class < 0:
+            raise InputError("label_smoothing_min_per_class must be >= 0 (0: smooth at every budget), got "
+                             f"{self.label_smoothing_min_per_class}")
         if not 0.0 <= self.ema < 1.0:
             raise InputError(f"ema must be a decay in [0, 1) (0: off), got {self.ema}")
         if self.ema > 0 and self.ssl != "none":
@@ -321,7 +326,6 @@ def extract_surrogate(
                          f"got {list(pool.shape)}; adapt it with stealkit.data.adapt_images")
     if pool.shape[0] == 0:
         raise InputError("the surrogate pool is empty")
-    loss_fn = make_student_loss(config.loss, oracle.mode, config.tau, config.label_smoothing)
     gen = torch.Generator().manual_seed(config.seed)
     order = torch.randperm(pool.shape[0], generator=gen)
     queries_before = oracle.ledger.total
@@ -330,6 +334,9 @@ def extract_surrogate(
     if n == 0:
         raise InputError("the oracle's budget allows no query at all; raise --budget")
     extra: dict[str, Any] = {}
+    if config.label_smoothing and n < config.label_smoothing_min_per_class * oracle.num_classes:
+        config = replace(config, label_smoothing=0.0)  # too few answers per class: the unsmoothed loss
+    loss_fn = make_student_loss(config.loss, oracle.mode, config.tau, config.label_smoothing)
     featurize: Callable[[], nn.Module] | None = None  # the cold start's feature extractor
     if config.pretrain != "none":
         warm = config.pretraining.warm_start(n, oracle.num_classes)

@@ -1,6 +1,9 @@
 """The presets of ``stealkit extract surrogate`` (no torch here: the command reads them at import time).
 
-``plain`` / ``paper`` is the attack of DFME appendix A (random queries, no semi-supervised learning); ``semi``
+``paper`` is the attack of DFME appendix A (random queries, no semi-supervised learning); ``plain`` (the
+default) is the same with label smoothing 0.1 on label answers when the budget gives at least 10 queries per
+class (Szegedy et al. CVPR 2016 Sec. 7; sixth pass, chosen on the validation split, docs/surrogate-active.md;
+probability answers, and budgets below 10 per class, train exactly as ``paper``); ``semi``
 adds FixMatch with its remedies against confirmation bias on the unqueried pool
 (:mod:`stealkit.extract.semi_supervised`), still with random queries; ``active`` queries by k-center coverage
 (:mod:`stealkit.extract.active`) and adds FixMatch; ``typiclust`` (fourth pass, made budget-aware in the fifth)
@@ -18,12 +21,14 @@ attack it replaces.
 
 from __future__ import annotations
 
-_PLAIN = {"select": "random", "ssl": "none", "pretrain": "none", "cold_start": "random"}
-PRESETS: dict[str, dict[str, str]] = {
+from typing import Any
+
+_PLAIN: dict[str, Any] = {"select": "random", "ssl": "none", "pretrain": "none", "cold_start": "random"}
+PRESETS: dict[str, dict[str, Any]] = {
     "semi": {**_PLAIN, "ssl": "fixmatch"},
     "active": {**_PLAIN, "select": "kcenter", "ssl": "fixmatch"},
     "typiclust": {**_PLAIN, "pretrain": "rotation", "cold_start": "typiclust"},
-    "plain": _PLAIN,
+    "plain": {**_PLAIN, "label_smoothing": 0.1, "label_smoothing_min_per_class": 10},
     "paper": _PLAIN,
 }
 DEFAULT_PRESET = "plain"
