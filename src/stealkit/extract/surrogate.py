@@ -334,8 +334,9 @@ def extract_surrogate(
     if n == 0:
         raise InputError("the oracle's budget allows no query at all; raise --budget")
     extra: dict[str, Any] = {}
-    if config.label_smoothing and n < config.label_smoothing_min_per_class * oracle.num_classes:
-        config = replace(config, label_smoothing=0.0)  # too few answers per class: the unsmoothed loss
+    if config.label_smoothing and (n < config.label_smoothing_min_per_class * oracle.num_classes
+                                   or resolve_loss(config.loss, oracle.mode) != "ce"):
+        config = replace(config, label_smoothing=0.0)  # too few answers per class, or no cross entropy
     loss_fn = make_student_loss(config.loss, oracle.mode, config.tau, config.label_smoothing)
     featurize: Callable[[], nn.Module] | None = None  # the cold start's feature extractor
     if config.pretrain != "none":
