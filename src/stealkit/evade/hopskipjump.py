@@ -41,7 +41,8 @@ Optional additions, all off by default (then the attack is the paper's):
 * ``config.opening = s``: the Triangle Attack (:mod:`stealkit.evade.triangle`, Wang et al. ECCV 2022; its
   low-frequency DCT directions: ``opening_freq``, ``opening_coords``) spends a share ``s`` of the per-image
   budget first, and its points are the starts (one query re-checks each); needs ``max_queries``, and neither
-  ``starting_points`` nor a substitute.
+  ``starting_points`` nor a substitute. ``opening_shrink``: its ``shrink`` (smaller turns after clean
+  iterations, an extension of the paper; 1: off).
 
 :data:`TUNED` holds the additions chosen on validation images (the CLI's default ``--preset tuned``).
 
@@ -116,6 +117,7 @@ class HopSkipJumpConfig:
     opening: float = 0.0
     opening_freq: float = 0.3
     opening_coords: int = 3
+    opening_shrink: float = 1.0
     start_round: int = 1
     seed: int = 0
 
@@ -138,6 +140,8 @@ class HopSkipJumpConfig:
             raise InputError(f"arc_tol must be in (0, 1) (radians), got {self.arc_tol!r}")
         if self.subspace < 0:
             raise InputError(f"subspace must be 0 (full space) or a positive grid side, got {self.subspace}")
+        if not (0 < self.opening_shrink <= 1):
+            raise InputError(f"opening_shrink must be in (0, 1], got {self.opening_shrink!r}")
         if not (0 <= self.opening < 1):
             raise InputError(f"opening must be a share of the per-image budget in [0, 1), got {self.opening!r}")
         if not (0 < self.prior_spread < 10 and 0 < self.prior_agreement < 1):
@@ -228,7 +232,8 @@ def _opened(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool,
     start = oracle.ledger.as_dict()
     first = triangle(oracle, x, y, targeted=targeted, target=target, max_queries=max(1, int(cfg.opening * max_queries)),
                      config=TriangleConfig(freq=cfg.opening_freq, coords=cfg.opening_coords, seed=cfg.seed,
-                                           init_trials=cfg.init_trials), batch_size=batch_size)
+                                           init_trials=cfg.init_trials, shrink=cfg.opening_shrink),
+                     batch_size=batch_size)
     rest = hopskipjump(oracle, x, y, targeted=targeted, target=target, starting_points=first.x_adv,
                        max_queries=max_queries, config=replace(cfg, opening=0.0), batch_size=batch_size,
                        used=first.extra["queries_per_example"])
