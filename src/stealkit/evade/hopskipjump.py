@@ -38,10 +38,15 @@ Optional additions, all off by default (then the attack is the paper's):
 * ``config.orthogonal``: the probe directions of step 2 are orthonormal in blocks of ``d`` instead of i.i.d.
   (:mod:`stealkit.evade.orthogonal`: Choromanski et al. ICML 2018, Sec. 3), one random frame per round shared
   by the batch's examples (each takes its first ``n_t`` rows); full pixel space only.
+* ``config.probe_freq = f``: the probe directions of step 2 are Gaussian on the lowest ``f`` share of the
+  orthonormal 2-D DCT's frequencies per side (:func:`~stealkit.evade.subspace.dct_directions`; the setting of
+  CGBA's reference code, Reza et al. ICCV 2023, ``dim_reduc_factor = 1/f``), in every round or, with
+  ``probe_rounds = k``, in rounds ``1..k`` only (full space after); [C, H, W] images only.
 * ``config.opening = s``: the Triangle Attack (:mod:`stealkit.evade.triangle`, Wang et al. ECCV 2022; its
   low-frequency DCT directions: ``opening_freq``, ``opening_coords``) spends a share ``s`` of the per-image
   budget first, and its points are the starts (one query re-checks each); needs ``max_queries``, and neither
-  ``starting_points`` nor a substitute.
+  ``starting_points`` nor a substitute. ``opening_shrink``: its ``shrink`` (smaller turns after clean
+  iterations, an extension of the paper; 1: off).
 
 :data:`TUNED` holds the additions chosen on validation images (the CLI's default ``--preset tuned``).
 
@@ -80,7 +85,7 @@ from stealkit.evade.priors import (
 )
 from stealkit.evade.semicircle import search_cost, semicircle_search
 from stealkit.evade.starts import best_of_noise
-from stealkit.evade.subspace import check_side, random_directions, subspace_dim
+from stealkit.evade.subspace import check_side, dct_directions, random_directions, subspace_dim
 from stealkit.evade.tangent import tangent_points
 from stealkit.evade.triangle import TriangleConfig, triangle
 from stealkit.oracle import Oracle
@@ -116,6 +121,9 @@ class HopSkipJumpConfig:
     opening: float = 0.0
     opening_freq: float = 0.3
     opening_coords: int = 3
+    opening_shrink: float = 1.0
+    probe_freq: float = 0.0
+    probe_rounds: int = 0
     start_round: int = 1
     seed: int = 0
 
@@ -138,6 +146,13 @@ class HopSkipJumpConfig:
             raise InputError(f"arc_tol must be in (0, 1) (radians), got {self.arc_tol!r}")
         if self.subspace < 0:
             raise InputError(f"subspace must be 0 (full space) or a positive grid side, got {self.subspace}")
+        if not (0 <= self.probe_freq <= 1 and self.probe_rounds >= 0):
+            raise InputError(f"probe_freq must be in [0, 1] and probe_rounds >= 0, got {self.probe_freq!r}, "
+                             f"{self.probe_rounds!r}")
+        if self.probe_freq and self.subspace:
+            raise InputError("probe_freq and subspace both choose the probe directions: set one")
+        if not (0 < self.opening_shrink <= 1):
+            raise InputError(f"opening_shrink must be in (0, 1], got {self.opening_shrink!r}")
         if not (0 <= self.opening < 1):
             raise InputError(f"opening must be a share of the per-image budget in [0, 1), got {self.opening!r}")
         if not (0 < self.prior_spread < 10 and 0 < self.prior_agreement < 1):
@@ -193,6 +208,8 @@ def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: b
     if tuple(x.shape[1:]) != tuple(oracle.input_shape):
         raise InputError(f"x has images of shape {list(x.shape[1:])}; the oracle takes {list(oracle.input_shape)}")
     check_side(cfg.subspace, tuple(x.shape[1:]))
+    if cfg.probe_freq and x.dim() != 4:
+        raise InputError(f"probe_freq draws 2-D DCT directions of [C, H, W] images; got {list(x.shape[1:])}")
     if cfg.schedule == "geoda" and max_queries is None:
         raise InputError("schedule='geoda' plans a per-image budget: give max_queries (--max-queries)")
     if cfg.opening:
@@ -228,7 +245,8 @@ def _opened(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool,
     start = oracle.ledger.as_dict()
     first = triangle(oracle, x, y, targeted=targeted, target=target, max_queries=max(1, int(cfg.opening * max_queries)),
                      config=TriangleConfig(freq=cfg.opening_freq, coords=cfg.opening_coords, seed=cfg.seed,
-                                           init_trials=cfg.init_trials), batch_size=batch_size)
+                                           init_trials=cfg.init_trials, shrink=cfg.opening_shrink),
+                     batch_size=batch_size)
     rest = hopskipjump(oracle, x, y, targeted=targeted, target=target, starting_points=first.x_adv,
                        max_queries=max_queries, config=replace(cfg, opening=0.0), batch_size=batch_size,
                        used=first.extra["queries_per_example"])
@@ -329,10 +347,13 @@ class _Run:
         probes: list[torch.Tensor] = []
         # orthogonal probes: one Haar-random frame per round; every example takes its first n rows (so each
         # estimate is distributed as with a frame of its own, at the cost of one QR per round)
+        low = bool(cfg.probe_freq) and (cfg.probe_rounds == 0 or t <= cfg.probe_rounds)
         frame = orthogonal_directions(int(evals.max()), self.shape, self.gen, x.device) \
-            if cfg.orthogonal and not cfg.subspace else None
+            if cfg.orthogonal and not cfg.subspace and not low else None
         for j, n in enumerate(evals.tolist()):
-            if frame is not None:
+            if low:
+                r = dct_directions(n, self.shape, cfg.probe_freq, self.gen, x.device)
+            elif frame is not None:
                 r = frame[:n]
             else:
                 r = random_directions(n, self.shape, cfg.subspace, self.gen, x.device)

@@ -65,7 +65,10 @@ from stealkit.oracle import Oracle
 class TriangleConfig:
     """Angles in radians. ``freq``: share of the DCT frequencies per side the directions live on (the
     reference code's ``ratio_mask``); ``coords``: coefficients per channel and direction (``dim_num``; 0: all
-    of the block); ``search_steps``: the reference's ``max_iter_num_in_2d``."""
+    of the block); ``search_steps``: the reference's ``max_iter_num_in_2d``. ``shrink`` (an extension, not in
+    the paper; 1: off): after an iteration whose two first candidates were both clean, the image's angle
+    offsets (``min(pi/16, alpha/2)`` of ``beta_0``, ``pi/64`` of the other side) are multiplied by ``shrink``,
+    down to ``min_scale`` of the paper's; after a successful one divided by it, up to the paper's."""
 
     steps: int = 100_000
     freq: float = 0.1
@@ -77,9 +80,13 @@ class TriangleConfig:
     half_range: float = 0.1
     start_tries: int = 0
     init_trials: int = 100
+    shrink: float = 1.0
+    min_scale: float = 0.01
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if not (0 < self.shrink <= 1 and 0 < self.min_scale <= 1):
+            raise InputError(f"shrink and min_scale must be in (0, 1], got {self.shrink!r}, {self.min_scale!r}")
         if self.steps < 0 or self.search_steps < 0 or self.coords < 0 or self.start_tries < 0:
             raise InputError("steps, search_steps, coords and start_tries must be >= 0")
         if self.init_trials < 1:
@@ -140,14 +147,17 @@ class _Triangles:
                  gen: torch.Generator) -> None:
         self.access, self.x, self.idx, self.cfg, self.gen = access, x, idx, cfg, gen
         self.alpha = torch.full((x.shape[0],), cfg.init_alpha, dtype=torch.float64)
+        #: each image's scale of the angle offsets (``shrink``; 1: the paper's)
+        self.scale = torch.ones(x.shape[0], dtype=torch.float64)
         self.lower, self.upper = math.pi / 2 - cfg.half_range, math.pi / 2 + cfg.half_range
 
     def run(self, best: torch.Tensor) -> torch.Tensor:
         lockstep(self.access, self.idx, self.cfg.steps, lambda sel: self._iteration(best, sel))
         return best
 
-    def _first_beta(self, alpha: torch.Tensor) -> torch.Tensor:
-        return (math.pi - 2 * alpha).clamp_min(0) + (alpha / 2).clamp(max=math.pi / 16)
+    @staticmethod
+    def _first_beta(alpha: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return (math.pi - 2 * alpha).clamp_min(0) + (alpha / 2).clamp(max=math.pi / 16) * scale
 
     def _iteration(self, best: torch.Tensor, sel: torch.Tensor) -> None:
         """One triangle search for the rows ``sel`` (in place: ``best`` and ``alpha``)."""
@@ -162,6 +172,7 @@ class _Triangles:
         v = v / v.norm(dim=1, keepdim=True).clamp_min(TINY)
         now = dist.clone()  # each row's best distance so far
         alpha = self.alpha[sel].clone()
+        scale = self.scale[sel].clone()
         live = torch.ones(n, dtype=torch.bool)  # rows that can still pay for this iteration
 
         def ask(mask: torch.Tensor, beta: torch.Tensor, side: torch.Tensor) -> torch.Tensor:
@@ -195,16 +206,21 @@ class _Triangles:
         def lower(mask: torch.Tensor) -> None:
             alpha[mask] = (alpha[mask] - cfg.alpha_down).clamp(min=self.lower)
 
-        beta = self._first_beta(alpha)
+        beta = self._first_beta(alpha, scale)
         side = torch.ones(n, dtype=torch.float64)
         won = ask(live.clone(), beta, side)
         fail = live & ~won
         lower(fail)
-        beta = torch.where(fail, torch.maximum(beta, math.pi - 2 * alpha + math.pi / 64), beta)
+        beta = torch.where(fail, torch.maximum(beta, math.pi - 2 * alpha + math.pi / 64 * scale), beta)
         side[fail] = -1.0
         second = ask(fail, beta, side)
-        lower(fail & live & ~second)
+        clean = fail & live & ~second
+        lower(clean)
         won |= second
+        if cfg.shrink < 1:  # the extension: smaller turns after a clean iteration, back up after a won one
+            scale[clean] = (scale[clean] * cfg.shrink).clamp(min=cfg.min_scale)
+            scale[won] = (scale[won] / cfg.shrink).clamp(max=1.0)
+            self.scale[sel] = scale
         # the search for a larger beta on the rows whose first candidates found a nearer point
         searching = won & live
         hi = math.pi - alpha
@@ -215,13 +231,13 @@ class _Triangles:
             hit = ask(searching, beta, side)
             searching &= ~hit & live
             lower(searching)
-            beta = torch.where(searching, torch.maximum(beta, math.pi - 2 * alpha + math.pi / 64), beta)
+            beta = torch.where(searching, torch.maximum(beta, math.pi - 2 * alpha + math.pi / 64 * scale), beta)
             side = torch.where(searching, -side, side)
             hit = ask(searching, beta, side)
             searching &= ~hit & live
             lower(searching)
             hi = torch.where(searching, beta, hi)
-            beta = torch.where(searching, (self._first_beta(alpha) + hi) / 2, beta)
+            beta = torch.where(searching, (self._first_beta(alpha, scale) + hi) / 2, beta)
         alpha[won] = (alpha[won] + cfg.alpha_up).clamp(max=self.upper)
         self.alpha[sel] = alpha
 

@@ -1,0 +1,107 @@
+"""Where HopSkipJump's per-image budget goes: the queries of ``--preset tuned`` split by phase (and by round).
+
+Runs the tuned HopSkipJump (the benchmark's victim, images and settings: ``decision_attacks.py``) on the
+validation images with every label query attributed, from the call stack, to the phase that asked it: the
+Triangle Attack opening (its noise start, its binary search, its candidates), the re-check of the opening's
+points, HopSkipJump's first binary search, the noise tries (one query each) and their binary searches, the
+gradient estimates and the semicircle searches (outward tries and bisection), the last two also per round.
+The counts are the ledger's (their sum is checked against it).
+
+    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python benchmarks/query_split.py --n 12 --val 20 --budget 5800
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+from collections import Counter
+from typing import Any
+
+import torch
+
+from stealkit.evade import decision
+
+
+def phase(stack: list[inspect.FrameInfo]) -> tuple[str, int | None]:
+    """The phase of the query being asked (innermost recognised frame first) and HopSkipJump's round."""
+    names = [(f.function, f.filename.rsplit("/", 1)[-1], f.frame) for f in stack]
+    rnd = next((int(fr.f_locals["t"]) for fn, file, fr in names if fn == "attack" and "t" in fr.f_locals
+                and file == "hopskipjump.py"), None)
+    in_triangle = any(file == "triangle.py" for _, file, _ in names)
+    for fn, _file, fr in names:
+        if in_triangle:
+            if fn == "_iteration":
+                return "opening: triangle candidates", None
+            if fn == "find_starts":
+                return "opening: noise start", None
+            if fn == "binary_search":
+                return "opening: binary search", None
+            if fn == "best_of_noise":
+                return "opening: noise tries", None
+            continue
+        if fn == "semicircle_search":
+            return ("semicircle: bisection" if "mid" in fr.f_locals else "semicircle: outward"), rnd
+        if fn == "_estimate":
+            return "estimates", rnd
+        if fn == "binary_search":
+            return ("noise tries: binary searches" if any(n == "best_of_noise" for n, _, _ in names)
+                    else "first binary search"), None
+        if fn == "best_of_noise":
+            return "noise tries: one query each", None
+        if fn == "check_starts":
+            return "re-check of the opening's points", None
+        if fn == "find_starts":
+            return "noise start", None
+    return "other", rnd
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, "benchmarks")
+    import decision_attacks as bench
+    from stealkit.data import load_splits
+    from stealkit.evade.hopskipjump import tuned_settings
+    from stealkit.victims import standard_victim
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default="fashion-mnist", choices=sorted(bench.SHORT))
+    p.add_argument("--n", type=int, default=12)
+    p.add_argument("--val", type=int, default=20)
+    p.add_argument("--budget", type=int, default=5800)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", default="{}", help="JSON: HopSkipJump settings over the tuned ones")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    model = standard_victim(f"{bench.SHORT[args.dataset]}-conv2").model.eval()
+    _, _, xv, yv = bench.pick_images(model, load_splits(args.dataset).test, args.n, args.val)
+    total: Counter[str] = Counter()
+    rounds: dict[int, Counter[str]] = {}
+    original = decision.LabelAccess.is_adv
+
+    def counted(self: decision.LabelAccess, x: torch.Tensor, owners: torch.Tensor) -> torch.Tensor:
+        out = original(self, x, owners)
+        name, rnd = phase(inspect.stack()[1:])
+        total[name] += int(x.shape[0])
+        if rnd is not None:
+            rounds.setdefault(rnd, Counter())[name] += int(x.shape[0])
+        return out
+
+    decision.LabelAccess.is_adv = counted  # type: ignore[method-assign]
+    settings = tuned_settings(substitute=False, budgeted=True, shape=tuple(xv.shape[1:])) | json.loads(args.set)
+    norms, per, _ = bench.run_stealkit("hsj", model, xv, yv, args.budget, bench.hsj_config(args.seed, **settings),
+                                       None)
+    n = xv.shape[0]
+    assert sum(total.values()) == sum(per)
+    out: dict[str, Any] = {"images": n, "budget": args.budget, "settings": settings, "queries": sum(per),
+                           "per_image": {k: round(v / n, 1) for k, v in total.most_common()},
+                           "share": {k: round(v / sum(per), 4) for k, v in total.most_common()},
+                           "per_round_per_image": {r: {k: round(v / n, 1) for k, v in c.items()}
+                                                   for r, c in sorted(rounds.items())},
+                           "median_l2": float(torch.tensor(norms).median())}
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
