@@ -23,37 +23,30 @@ import torch
 
 from stealkit.evade import decision
 
+#: phases of the Triangle opening, by the function asking (inside ``triangle.py``'s call)
+OPENING = {"_iteration": "opening: triangle candidates", "find_starts": "opening: noise start",
+           "binary_search": "opening: binary search", "best_of_noise": "opening: noise tries"}
+#: HopSkipJump's phases that need no more than the function's name
+HSJ = {"_estimate": "estimates", "best_of_noise": "noise tries: one query each",
+       "check_starts": "re-check of the opening's points", "find_starts": "noise start"}
+
 
 def phase(stack: list[inspect.FrameInfo]) -> tuple[str, int | None]:
     """The phase of the query being asked (innermost recognised frame first) and HopSkipJump's round."""
     names = [(f.function, f.filename.rsplit("/", 1)[-1], f.frame) for f in stack]
     rnd = next((int(fr.f_locals["t"]) for fn, file, fr in names if fn == "attack" and "t" in fr.f_locals
                 and file == "hopskipjump.py"), None)
-    in_triangle = any(file == "triangle.py" for _, file, _ in names)
+    if any(file == "triangle.py" for _, file, _ in names):
+        hit = next((OPENING[fn] for fn, _, _ in names if fn in OPENING), None)
+        return (hit, None) if hit else ("other", rnd)
     for fn, _file, fr in names:
-        if in_triangle:
-            if fn == "_iteration":
-                return "opening: triangle candidates", None
-            if fn == "find_starts":
-                return "opening: noise start", None
-            if fn == "binary_search":
-                return "opening: binary search", None
-            if fn == "best_of_noise":
-                return "opening: noise tries", None
-            continue
         if fn == "semicircle_search":
             return ("semicircle: bisection" if "mid" in fr.f_locals else "semicircle: outward"), rnd
-        if fn == "_estimate":
-            return "estimates", rnd
         if fn == "binary_search":
             return ("noise tries: binary searches" if any(n == "best_of_noise" for n, _, _ in names)
                     else "first binary search"), None
-        if fn == "best_of_noise":
-            return "noise tries: one query each", None
-        if fn == "check_starts":
-            return "re-check of the opening's points", None
-        if fn == "find_starts":
-            return "noise start", None
+        if fn in HSJ:
+            return HSJ[fn], (rnd if fn == "_estimate" else None)
     return "other", rnd
 
 
