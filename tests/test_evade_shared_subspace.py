@@ -92,3 +92,53 @@ def test_bad_shared_settings_are_one_input_error() -> None:
             HopSkipJumpConfig(**bad)  # type: ignore[arg-type]
     with pytest.raises(InputError):
         SharedSubspace(torch.zeros(2), k=0, window=1, per_class=False)
+
+
+def test_the_projection_is_unit_inside_the_subspace_and_keeps_rows_without_one() -> None:
+    gen = torch.Generator().manual_seed(1)
+    s = SharedSubspace(torch.tensor([0, 0, 1]), k=1, window=1, per_class=True)
+    s.add(torch.tensor([0, 1, 2]), torch.randn(3, *SHAPE, generator=gen))
+    v = torch.randn(3, *SHAPE, generator=gen)
+    out = s.project(torch.tensor([0, 1, 2]), v)
+    assert out is not None
+    basis = s.bases(torch.tensor([0]))[0]
+    assert basis is not None
+    assert torch.allclose(out[0].flatten().norm(), torch.tensor(1.0), atol=1e-5)
+    assert torch.allclose(basis @ (basis.T @ out[0].flatten()), out[0].flatten(), atol=1e-5)
+    assert torch.equal(out[2], v[2])  # label 1 has one image: no subspace, the row is kept
+    assert SharedSubspace(torch.zeros(1), k=1, window=1, per_class=False).project(torch.tensor([0]), v[:1]) is None
+
+
+@pytest.mark.parametrize("max_queries", [5, 40, 250])
+def test_the_shared_prior_honours_the_per_image_cap_and_the_ledger(max_queries: int) -> None:
+    victim = TinyNet(seed=0).eval()
+    x = torch.rand(6, *SHAPE, generator=torch.Generator().manual_seed(3))
+    y = victim(x).argmax(1)
+    oracle = LocalOracle(victim, SHAPE, mode="label", budget=2000)
+    cfg = HopSkipJumpConfig(**(SHARED | {"shared_prior": True, "schedule": "geoda"}))
+    r = hopskipjump(oracle, x, y, max_queries=max_queries, config=cfg)
+    per = r.extra["queries_per_example"]
+    assert int(per.max()) <= max_queries
+    assert int(per.sum()) == oracle.ledger.total == r.queries["predict"] <= 2000
+    assert bool((victim(r.x_adv[r.success]).argmax(1) != y[r.success]).all())
+
+
+def test_the_shared_prior_is_deterministic_changes_the_result_and_is_a_no_op_for_one_image() -> None:
+    victim = TinyNet(seed=2).eval()
+    x = torch.rand(5, *SHAPE, generator=torch.Generator().manual_seed(6))
+    y = victim(x).argmax(1)
+    plain = {k: v for k, v in SHARED.items() if not k.startswith("shared")}
+    prior = SHARED | {"shared_prior": True}
+
+    def run(x: torch.Tensor, y: torch.Tensor, **kw: object) -> torch.Tensor:
+        r = hopskipjump(LocalOracle(victim, SHAPE, mode="label"), x, y, max_queries=400,
+                        config=HopSkipJumpConfig(seed=3, **kw))  # type: ignore[arg-type]
+        return r.x_adv
+
+    a = run(x, y, **prior)
+    assert torch.equal(a, run(x, y, **prior))
+    assert not torch.equal(a, run(x, y, **plain)) and not torch.equal(a, run(x, y, **SHARED))
+    assert torch.equal(run(x[:1], y[:1], **prior), run(x[:1], y[:1], **plain))
+    for bad in ({"shared_prior": True}, prior | {"history": True}):
+        with pytest.raises(InputError):
+            HopSkipJumpConfig(**bad)  # type: ignore[arg-type]

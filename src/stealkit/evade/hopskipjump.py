@@ -46,7 +46,8 @@ Optional additions, all off by default (then the attack is the paper's):
   is drawn in the top-``k`` subspace of the estimates the run has made for its images over the last
   ``shared_window`` rounds (one per label with ``shared_class``); no model, only the attack's own label
   queries (:mod:`stealkit.evade.shared_subspace`: Moosavi-Dezfooli et al. CVPR 2017, Sec. 4; Yan et al.
-  NeurIPS 2019; Maheswaranathan et al. ICML 2019); a no-op with a single image.
+  NeurIPS 2019; Maheswaranathan et al. ICML 2019); a no-op with a single image. ``shared_prior``: instead,
+  the previous estimate projected on that subspace is the P-RGF prior of :mod:`stealkit.evade.priors`.
 * ``config.opening = s``: the Triangle Attack (:mod:`stealkit.evade.triangle`, Wang et al. ECCV 2022; its
   low-frequency DCT directions: ``opening_freq``, ``opening_coords``) spends a share ``s`` of the per-image
   budget first, and its points are the starts (one query re-checks each); needs ``max_queries``, and neither
@@ -135,6 +136,7 @@ class HopSkipJumpConfig:
     shared_window: int = 3
     shared_class: bool = False
     shared_rounds: int = 0
+    shared_prior: bool = False
     start_round: int = 1
     seed: int = 0
 
@@ -165,6 +167,9 @@ class HopSkipJumpConfig:
         if self.shared_k < 0 or self.shared_window < 1 or self.shared_rounds < 0 or not 0 < self.shared_w < 1:
             raise InputError(f"shared_k must be >= 0, shared_w in (0, 1), shared_window >= 1 and shared_rounds >= 0; "
                              f"got {self.shared_k!r}, {self.shared_w!r}, {self.shared_window!r}, {self.shared_rounds!r}")
+        if self.shared_prior and (not self.shared_k or self.history):
+            raise InputError("shared_prior projects the previous estimate on the shared subspace: set shared_k, "
+                             "not history")
         if self.shared_k and (self.subspace or self.probe_freq):
             raise InputError("shared_k draws probes in the pixel space: drop subspace / probe_freq")
         if not (0 < self.opening_shrink <= 1):
@@ -363,6 +368,8 @@ class _Run:
             if self.prior is not None else None
         if priors is None and cfg.history and t > 1:
             priors = self.last[d_all]
+        if priors is None and self.shared is not None and cfg.shared_prior and t > 1:
+            priors = self.shared.project(idx, self.last[d_all])
         probes: list[torch.Tensor] = []
         # orthogonal probes: one Haar-random frame per round; every example takes its first n rows (so each
         # estimate is distributed as with a frame of its own, at the cost of one QR per round)

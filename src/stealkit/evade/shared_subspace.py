@@ -14,7 +14,9 @@ itself has made, from its own label queries, for the images of the same run over
 With ``HopSkipJumpConfig(shared_k=k, shared_w=w)`` a share ``w`` of each image's probes in rounds 2.. (up to
 ``shared_rounds``; 0: every round) is drawn in span(U_k) (Gaussian coefficients, normalised) and the rest as
 before (the orthogonal frame or isotropic); HopSkipJump's sign estimator with its baseline (Chen et al. 2020,
-Eq. 9 and 16) is kept over all probes. ``shared_class``: one subspace per original label instead of one for
+Eq. 9 and 16) is kept over all probes. ``shared_prior``: instead, the image's previous estimate projected
+on span(U_k) is the prior of the P-RGF estimator (:func:`~stealkit.evade.priors.prior_estimate`, Cheng et al.
+NeurIPS 2019, Sec. 3.2; images whose label has no subspace under ``shared_class`` keep the estimate itself). ``shared_class``: one subspace per original label instead of one for
 all. The subspace needs estimates of at least two images (of the same label with ``shared_class``): with one
 image (``--n 1``) the option is a no-op, and the image's own estimates are 1/n of the rows (they are the
 attack's own queries too). The per-image budget is unchanged: the probes are as many as without the option.
@@ -62,6 +64,20 @@ class SharedSubspace:
                     out[g] = v[: min(self.k, v.shape[0])].T.contiguous()
             res.append(out[g])
         return res
+
+
+    def project(self, idx: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+        """Each row of ``v`` [len(idx), ...] projected on its image's subspace and normalised (the row itself
+        where that image has none); ``None`` if no image has a subspace."""
+        bases = self.bases(idx)
+        if all(b is None for b in bases):
+            return None
+        out = v.clone()
+        for j, b in enumerate(bases):
+            if b is not None:
+                p = b @ (b.T @ v[j].flatten().cpu())
+                out[j] = (p / p.norm().clamp_min(1e-12)).view_as(v[j]).to(v.device)
+        return out
 
 
 def subspace_probes(basis: torch.Tensor, n: int, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
