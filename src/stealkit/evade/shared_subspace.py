@@ -20,6 +20,9 @@ NeurIPS 2019, Sec. 3.2; images whose label has no subspace under ``shared_class`
 all. The subspace needs estimates of at least two images (of the same label with ``shared_class``): with one
 image (``--n 1``) the option is a no-op, and the image's own estimates are 1/n of the rows (they are the
 attack's own queries too). The per-image budget is unchanged: the probes are as many as without the option.
+
+Off by default: on Fashion-MNIST validation images it was level at best and up to 63% worse in median L2
+(docs/decision-attacks.md, sixth round).
 """
 
 from __future__ import annotations
