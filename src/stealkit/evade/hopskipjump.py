@@ -42,6 +42,12 @@ Optional additions, all off by default (then the attack is the paper's):
   orthonormal 2-D DCT's frequencies per side (:func:`~stealkit.evade.subspace.dct_directions`; the setting of
   CGBA's reference code, Reza et al. ICCV 2023, ``dim_reduc_factor = 1/f``), in every round or, with
   ``probe_rounds = k``, in rounds ``1..k`` only (full space after); [C, H, W] images only.
+* ``config.shared_k = k``: a share ``shared_w`` of each image's probes in rounds ``2..shared_rounds`` (0: all)
+  is drawn in the top-``k`` subspace of the estimates the run has made for its images over the last
+  ``shared_window`` rounds (one per label with ``shared_class``); no model, only the attack's own label
+  queries (:mod:`stealkit.evade.shared_subspace`: Moosavi-Dezfooli et al. CVPR 2017, Sec. 4; Yan et al.
+  NeurIPS 2019; Maheswaranathan et al. ICML 2019); a no-op with a single image. ``shared_prior``: instead,
+  the previous estimate projected on that subspace is the P-RGF prior of :mod:`stealkit.evade.priors`.
 * ``config.opening = s``: the Triangle Attack (:mod:`stealkit.evade.triangle`, Wang et al. ECCV 2022; its
   low-frequency DCT directions: ``opening_freq``, ``opening_coords``) spends a share ``s`` of the per-image
   budget first, and its points are the starts (one query re-checks each); needs ``max_queries``, and neither
@@ -84,6 +90,7 @@ from stealkit.evade.priors import (
     unit,
 )
 from stealkit.evade.semicircle import search_cost, semicircle_search
+from stealkit.evade.shared_subspace import SharedSubspace, subspace_probes
 from stealkit.evade.starts import best_of_noise
 from stealkit.evade.subspace import check_side, dct_directions, random_directions, subspace_dim
 from stealkit.evade.tangent import tangent_points
@@ -124,6 +131,12 @@ class HopSkipJumpConfig:
     opening_shrink: float = 1.0
     probe_freq: float = 0.0
     probe_rounds: int = 0
+    shared_k: int = 0
+    shared_w: float = 0.5
+    shared_window: int = 3
+    shared_class: bool = False
+    shared_rounds: int = 0
+    shared_prior: bool = False
     start_round: int = 1
     seed: int = 0
 
@@ -151,6 +164,14 @@ class HopSkipJumpConfig:
                              f"{self.probe_rounds!r}")
         if self.probe_freq and self.subspace:
             raise InputError("probe_freq and subspace both choose the probe directions: set one")
+        if self.shared_k < 0 or self.shared_window < 1 or self.shared_rounds < 0 or not 0 < self.shared_w < 1:
+            raise InputError(f"shared_k must be >= 0, shared_w in (0, 1), shared_window >= 1 and shared_rounds >= 0; "
+                             f"got {self.shared_k!r}, {self.shared_w!r}, {self.shared_window!r}, {self.shared_rounds!r}")
+        if self.shared_prior and (not self.shared_k or self.history):
+            raise InputError("shared_prior projects the previous estimate on the shared subspace: set shared_k, "
+                             "not history")
+        if self.shared_k and (self.subspace or self.probe_freq):
+            raise InputError("shared_k draws probes in the pixel space: drop subspace / probe_freq")
         if not (0 < self.opening_shrink <= 1):
             raise InputError(f"opening_shrink must be in (0, 1], got {self.opening_shrink!r}")
         if not (0 <= self.opening < 1):
@@ -277,6 +298,9 @@ class _Run:
         self.acc = torch.zeros_like(x)
         #: with ``schedule="geoda"``: each example's evaluations per round (planned after its starts)
         self.plan: dict[int, list[int]] = {}
+        #: with ``shared_k``: the run's recent estimates and their shared subspace (none with a substitute)
+        self.shared = SharedSubspace(y, k=cfg.shared_k, window=cfg.shared_window, per_class=cfg.shared_class) \
+            if cfg.shared_k and prior is None else None
 
     def attack(self, best: torch.Tensor, idx: torch.Tensor) -> None:
         """Improve ``best[idx]`` (verified adversarial) in place."""
@@ -344,19 +368,27 @@ class _Run:
             if self.prior is not None else None
         if priors is None and cfg.history and t > 1:
             priors = self.last[d_all]
+        if priors is None and self.shared is not None and cfg.shared_prior and t > 1:
+            priors = self.shared.project(idx, self.last[d_all])
         probes: list[torch.Tensor] = []
         # orthogonal probes: one Haar-random frame per round; every example takes its first n rows (so each
         # estimate is distributed as with a frame of its own, at the cost of one QR per round)
         low = bool(cfg.probe_freq) and (cfg.probe_rounds == 0 or t <= cfg.probe_rounds)
         frame = orthogonal_directions(int(evals.max()), self.shape, self.gen, x.device) \
             if cfg.orthogonal and not cfg.subspace and not low else None
+        bases = self.shared.bases(idx) if self.shared is not None and t > 1 and priors is None and \
+            (cfg.shared_rounds == 0 or t <= cfg.shared_rounds) else [None] * idx.numel()
         for j, n in enumerate(evals.tolist()):
+            basis = bases[j]
+            ms = round(cfg.shared_w * n) if basis is not None else 0
             if low:
                 r = dct_directions(n, self.shape, cfg.probe_freq, self.gen, x.device)
             elif frame is not None:
-                r = frame[:n]
+                r = frame[: n - ms]
             else:
-                r = random_directions(n, self.shape, cfg.subspace, self.gen, x.device)
+                r = random_directions(n - ms, self.shape, cfg.subspace, self.gen, x.device)
+            if ms and basis is not None:
+                r = torch.cat([subspace_probes(basis, ms, self.shape, self.gen).to(x.device), unit(r)])
             if priors is not None:
                 c = tilt(float(self.agree[idx[j]]), self.dim, cfg.prior_spread)
                 u = prior_probes(priors[j : j + 1], torch.cat([r, r[:1]]) if n % 2 else r, c)[:n]
@@ -385,6 +417,8 @@ class _Run:
             out.append(g / g.norm().clamp_min(TINY))
         grads = torch.cat(out)
         self.last[d_all] = grads
+        if self.shared is not None:
+            self.shared.add(idx, grads)
         return grads
 
     def _step(self, best: torch.Tensor, idx: torch.Tensor, grads: torch.Tensor, t: int
