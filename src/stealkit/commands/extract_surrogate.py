@@ -134,10 +134,9 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
                                augment=augment, eval_every=eval_every, seed=seed, **chosen)
         return resolved, apply_settings(config, given, who="surrogate")
 
-    configure(1)  # refuse bad settings before the victim is opened (one class: the large-budget meaning)
-    v = open_victim(victim, mode=mode, budget=budget, temperature=temperature, top_k=top_k, key=key,
-                    dataset=dataset, device=device, seed=seed)
-    resolved, config = configure(v.num_classes)
+    # refuse bad settings and resume mistakes before the victim is opened (one class: the large-budget meaning;
+    # the budget changes only ssl and label smoothing, never what is checkpointed)
+    _, config = configure(1)
     run = RunDir(out)
     checkpoint = run.path / "checkpoint"
     if not resume and (checkpoint / "active.json").exists():
@@ -147,6 +146,9 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
     if resume and not checkpointed:
         raise InputError("--resume continues active rounds or reuses pretrained weights; this run has --select "
                          "random, --pretrain none and --cold-start random (nothing to resume)")
+    v = open_victim(victim, mode=mode, budget=budget, temperature=temperature, top_k=top_k, key=key,
+                    dataset=dataset, device=device, seed=seed)
+    resolved, config = configure(v.num_classes)
     if "fixmatch.flip" not in given:  # mirror images only where the data set is flip-invariant
         config = apply_settings(config, {"fixmatch.flip": v.dataset in FLIP_INVARIANT}, who="surrogate")
     splits = victim_splits(v, data_dir)
