@@ -231,13 +231,16 @@ ACTIVE_ROWS = {  # row -> (select, ssl[, pretrain, cold_start]); "ours-default" 
 COMBO_KEYS = ("select", "ssl", "pretrain", "cold_start")
 
 
-def row_combo(row_name: str) -> dict[str, Any]:
-    """The (select, ssl, pretrain, cold_start) of an ``ours`` row: a name of ``ACTIVE_ROWS``, ``ours-default``
-    (the command's default preset) or ``SELECT/SSL[/PRETRAIN[/COLD_START]]``; what is not given is plain."""
-    from stealkit.extract.surrogate import DEFAULT_PRESET, PRESETS
+def row_combo(row_name: str, budget: int = 10**9, num_classes: int = 10) -> dict[str, Any]:
+    """The settings of an ``ours`` row: a name of ``ACTIVE_ROWS``, ``ours-default`` (the command's default
+    preset, resolved for ``budget`` answers of ``num_classes`` classes), ``ours-preset-NAME`` (a named preset,
+    e.g. ``ours-preset-plain``) or ``SELECT/SSL[/PRETRAIN[/COLD_START]]``; what is not given is plain."""
+    from stealkit.extract.surrogate_presets import DEFAULT_PRESET, resolve_preset
 
     if row_name == "ours-default":  # the preset's combination and training settings (e.g. label smoothing)
-        return dict(PRESETS[DEFAULT_PRESET])
+        return resolve_preset(DEFAULT_PRESET, budget, num_classes)[1]
+    if row_name.startswith("ours-preset-"):
+        return resolve_preset(row_name.removeprefix("ours-preset-"), budget, num_classes)[1]
     parts = row_name.split("/") if "/" in row_name else list(ACTIVE_ROWS[row_name])
     return {**dict(zip(COMBO_KEYS, ("random", "none", "none", "random"), strict=True)),
             **dict(zip(COMBO_KEYS, parts, strict=False))}
@@ -357,7 +360,8 @@ def active_main(argv: list[str] | None = None) -> int:
     """
     import os
 
-    from stealkit.extract.surrogate import DEFAULT_PRESET, FLIP_INVARIANT, PRESETS
+    from stealkit.extract.surrogate import DEFAULT_PRESET, FLIP_INVARIANT
+    from stealkit.extract.surrogate_presets import SMALL_BUDGET_PER_CLASS, resolve_preset
 
     p = argparse.ArgumentParser(description=active_main.__doc__)
     p.add_argument("--active", action="store_true")
@@ -366,7 +370,7 @@ def active_main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="label,probs")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--rows", default="ours-default,ours-plain,ours-ssl,ours-active,art",
-                   help="comma list of ours-default, ours-plain, ours-ssl, ours-soft, ours-active, ours-active-ssl, art, "
+                   help="comma list of ours-default, ours-preset-NAME (e.g. ours-preset-plain), ours-plain, ours-ssl, ours-soft, ours-active, ours-active-ssl, art, "
                         "art-defaults (ART's own epochs and batch: a second row), one ART attack by name "
                         "(e.g. art-copycat, art-copycat-defaults), or SELECT/SSL pairs; ROW+key=value+... "
                         "gives one ours row its own --set values (e.g. ours-rot-typiclust+cold_start_size=100)")
@@ -420,13 +424,15 @@ def active_main(argv: list[str] | None = None) -> int:
                     base, *row_sets = row_name.split("+")  # ROW+key=value+...: settings of this row only
                     a.set = [*args.set, *row_sets]
                     row = ours_variant(row_name, str(trained.path), mode, pool, budget, evaluator, a,
-                                       row_combo(base), flip)
+                                       row_combo(base, budget, v.num_classes), flip)
                     rows.append(row)
                     log.info("%s", row)
                     _append_jsonl(args.jsonl, row)
     out = {"benchmark": "surrogate_extraction/active", "victim": args.victim, "validate": args.validate,
            "victim_accuracy": evaluator.victim_accuracy, "settings": vars(args),
-           "default": {"preset": DEFAULT_PRESET, **PRESETS[DEFAULT_PRESET]}, "seconds": round(time.perf_counter() - t_all, 1),
+           "default": {"preset": DEFAULT_PRESET, "small_budget_per_class": SMALL_BUDGET_PER_CLASS,
+                       **{str(b): resolve_preset(DEFAULT_PRESET, int(b), v.num_classes)[0]
+                          for b in args.budgets.split(",")}}, "seconds": round(time.perf_counter() - t_all, 1),
            "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(),
                        "torch": torch.__version__, "loadavg": list(os.getloadavg())},
            "table": _aggregate(rows), "rows": rows}

@@ -52,11 +52,13 @@ def test_study_group_lists_the_dfme_studies():
         assert name in res.output
 
 
-@pytest.mark.parametrize("budget,extra,smoothing", [(100, [], 0.1), (99, [], 0.0), (100, ["--preset", "paper"], 0.0),
+@pytest.mark.parametrize("budget,extra,smoothing", [(100, [], 0.1), (99, ["--preset", "plain"], 0.0),
+                                                    (100, ["--preset", "paper"], 0.0),
                                                     (100, ["--set", "label_smoothing=0"], 0.0),
                                                     (100, ["--strategy", "knockoff", "--pool", "pool"], 0.0)])
 def test_default_preset_smooths_labels_and_paper_does_not(victim_dir, tmp_path, budget, extra, smoothing):
-    """The default smooths label answers from 10 queries per class (digits: 100); the rest train unsmoothed."""
+    """The default (and ``plain``) smooths label answers from 10 queries per class (digits: 100); ``plain`` below
+    it, ``paper``, ``label_smoothing=0`` and knockoff train unsmoothed."""
     out = tmp_path / "run"
     rc = main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", str(budget), "--epochs", "1",
                "--mode", "label", "--student", "mlp2", "--student-arg", "hidden=8", "--out", str(out), *extra])
@@ -64,3 +66,26 @@ def test_default_preset_smooths_labels_and_paper_does_not(victim_dir, tmp_path, 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["label_smoothing"] == smoothing
     assert summary["queries"]["predict"] == budget == summary["n_distinct"]
+
+
+@pytest.mark.parametrize("mode", ["label", "probs"])
+@pytest.mark.parametrize("budget,resolved", [(50, "semi+label_smoothing=0.1"), (99, "semi+label_smoothing=0.1"),
+                                             (100, "plain")])
+def test_default_is_semi_below_ten_answers_per_class_and_records_it(victim_dir, tmp_path, mode, budget, resolved):
+    """``auto`` (the default) resolves by the budget: FixMatch with smoothing 0.1 below 10 queries per class (digits:
+    100), ``plain`` from there; config.json records the name and the settings; the ledger spends exactly the budget."""
+    from stealkit.extract.surrogate_presets import resolve_preset
+
+    out = tmp_path / "run"
+    rc = main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", str(budget), "--epochs", "1",
+               "--mode", mode, "--student", "mlp2", "--student-arg", "hidden=8", "--set", "fixmatch.mu=1",
+               "--out", str(out)])
+    assert rc == 0
+    cfg = json.loads((out / "config.json").read_text())["config"]
+    assert cfg["preset"] == "auto" and cfg["preset_resolved"] == resolved
+    for key, value in resolve_preset("auto", budget, 10)[1].items():
+        assert cfg["surrogate"][key] == value
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ssl"] == ("fixmatch" if budget < 100 else "none")
+    assert summary["label_smoothing"] == (0.1 if mode == "label" else 0.0)  # the cross entropy only
+    assert summary["queries"]["predict"] == budget == summary["n_distinct"] == summary["queries_spent"]

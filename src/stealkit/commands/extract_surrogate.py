@@ -5,13 +5,13 @@ default is ``stealkit.extract.surrogate_presets.DEFAULT_PRESET``, chosen on the 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from stealkit.commands.common import device_option, parse_kv, run_options, set_option, victim_options
 from stealkit.errors import InputError
-from stealkit.extract.surrogate_presets import DEFAULT_PRESET, PRESETS
+from stealkit.extract.surrogate_presets import DEFAULT_PRESET, PRESET_NAMES, resolve_preset
 from stealkit.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -81,9 +81,10 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
               help="How the first queries are chosen before any answer: random, TypiClust (typical points of "
                    "k-means clusters) or k-center, in the pretrained features (pixels without --pretrain). "
                    "Default: the preset's.")
-@click.option("--preset", type=click.Choice(list(PRESETS)), default=DEFAULT_PRESET, show_default=True,
-              help="paper: random queries, no SSL (DFME appendix A); plain: the same with label smoothing 0.1 "
-                   "on label answers from 10 queries per class (probabilities train as paper); semi: random queries + FixMatch on the "
+@click.option("--preset", type=click.Choice(list(PRESET_NAMES)), default=DEFAULT_PRESET, show_default=True,
+              help="auto: semi with label smoothing 0.1 below 10 queries per class, plain from 10 per class "
+                   "(config.json records what it resolved to); paper: random queries, no SSL (DFME appendix A); "
+                   "plain: the same with label smoothing 0.1 on label answers from 10 queries per class (probabilities train as paper); semi: random queries + FixMatch on the "
                    "unqueried pool (warm-up, mean teacher, distribution alignment); active: k-center selection + "
                    "FixMatch; typiclust: rotation pretraining on the pool + TypiClust for the first "
                    "10 queries per class, random after; pretrained students up to 10 queries per class "
@@ -120,14 +121,22 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
     resolve_loss(loss, mode)  # type: ignore[arg-type]  # refuse e.g. KL on labels before any work
     kwargs = parse_kv(student_args)
     method = METHODS["surrogate"]
-    chosen = dict(PRESETS[preset] if strategy == "random" else PRESETS["paper"])  # knockoff: its own policy
-    options = (("select", select), ("ssl", ssl), ("pretrain", pretrain), ("cold_start", cold_start))
-    chosen.update({k: v for k, v in options if v is not None})
-    config = method.config(max_distinct=max_distinct, loss=loss, tau=tau, epochs=epochs,  # type: ignore[misc]
-                           batch_size=batch_size, lr=lr, schedule=schedule, strategy=strategy,
-                           augment=augment, eval_every=eval_every, seed=seed, **chosen)
+    cap = min(budget, max_distinct) if max_distinct is not None else budget
     given = parse_kv(settings)
-    config = apply_settings(config, given, who="surrogate")
+
+    def configure(num_classes: int) -> tuple[str, Any]:
+        """The preset resolved for the budget (``auto`` depends on the answers per class), then the options."""
+        resolved, chosen = resolve_preset(preset if strategy == "random" else "paper", cap, num_classes)
+        options = (("select", select), ("ssl", ssl), ("pretrain", pretrain), ("cold_start", cold_start))
+        chosen.update({k: v for k, v in options if v is not None})  # knockoff: its own policy, as paper
+        config = method.config(max_distinct=max_distinct, loss=loss, tau=tau, epochs=epochs,  # type: ignore[misc]
+                               batch_size=batch_size, lr=lr, schedule=schedule, strategy=strategy,
+                               augment=augment, eval_every=eval_every, seed=seed, **chosen)
+        return resolved, apply_settings(config, given, who="surrogate")
+
+    # refuse bad settings and resume mistakes before the victim is opened (one class: the large-budget meaning;
+    # the budget changes only ssl and label smoothing, never what is checkpointed)
+    _, config = configure(1)
     run = RunDir(out)
     checkpoint = run.path / "checkpoint"
     if not resume and (checkpoint / "active.json").exists():
@@ -139,12 +148,12 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
                          "random, --pretrain none and --cold-start random (nothing to resume)")
     v = open_victim(victim, mode=mode, budget=budget, temperature=temperature, top_k=top_k, key=key,
                     dataset=dataset, device=device, seed=seed)
+    resolved, config = configure(v.num_classes)
     if "fixmatch.flip" not in given:  # mirror images only where the data set is flip-invariant
         config = apply_settings(config, {"fixmatch.flip": v.dataset in FLIP_INVARIANT}, who="surrogate")
     splits = victim_splits(v, data_dir)
     from stealkit.data import parse_source
 
-    cap = min(budget, max_distinct) if max_distinct is not None else budget
     knockoff = strategy == "knockoff"
     # plain random queries the first ``cap`` of a shuffle; the adaptive policy, active selection and FixMatch
     # use the whole pool (a synthetic source draws four candidates per query it may make)
@@ -153,7 +162,7 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
     x_pool, labels = load_surrogate_pool(pool, input_shape=v.input_shape, n=n_pool, seed=seed, data_dir=data_dir,
                                          victim_dataset=v.dataset, split_seed=v.split_seed, with_labels=knockoff)
     cfg = {"victim": victim, "mode": mode, "budget": budget, "pool": pool, "student": student, "preset": preset,
-           "student_kwargs": kwargs, "dataset": v.dataset, "surrogate": config}
+           "preset_resolved": resolved, "student_kwargs": kwargs, "dataset": v.dataset, "surrogate": config}
     run.create(command="extract surrogate", seed=seed, config=cfg)
     result = method.run(v.oracle, x_pool, make_student=student_factory(student, v, seed, **kwargs),
                         config=config, evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),

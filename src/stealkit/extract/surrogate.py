@@ -53,6 +53,7 @@ from stealkit.extract.common import ExtractionResult, curve_point
 from stealkit.extract.knockoff import KnockoffConfig, knockoff_select
 from stealkit.extract.logit_recovery import recover_logits
 from stealkit.extract.losses import LossFn
+from stealkit.extract.mixup import check_alpha, mixup_loss
 from stealkit.extract.pretrain import PRETRAINS, Pretrain, PretrainConfig
 from stealkit.extract.pretrained_weights import from_pretrained, pretrained_weights, train_only_head
 from stealkit.extract.semi_supervised import SSL, FixMatchConfig, FixMatchLoss, shift_images
@@ -142,7 +143,9 @@ class SurrogateConfig:
     on ``kl``/``l1``), only when the distinct-sample cap gives at least ``label_smoothing_min_per_class`` queries
     per class (0: always; the default preset uses 10, below which digits lost on validation). ``ema``: the final student is the exponential moving average of its weights over the
     training steps, with this decay (:mod:`stealkit.extract.weight_ema`; 0: off; not with ``ssl``, whose
-    mean teacher already is the result). ``eval_every``: score the student every so many epochs.
+    mean teacher already is the result). ``mixup``: MixUp of the answered images and their answer targets with
+    ``lam ~ Beta(mixup, mixup)`` per batch (Zhang et al. ICLR 2018 Sec. 2, :mod:`stealkit.extract.mixup`; 0:
+    off; costs no query). ``eval_every``: score the student every so many epochs.
     ``select``: ``random`` (one shuffle) or an active strategy queried in rounds (``active``). ``ssl``:
     ``fixmatch`` adds the consistency loss on the whole pool (``fixmatch``); ``soft`` the same with soft,
     sharpened teacher targets (:mod:`stealkit.extract.soft_targets`). ``pretrain``: ``rotation`` (RotNet) or
@@ -168,6 +171,7 @@ class SurrogateConfig:
     label_smoothing: float = 0.0
     label_smoothing_min_per_class: int = 0
     ema: float = 0.0
+    mixup: float = 0.0
     select: Select = "random"
     active: ActiveConfig = field(default_factory=ActiveConfig)
     ssl: SSL = "none"
@@ -212,6 +216,7 @@ class SurrogateConfig:
         if self.label_smoothing_min_per_class < 0:
             raise InputError("label_smoothing_min_per_class must be >= 0 (0: smooth at every budget), got "
                              f"{self.label_smoothing_min_per_class}")
+        check_alpha(self.mixup)
         if not 0.0 <= self.ema < 1.0:
             raise InputError(f"ema must be a decay in [0, 1) (0: off), got {self.ema}")
         if self.ema > 0 and self.ssl != "none":
@@ -260,10 +265,15 @@ def train_student(
     ``fixmatch`` every step adds FixMatch's loss on images drawn from the whole pool ``cache.x``."""
     tc = replace(config.train_config(), seed=config.seed)
 
+    mix_answers = resolve_loss(config.loss, cache.oracle.mode) != "ce"  # MixUp: vectors mixed, or CE weighted
+
     def labelled(model: nn.Module, idx: torch.Tensor, _: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         idx = idx.cpu()
         answers = cache.get(idx).to(device)  # queried the first time an image is needed, then reused
-        return loss_fn(model(augment_batch(cache.x[idx], config.augment, gen).to(device)), answers)
+        x = augment_batch(cache.x[idx], config.augment, gen).to(device)
+        if config.mixup > 0:
+            return mixup_loss(model, x, answers, loss_fn, config.mixup, gen, mix_answers=mix_answers)
+        return loss_fn(model(x), answers)
 
     batch_loss: Callable[..., torch.Tensor] = labelled
     if config.ema > 0:
@@ -397,6 +407,7 @@ def extract_surrogate(
                "schedule": config.schedule, "strategy": config.strategy, "select": config.select,
                "ssl": config.ssl, "pretrain": config.pretrain, "cold_start": config.cold_start,
                "augment": config.augment, "label_smoothing": config.label_smoothing, "ema": config.ema,
+               "mixup": config.mixup,
                "seconds": round(time.perf_counter() - t_start, 2), "n_distinct": cache.n_answered,
                "queries_spent": oracle.ledger.total - queries_before, "cache_hits": cache.hits,
                "final_train_loss": history[-1]["loss"], **extra},

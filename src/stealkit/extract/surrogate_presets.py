@@ -14,9 +14,10 @@ students start fresh (``pretraining.warm_max_per_class=10``) (:mod:`stealkit.ext
 :mod:`stealkit.extract.typiclust`). Its fourth-pass meaning (TypiClust for the whole budget, pretrained
 students at the attack's learning rate at every budget) is ``--set cold_start_size=BUDGET --set
 pretraining.finetune_lr=none --set pretraining.warm_max_per_class=none``.
-``DEFAULT_PRESET`` is the command's default, chosen on the
-validation split (docs/surrogate-active.md): a default must not be worse on any validated setting than the
-attack it replaces.
+``DEFAULT_PRESET`` (``auto``, seventh pass) is the command's default, chosen on the validation split
+(docs/surrogate-active.md): budget-aware, it is ``semi`` with label smoothing 0.1 when the budget gives fewer than
+``SMALL_BUDGET_PER_CLASS`` (10) answers per class and ``plain`` from 10 per class (:func:`resolve_preset`). A
+default must not be worse on any validated setting than the attack it replaces.
 """
 
 from __future__ import annotations
@@ -31,4 +32,20 @@ PRESETS: dict[str, dict[str, Any]] = {
     "plain": {**_PLAIN, "label_smoothing": 0.1, "label_smoothing_min_per_class": 10},
     "paper": _PLAIN,
 }
-DEFAULT_PRESET = "plain"
+DEFAULT_PRESET = "auto"
+#: below this many answers per class the default is semi-supervised (seventh pass, validation split)
+SMALL_BUDGET_PER_CLASS = 10
+_SMALL_BUDGET: dict[str, Any] = {**PRESETS["semi"], "label_smoothing": 0.1}
+PRESET_NAMES = (DEFAULT_PRESET, *PRESETS)
+
+
+def resolve_preset(name: str, answers: int, num_classes: int) -> tuple[str, dict[str, Any]]:
+    """The preset ``name`` means for a budget of ``answers`` distinct images of ``num_classes`` classes: the
+    preset itself, except ``auto`` (the default), which is ``semi`` with label smoothing 0.1 (the cross entropy
+    only; probability answers train with FixMatch as ``semi``) below ``SMALL_BUDGET_PER_CLASS`` answers per class
+    and ``plain`` from there. Returns the name of what it resolved to and its settings (a fresh dict)."""
+    if name == DEFAULT_PRESET:
+        if answers < SMALL_BUDGET_PER_CLASS * num_classes:
+            return "semi+label_smoothing=0.1", dict(_SMALL_BUDGET)
+        return "plain", dict(PRESETS["plain"])
+    return name, dict(PRESETS[name])
