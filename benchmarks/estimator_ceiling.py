@@ -9,6 +9,8 @@ input gradient of the adversarial margin ``max_{j != y} z_j - z_y`` (the decisio
 
 * ``same``, "oracle, same spend": the probes are still drawn and paid on the ledger (the same count per round,
   so the same rounds); only the direction that the search uses is replaced.
+* ``cosC`` (e.g. ``cos0.9``): paid as ``same``; the direction is the unit vector at cosine ``C`` with the true
+  normal in the plane of the true normal and the estimate (an estimator of that exact quality in every round).
 * ``free``, "oracle, free": the estimate costs no query; every round only pays its search (a round is started
   while an image can still pay :attr:`reserve` queries), so the budget buys more rounds, at most ``--rounds``.
 
@@ -50,6 +52,15 @@ def true_normal(model: nn.Module, points: torch.Tensor, y: torch.Tensor) -> torc
     return g / g.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, *([1] * (g.dim() - 1)))
 
 
+def at_cosine(g: torch.Tensor, est: torch.Tensor, c: float) -> torch.Tensor:
+    """Per row, the unit vector ``c g + sqrt(1 - c^2) p``, ``p`` the estimate's unit part orthogonal to the unit
+    ``g`` (its cosine with ``g`` is exactly ``c``)."""
+    gf, ef = g.flatten(1), est.flatten(1)
+    p = ef - (ef * gf).sum(1, keepdim=True) * gf
+    p = p / p.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    return (c * gf + math.sqrt(max(0.0, 1 - c * c)) * p).view_as(g)
+
+
 @contextlib.contextmanager
 def oracle_normal(model: nn.Module, variant: str) -> Iterator[None]:
     """Swap the round object's estimate (and, for ``free``, its probe counts) for the true normal."""
@@ -62,7 +73,8 @@ def oracle_normal(model: nn.Module, variant: str) -> Iterator[None]:
         g = estimate(self, best, idx, n, t)  # the probes are paid exactly as in the preset
         if g is None:
             return None
-        return true_normal(model, best[idx.to(best.device)], self.y[idx.to(best.device)])
+        g_true = true_normal(model, best[idx.to(best.device)], self.y[idx.to(best.device)])
+        return g_true if cos is None else at_cosine(g_true, g, cos)
 
     def free(self: Any, best: torch.Tensor, idx: torch.Tensor, n: torch.Tensor, t: int) -> Any:
         return true_normal(model, best[idx.to(best.device)], self.y[idx.to(best.device)])
@@ -72,8 +84,9 @@ def oracle_normal(model: nn.Module, variant: str) -> Iterator[None]:
         can = self.access.left(idx) >= self.reserve
         return torch.where(can, torch.full_like(idx, 2), torch.zeros_like(idx))
 
+    cos = float(variant[3:]) if variant.startswith("cos") else None
     try:
-        if variant == "same":
+        if variant == "same" or cos is not None:
             run_cls._estimate = paid
         elif variant == "free":
             run_cls._estimate, run_cls._evals = free, free_evals
@@ -133,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     _, _, xv, yv = bench.pick_images(model, load_splits(args.dataset).test, args.n, args.val)
     for seed in (int(s) for s in args.seeds.split(",")):
         for variant in args.variants.split(","):
-            if variant not in VARIANTS:
+            if variant not in VARIANTS and not variant.startswith("cos"):
                 raise SystemExit(f"unknown variant {variant!r}; one of {VARIANTS}")
             for budget in (int(b) for b in args.budgets.split(",")):
                 row = {"start_load": os.getloadavg()[0]} | run_row(model, xv, yv, budget, seed, variant,
