@@ -290,7 +290,8 @@ def ours_variant(name: str, victim_dir: str, mode: str, pool: torch.Tensor, budg
             "accuracy": r.accuracy, "fidelity": r.fidelity, "queries": r.queries["predict"],
             "seconds": round(time.perf_counter() - t0 - (0 if pre.get("reused") else pre.get("seconds", 0)), 1),
             "pretrain_seconds": pre.get("seconds", 0.0), "pretrain_epochs": pre.get("epochs", 0),
-            "settings": list(args.set), "lr": r.extra.get("finetune_lr", config.lr),
+            "settings": list(args.set), "lr": r.extra.get("finetune_lr", config.peak_lr),
+            "optimizer": config.optimizer, "schedule": config.schedule,
             "cold_start_size": r.extra.get("cold_start_size"),
             "select_seconds": round(sum(x["select_seconds"] for x in rounds), 2),
             "round_train_seconds": round(sum(x["train_seconds"] for x in rounds), 2)}

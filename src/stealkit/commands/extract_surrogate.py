@@ -60,9 +60,11 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
 @click.option("--loss", type=click.Choice(["auto", "kl", "ce", "l1"]), default="auto", show_default=True,
               help="auto: tau^2 KL for probs/topk/logits, cross entropy for labels; l1 on (recovered) logits.")
 @click.option("--tau", type=float, default=1.0, show_default=True, help="Temperature of the KL loss (A.1).")
-@click.option("--schedule", type=click.Choice(["cyclic", "step"]), default="cyclic", show_default=True,
-              help="Learning-rate schedule of A.2: one-cycle, or x0.2 at 30/60/80%.")
-@click.option("--lr", type=float, default=0.1, show_default=True, help="Maximum SGD learning rate.")
+@click.option("--schedule", type=click.Choice(["cyclic", "step", "constant"]), default="cyclic", show_default=True,
+              help="Learning-rate schedule of A.2: one-cycle, or x0.2 at 30/60/80%; or constant.")
+@click.option("--lr", type=float, default=None,
+              help="Maximum learning rate of the student's optimiser (--set optimizer=sgd|adam). "
+                   "Default: 0.1 with SGD, 1e-3 with Adam.")
 @click.option("--strategy", type=click.Choice(["random", "knockoff"]), default="random", show_default=True,
               help="Which images to query: a random shuffle, or Knockoff Nets' adaptive policy.")
 @click.option("--select", type=click.Choice(["random", "entropy", "margin", "kcenter", "mix"]), default=None,
@@ -102,7 +104,7 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
 @device_option
 def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, top_k: int, budget: int,
                   dataset: str | None, data_dir: str | None, pool: str, max_distinct: int | None, loss: str,
-                  tau: float, schedule: str, lr: float, strategy: str, select: str | None, ssl: str | None,
+                  tau: float, schedule: str, lr: float | None, strategy: str, select: str | None, ssl: str | None,
                   pretrain: str | None, cold_start: str | None, preset: str, resume: bool, augment: str, student: str,
                   student_args: tuple[str, ...], epochs: int, batch_size: int, eval_every: int,
                   settings: tuple[str, ...], seed: int, out: str, device: str) -> None:

@@ -70,11 +70,14 @@ from stealkit.train import TrainConfig, fit
 log = logging.getLogger(__name__)
 
 StudentLoss = Literal["auto", "kl", "ce", "l1"]
-CycleSchedule = Literal["cyclic", "step"]
+CycleSchedule = Literal["cyclic", "step", "constant"]
 Strategy = Literal["random", "knockoff"]
 Augment = Literal["none", "shift", "shift-flip"]
 
-_SCHEDULES: dict[str, str] = {"cyclic": "onecycle", "step": "step"}
+_SCHEDULES: dict[str, str] = {"cyclic": "onecycle", "step": "step", "constant": "none"}
+StudentOptimizer = Literal["sgd", "adam"]
+#: the peak learning rate of each optimiser when ``lr`` is not given (SGD: DFME A.2; Adam: Kingma & Ba's default)
+DEFAULT_LR: dict[str, float] = {"sgd": 0.1, "adam": 1e-3}
 
 FLIP_INVARIANT = ("fashion-mnist", "cifar10", "cifar100", "svhn-flip")  # data sets whose mirror images are valid
 
@@ -136,7 +139,9 @@ class SurrogateConfig:
 
     ``max_distinct``: cap on distinct images queried (``None``: the pool or the budget). ``loss``: ``auto``
     (KL for probs/topk/logits, CE for labels), ``kl``, ``ce`` or ``l1``. ``tau``: the temperature of A.1.
-    ``schedule``: ``cyclic`` or ``step`` (A.2), with maximum learning rate ``lr``. ``augment``: random shifts
+    ``schedule``: ``cyclic`` or ``step`` (A.2), or ``constant``, with maximum learning rate ``lr``.
+    ``optimizer``: ``sgd`` (A.2; Nesterov momentum) or ``adam`` (Kingma & Ba, ICLR 2015); ``lr=None`` is
+    ``DEFAULT_LR`` of the optimiser (0.1 SGD, 1e-3 Adam). ``augment``: random shifts
     of up to 2 pixels (and horizontal flips) of queried images, each trained on the cached answer of its
     original (costs no query; off in the paper). ``label_smoothing``: with the cross-entropy loss (labels), the
     target mixed with the uniform distribution by this weight (Szegedy et al. 2016, Sec. 7; 0: off; no effect
@@ -161,8 +166,9 @@ class SurrogateConfig:
     tau: float = 1.0
     epochs: int = 30
     batch_size: int = 128
-    lr: float = 0.1
+    lr: float | None = None
     schedule: CycleSchedule = "cyclic"
+    optimizer: StudentOptimizer = "sgd"
     momentum: float = 0.9
     weight_decay: float = 5e-4
     strategy: Strategy = "random"
@@ -190,7 +196,9 @@ class SurrogateConfig:
         if not (self.tau > 0 and math.isfinite(self.tau)):
             raise InputError(f"tau must be a positive number, got {self.tau}")
         if self.schedule not in _SCHEDULES:
-            raise InputError(f"unknown schedule {self.schedule!r}; expected cyclic or step")
+            raise InputError(f"unknown schedule {self.schedule!r}; expected cyclic, step or constant")
+        if self.optimizer not in DEFAULT_LR:
+            raise InputError(f"unknown student optimizer {self.optimizer!r}; expected sgd or adam")
         if self.strategy not in ("random", "knockoff"):
             raise InputError(f"unknown query strategy {self.strategy!r}; expected random or knockoff")
         if self.select not in SELECTIONS:
@@ -224,11 +232,17 @@ class SurrogateConfig:
                              "mean teacher (set fixmatch.ema instead)")
         if self.loss not in ("auto", "kl", "ce", "l1"):
             raise InputError(f"unknown student loss {self.loss!r}; expected auto, kl, ce or l1")
-        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0 or self.query_batch < 1 or self.eval_every < 0:
+        if self.epochs < 1 or self.batch_size < 1 or self.peak_lr <= 0 or self.query_batch < 1 or self.eval_every < 0:
             raise InputError("epochs, batch_size and query_batch must be >= 1, lr > 0, eval_every >= 0")
 
+    @property
+    def peak_lr(self) -> float:
+        """The (maximum) learning rate: ``lr``, or the optimiser's default."""
+        return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
+
     def train_config(self) -> TrainConfig:
-        return TrainConfig(epochs=self.epochs, batch_size=self.batch_size, optimizer="sgd", lr=self.lr,
+        return TrainConfig(epochs=self.epochs, batch_size=self.batch_size, optimizer=self.optimizer,  # type: ignore[arg-type]
+                           lr=self.peak_lr,
                            momentum=self.momentum, weight_decay=self.weight_decay,
                            schedule=_SCHEDULES[self.schedule], seed=self.seed)  # type: ignore[arg-type]
 
@@ -261,7 +275,7 @@ def train_student(
     device: str | torch.device = "cpu",
 ) -> list[dict[str, float]]:
     """Train ``student`` on the images ``cache.x[indices]`` against their cached answers (queried when first
-    needed). SGD with the A.2 schedule; returns one ``{"epoch", "loss", "lr"}`` per epoch. With ``ssl``
+    needed). SGD (or ``optimizer``) with the A.2 schedule; returns one ``{"epoch", "loss", "lr"}`` per epoch. With ``ssl``
     ``fixmatch`` every step adds FixMatch's loss on images drawn from the whole pool ``cache.x``."""
     tc = replace(config.train_config(), seed=config.seed)
 
@@ -359,10 +373,10 @@ def extract_surrogate(
             featurize = from_pretrained(make_student, state)
         if warm:  # every student starts from the pretrained weights, at its own peak learning rate
             make_student = from_pretrained(make_student, state, config.pretraining.freeze)
-            config = replace(config, lr=config.pretraining.finetune_lr or config.lr)
+            config = replace(config, lr=config.pretraining.finetune_lr or config.peak_lr)
         else:  # a budget above the pretrained start's: fresh students, as the plain attack's
             config = replace(config, pretraining=replace(config.pretraining, probe_epochs=0))
-        extra["warm_start"], extra["finetune_lr"] = warm, config.lr
+        extra["warm_start"], extra["finetune_lr"] = warm, config.peak_lr
     if config.strategy == "knockoff":
         labels = pool_labels[order] if pool_labels is not None else None
         cache = AnswerCache(oracle, pool[order], query_batch=config.query_batch)
@@ -404,7 +418,8 @@ def extract_surrogate(
         victim_accuracy=evaluator.victim_accuracy if evaluator is not None else None,
         curve=curve,
         extra={"mode": oracle.mode.value, "loss": resolve_loss(config.loss, oracle.mode), "tau": config.tau,
-               "schedule": config.schedule, "strategy": config.strategy, "select": config.select,
+               "schedule": config.schedule, "optimizer": config.optimizer, "lr": config.peak_lr,
+               "strategy": config.strategy, "select": config.select,
                "ssl": config.ssl, "pretrain": config.pretrain, "cold_start": config.cold_start,
                "augment": config.augment, "label_smoothing": config.label_smoothing, "ema": config.ema,
                "mixup": config.mixup,
@@ -445,7 +460,7 @@ def _active(oracle: Oracle, pool: torch.Tensor, n: int, loss_fn: LossFn, make_st
         return budget_aware_start(config.cold_start, feats, m, size, torch.Generator().manual_seed(config.seed))
 
     size = config.cold_start_size or PER_CLASS * oracle.num_classes
-    identity: dict[str, Any] = {"cold_start": config.cold_start, "lr": config.lr, "warm": featurize is not None and
+    identity: dict[str, Any] = {"cold_start": config.cold_start, "lr": config.peak_lr, "warm": featurize is not None and
                                 config.pretraining.warm_start(n, oracle.num_classes),
                                 "cold_start_size": size if config.cold_start != "random" else None}
 
