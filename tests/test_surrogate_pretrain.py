@@ -287,7 +287,7 @@ def test_warm_max_per_class_starts_large_budgets_fresh_and_skips_unneeded_pretra
                                                         finetune_lr=0.01, probe_epochs=1), seed=2)
     result = extract_surrogate(oracle, _pool(), make_student=lambda: TinyNet(seed=5), config=config)
     assert result.queries["predict"] == 30 == victim.seen  # 30 > 2 per class x 3 classes: fresh students
-    assert result.extra["warm_start"] is False and result.extra["finetune_lr"] == config.lr
+    assert result.extra["warm_start"] is False and result.extra["finetune_lr"] == config.peak_lr == 0.1
     assert "pretraining" in result.extra  # still computed: the cold start's features
     monkeypatch.setattr(weights, "run_pretraining", lambda *a, **k: (_ for _ in ()).throw(
         AssertionError("pretrained for nothing")))
