@@ -161,6 +161,25 @@ def pick_images(model: nn.Module, test: Any, n: int, val: int, offset: int = 0
     return x[rep], y[rep], x[va], y[va]
 
 
+def add_validation_arguments(p: argparse.ArgumentParser, *, val: int) -> None:
+    """``--dataset``, ``--n`` and ``--val`` as the diagnostics that run on this benchmark's validation images take them."""
+    p.add_argument("--dataset", default="fashion-mnist", choices=sorted(SHORT))
+    p.add_argument("--n", type=int, default=12, help="reported images skipped before the validation ones")
+    p.add_argument("--val", type=int, default=val)
+
+
+def validation_images(args: argparse.Namespace) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The standard conv2 victim of ``args.dataset`` (eval mode, one torch thread) and the ``args.val`` validation
+    images after the ``args.n`` reported ones (:func:`pick_images`): what every validation-only diagnostic uses."""
+    from stealkit.data import load_splits
+    from stealkit.victims import standard_victim
+
+    torch.set_num_threads(1)
+    model = standard_victim(f"{SHORT[args.dataset]}-conv2").model.eval()
+    _, _, xv, yv = pick_images(model, load_splits(args.dataset).test, args.n, args.val)
+    return model, xv, yv
+
+
 def run_stealkit(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget: int | None, cfg: Any,
                  sub: nn.Module | None) -> tuple[list[float], list[int], float]:
     from stealkit.evade.boundary import boundary_attack

@@ -126,24 +126,18 @@ def run_row(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget: int, see
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, "benchmarks")
     import decision_attacks as bench
-    from stealkit.data import load_splits
-    from stealkit.victims import standard_victim
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", default="fashion-mnist", choices=sorted(bench.SHORT))
-    p.add_argument("--n", type=int, default=12, help="reported images skipped before the validation ones")
-    p.add_argument("--val", type=int, default=150)
+    bench.add_validation_arguments(p, val=150)
     p.add_argument("--budgets", default="5800")
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--rounds", type=int, default=1000, help="round cap of the free variant")
     p.add_argument("--out", default=None, help="append one JSON row per run here")
     args = p.parse_args(argv)
-    torch.set_num_threads(1)
-    model = standard_victim(f"{bench.SHORT[args.dataset]}-conv2").model.eval()
+    model, xv, yv = bench.validation_images(args)
     for prm in model.parameters():
         prm.requires_grad_(False)
-    _, _, xv, yv = bench.pick_images(model, load_splits(args.dataset).test, args.n, args.val)
     for seed in (int(s) for s in args.seeds.split(",")):
         for variant in args.variants.split(","):
             if variant not in VARIANTS and not variant.startswith("cos"):

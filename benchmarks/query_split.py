@@ -53,21 +53,15 @@ def phase(stack: list[inspect.FrameInfo]) -> tuple[str, int | None]:
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, "benchmarks")
     import decision_attacks as bench
-    from stealkit.data import load_splits
     from stealkit.evade.hopskipjump import tuned_settings
-    from stealkit.victims import standard_victim
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", default="fashion-mnist", choices=sorted(bench.SHORT))
-    p.add_argument("--n", type=int, default=12)
-    p.add_argument("--val", type=int, default=20)
+    bench.add_validation_arguments(p, val=20)
     p.add_argument("--budget", type=int, default=5800)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", default="{}", help="JSON: HopSkipJump settings over the tuned ones")
     args = p.parse_args(argv)
-    torch.set_num_threads(1)
-    model = standard_victim(f"{bench.SHORT[args.dataset]}-conv2").model.eval()
-    _, _, xv, yv = bench.pick_images(model, load_splits(args.dataset).test, args.n, args.val)
+    model, xv, yv = bench.validation_images(args)
     total: Counter[str] = Counter()
     rounds: dict[int, Counter[str]] = {}
     original = decision.LabelAccess.is_adv

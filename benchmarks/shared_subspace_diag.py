@@ -68,15 +68,11 @@ def simulate(g: torch.Tensor, basis: torch.Tensor, m: int, shares: list[float], 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, "benchmarks")
     import decision_attacks as bench
-    from stealkit.data import load_splits
     from stealkit.evade import hopskipjump as hsj
     from stealkit.evade.hopskipjump import tuned_settings
-    from stealkit.victims import standard_victim
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", default="fashion-mnist", choices=sorted(bench.SHORT))
-    p.add_argument("--n", type=int, default=12)
-    p.add_argument("--val", type=int, default=20)
+    bench.add_validation_arguments(p, val=20)
     p.add_argument("--budget", type=int, default=5800)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--k", default="10,30,60")
@@ -86,9 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--simulate", default="", help="shares w for the flat-boundary simulation, e.g. 0.3,0.5,0.7")
     p.add_argument("--per-class", action="store_true", help="U_k from the other images of the same label only")
     args = p.parse_args(argv)
-    torch.set_num_threads(1)
-    model = standard_victim(f"{bench.SHORT[args.dataset]}-conv2").model.eval()
-    _, _, xv, yv = bench.pick_images(model, load_splits(args.dataset).test, args.n, args.val)
+    model, xv, yv = bench.validation_images(args)
     # (round, images, points, estimates, probes per image)
     rec: list[tuple[int, list[int], torch.Tensor, torch.Tensor, list[int]]] = []
     original = hsj._Run._estimate
