@@ -49,22 +49,23 @@ def test_the_buffer_keeps_the_last_window_rounds() -> None:
 
 
 @pytest.mark.parametrize("max_queries", [5, 40, 250])
-@pytest.mark.parametrize("per_class", [False, True])
-def test_shared_probes_honour_the_per_image_cap_and_the_ledger(max_queries: int, per_class: bool) -> None:
+@pytest.mark.parametrize("option", [{}, {"shared_class": True}, {"shared_prior": True}],
+                         ids=["shared", "per-class", "prior"])
+def test_shared_options_honour_the_per_image_cap_and_the_ledger(max_queries: int, option: dict) -> None:
     victim = TinyNet(seed=0).eval()
     x = torch.rand(6, *SHAPE, generator=torch.Generator().manual_seed(3))
     y = victim(x).argmax(1)
     oracle = LocalOracle(victim, SHAPE, mode="label", budget=2000)
-    cfg = HopSkipJumpConfig(**(SHARED | {"shared_class": per_class, "schedule": "geoda"}))
+    cfg = HopSkipJumpConfig(**(SHARED | option | {"schedule": "geoda"}))
     r = hopskipjump(oracle, x, y, max_queries=max_queries, config=cfg)
     per = r.extra["queries_per_example"]
     assert int(per.max()) <= max_queries
     assert int(per.sum()) == oracle.ledger.total == r.queries["predict"] <= 2000
-    # the option moves probes, never adds any: each image spends what it spends without it
-    plain = hopskipjump(LocalOracle(victim, SHAPE, mode="label", budget=2000), x, y, max_queries=max_queries,
-                        config=HopSkipJumpConfig(**(SHARED | {"shared_k": 0, "schedule": "geoda"})))
-    assert torch.equal(per, plain.extra["queries_per_example"])
     assert bool((victim(r.x_adv[r.success]).argmax(1) != y[r.success]).all())
+    if "shared_prior" not in option:  # shared probes move probes, never add any: the spend without the option
+        plain = hopskipjump(LocalOracle(victim, SHAPE, mode="label", budget=2000), x, y, max_queries=max_queries,
+                            config=HopSkipJumpConfig(**(SHARED | {"shared_k": 0, "schedule": "geoda"})))
+        assert torch.equal(per, plain.extra["queries_per_example"])
 
 
 def test_shared_probes_are_deterministic_change_the_result_and_are_a_no_op_for_one_image() -> None:
@@ -107,20 +108,6 @@ def test_the_projection_is_unit_inside_the_subspace_and_keeps_rows_without_one()
     assert torch.allclose(basis @ (basis.T @ out[0].flatten()), out[0].flatten(), atol=1e-5)
     assert torch.equal(out[2], v[2])  # label 1 has one image: no subspace, the row is kept
     assert SharedSubspace(torch.zeros(1), k=1, window=1, per_class=False).project(torch.tensor([0]), v[:1]) is None
-
-
-@pytest.mark.parametrize("max_queries", [5, 40, 250])
-def test_the_shared_prior_honours_the_per_image_cap_and_the_ledger(max_queries: int) -> None:
-    victim = TinyNet(seed=0).eval()
-    x = torch.rand(6, *SHAPE, generator=torch.Generator().manual_seed(3))
-    y = victim(x).argmax(1)
-    oracle = LocalOracle(victim, SHAPE, mode="label", budget=2000)
-    cfg = HopSkipJumpConfig(**(SHARED | {"shared_prior": True, "schedule": "geoda"}))
-    r = hopskipjump(oracle, x, y, max_queries=max_queries, config=cfg)
-    per = r.extra["queries_per_example"]
-    assert int(per.max()) <= max_queries
-    assert int(per.sum()) == oracle.ledger.total == r.queries["predict"] <= 2000
-    assert bool((victim(r.x_adv[r.success]).argmax(1) != y[r.success]).all())
 
 
 def test_the_shared_prior_is_deterministic_changes_the_result_and_is_a_no_op_for_one_image() -> None:
