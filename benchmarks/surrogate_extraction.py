@@ -293,6 +293,8 @@ def ours_variant(name: str, victim_dir: str, mode: str, pool: torch.Tensor, budg
             "settings": list(args.set), "lr": r.extra.get("finetune_lr", config.peak_lr),
             "optimizer": config.optimizer, "schedule": config.schedule,
             "cold_start_size": r.extra.get("cold_start_size"),
+            "noisy_student_seconds": r.extra.get("noisy_student", {}).get("seconds", 0.0),
+            "teacher_accuracy": [t.get("accuracy") for t in r.extra.get("noisy_student", {}).get("teachers", [])],
             "select_seconds": round(sum(x["select_seconds"] for x in rounds), 2),
             "round_train_seconds": round(sum(x["train_seconds"] for x in rounds), 2)}
 

@@ -21,6 +21,9 @@ The attacker queries the victim with a surrogate data set and distils the answer
   Sohn et al. 2020): the student also learns from the pool images never queried
   (:mod:`stealkit.extract.semi_supervised`); ``ssl="soft"`` uses MixMatch's soft, sharpened targets instead
   (:mod:`stealkit.extract.soft_targets`).
+* **Noisy Student / born-again self-training** (``noisy_student.rounds``; Xie et al. CVPR 2020 Sec. 2,
+  Furlanello et al. ICML 2018 Sec. 3): after the student, a fresh one learns the answers plus the first one's
+  predictions on the unqueried pool, noised (:mod:`stealkit.extract.noisy_student`).
 * **Self-supervised pretraining and cold start** (``pretrain="rotation"|"simclr"``; Jagielski et al. 2020
   Sec. 5.2): the student first learns from the whole pool, with no query, to predict rotations (Gidaris et
   al. ICLR 2018) or contrastively (SimCLR, Chen et al. 2020) (:mod:`stealkit.extract.pretrain`); ``cold_start`` chooses the first queries in that feature space
@@ -54,6 +57,7 @@ from stealkit.extract.knockoff import KnockoffConfig, knockoff_select
 from stealkit.extract.logit_recovery import recover_logits
 from stealkit.extract.losses import LossFn
 from stealkit.extract.mixup import check_alpha, mixup_loss
+from stealkit.extract.noisy_student import BatchLoss, NoisyStudentConfig, noisy_student_rounds
 from stealkit.extract.pretrain import PRETRAINS, Pretrain, PretrainConfig
 from stealkit.extract.pretrained_weights import from_pretrained, pretrained_weights, train_only_head
 from stealkit.extract.semi_supervised import SSL, FixMatchConfig, FixMatchLoss, shift_images
@@ -150,7 +154,9 @@ class SurrogateConfig:
     training steps, with this decay (:mod:`stealkit.extract.weight_ema`; 0: off; not with ``ssl``, whose
     mean teacher already is the result). ``mixup``: MixUp of the answered images and their answer targets with
     ``lam ~ Beta(mixup, mixup)`` per batch (Zhang et al. ICLR 2018 Sec. 2, :mod:`stealkit.extract.mixup`; 0:
-    off; costs no query). ``eval_every``: score the student every so many epochs.
+    off; costs no query). ``noisy_student``: rounds of self-training on the unqueried pool after the student
+    (:mod:`stealkit.extract.noisy_student`; ``rounds=0``: off; no query; not with ``ssl``).
+    ``eval_every``: score the student every so many epochs.
     ``select``: ``random`` (one shuffle) or an active strategy queried in rounds (``active``). ``ssl``:
     ``fixmatch`` adds the consistency loss on the whole pool (``fixmatch``); ``soft`` the same with soft,
     sharpened teacher targets (:mod:`stealkit.extract.soft_targets`). ``pretrain``: ``rotation`` (RotNet) or
@@ -178,6 +184,7 @@ class SurrogateConfig:
     label_smoothing_min_per_class: int = 0
     ema: float = 0.0
     mixup: float = 0.0
+    noisy_student: NoisyStudentConfig = field(default_factory=NoisyStudentConfig)
     select: Select = "random"
     active: ActiveConfig = field(default_factory=ActiveConfig)
     ssl: SSL = "none"
@@ -230,6 +237,9 @@ class SurrogateConfig:
         if self.ema > 0 and self.ssl != "none":
             raise InputError(f"ema averages the plain student; with ssl {self.ssl!r} the result already is the "
                              "mean teacher (set fixmatch.ema instead)")
+        if self.noisy_student.rounds > 0 and self.ssl != "none":
+            raise InputError(f"noisy_student self-trains on the pool after the student; with ssl {self.ssl!r} the "
+                             "pool is already used: use one or the other")
         if self.loss not in ("auto", "kl", "ce", "l1"):
             raise InputError(f"unknown student loss {self.loss!r}; expected auto, kl, ce or l1")
         if self.epochs < 1 or self.batch_size < 1 or self.peak_lr <= 0 or self.query_batch < 1 or self.eval_every < 0:
@@ -273,10 +283,12 @@ def train_student(
     *,
     on_epoch: Callable[[int, nn.Module, dict[str, float]], None] | None = None,
     device: str | torch.device = "cpu",
+    wrap: Callable[[BatchLoss], BatchLoss] | None = None,
 ) -> list[dict[str, float]]:
     """Train ``student`` on the images ``cache.x[indices]`` against their cached answers (queried when first
     needed). SGD (or ``optimizer``) with the A.2 schedule; returns one ``{"epoch", "loss", "lr"}`` per epoch. With ``ssl``
-    ``fixmatch`` every step adds FixMatch's loss on images drawn from the whole pool ``cache.x``."""
+    ``fixmatch`` every step adds FixMatch's loss on images drawn from the whole pool ``cache.x``; ``wrap`` wraps the
+    answers' loss (the noisy student's pool term)."""
     tc = replace(config.train_config(), seed=config.seed)
 
     mix_answers = resolve_loss(config.loss, cache.oracle.mode) != "ce"  # MixUp: vectors mixed, or CE weighted
@@ -289,9 +301,9 @@ def train_student(
             return mixup_loss(model, x, answers, loss_fn, config.mixup, gen, mix_answers=mix_answers)
         return loss_fn(model(x), answers)
 
-    batch_loss: Callable[..., torch.Tensor] = labelled
+    batch_loss: Callable[..., torch.Tensor] = labelled if wrap is None else wrap(labelled)
     if config.ema > 0:
-        batch_loss = WeightEMA(labelled, config.ema)
+        batch_loss = WeightEMA(batch_loss, config.ema)
     # LP-FT: a pretrained student first trains only its last layer (not when frozen for good)
     probe = config.pretraining.probe_epochs if config.pretrain != "none" and not config.pretraining.freeze else 0
     if probe:
@@ -406,8 +418,23 @@ def extract_surrogate(
         if on_epoch is not None:
             on_epoch(epoch, student, rec)
 
+    # self-training needs unqueried images; with the whole pool answered it is off (the same student)
+    rounds = config.noisy_student.rounds if indices.numel() < len(cache) else 0
     student = make_student()
-    history = train_student(student, cache, indices, loss_fn, config, on_epoch=epoch_hook, device=device)
+    history = train_student(student, cache, indices, loss_fn, config, on_epoch=None if rounds else epoch_hook,
+                            device=device)
+    if config.noisy_student.rounds:
+        extra["noisy_student"] = {"rounds": 0, "skipped": "no unqueried image"}
+    if rounds:
+        def train_round(s: nn.Module, wrap: Callable[[BatchLoss], BatchLoss], last: bool) -> None:
+            history[:] = train_student(s, cache, indices, loss_fn, config, on_epoch=epoch_hook if last else None,
+                                       device=device, wrap=wrap)
+
+        student, extra["noisy_student"] = noisy_student_rounds(
+            student, cache.x, indices, make_student, train_round, config.noisy_student, config.fixmatch,
+            score=evaluator, device=device)
+        if not curve:  # the rounds were skipped: the teacher is the result
+            epoch_hook(config.epochs, student, history[-1])
     final = curve[-1] if curve else {"accuracy": None, "fidelity": None}
     return ExtractionResult(
         method="surrogate" if config.strategy == "random" else "surrogate-knockoff",
