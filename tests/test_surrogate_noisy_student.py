@@ -48,12 +48,14 @@ def _run(mode: str, ns: NoisyStudentConfig, *, pool_size: int = 60, evaluator: E
 
 
 def test_teacher_targets_are_the_clean_eval_predictions_filtered_by_confidence():
+    torch.manual_seed(0)
     teacher = nn.Sequential(nn.Flatten(), nn.Dropout(0.9), nn.Linear(16, 3))  # dropout: noise if not in eval mode
     x = torch.rand(20, 1, 4, 4, generator=torch.Generator().manual_seed(2))
     probs = torch.softmax(teacher.eval()(x), 1).detach()
     teacher.train()
-    soft, keep = teacher_targets(teacher, x, NoisyStudentConfig(rounds=1, threshold=0.4), batch=7)
-    expected = torch.nonzero(probs.max(1).values >= 0.4).flatten()
+    cut = float(probs.max(1).values.median())
+    soft, keep = teacher_targets(teacher, x, NoisyStudentConfig(rounds=1, threshold=cut), batch=7)
+    expected = torch.nonzero(probs.max(1).values >= cut).flatten()
     assert 0 < keep.numel() < 20 and torch.equal(keep, expected)
     assert torch.allclose(soft, probs[expected], atol=1e-6)
     hard, keep_all = teacher_targets(teacher, x, NoisyStudentConfig(rounds=1, targets="hard"))
@@ -149,3 +151,24 @@ def test_cli_refuses_a_bad_value_in_one_line_before_opening_the_victim(tmp_path,
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "noisy_student" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "run").exists()
+
+
+def test_cli_self_trains_on_the_unqueried_pool_and_spends_exactly_the_budget(tmp_path):
+    import json
+
+    from stealkit.cli import main
+    from stealkit.train import TrainConfig
+    from stealkit.victims import train_victim
+
+    victim = tmp_path / "victim"
+    train_victim("digits", "mlp2", TrainConfig(epochs=2, batch_size=64, lr=0.01, seed=0), out=victim,
+                 arch_kwargs={"hidden": 16})
+    out = tmp_path / "run"
+    rc = main(["-q", "extract", "surrogate", "--victim", str(victim), "--budget", "100", "--epochs", "1",
+               "--mode", "label", "--student", "mlp2", "--student-arg", "hidden=8",
+               "--set", "noisy_student.rounds=1", "--set", "noisy_student.mu=1", "--out", str(out)])
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["noisy_student"]["unqueried"] > 0 and summary["noisy_student"]["kept"] == [
+        summary["noisy_student"]["unqueried"]]
+    assert summary["queries"]["predict"] == 100 == summary["n_distinct"] == summary["queries_spent"]

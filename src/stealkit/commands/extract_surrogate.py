@@ -157,9 +157,9 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
     from stealkit.data import parse_source
 
     knockoff = strategy == "knockoff"
-    # plain random queries the first ``cap`` of a shuffle; the adaptive policy, active selection and FixMatch
-    # use the whole pool (a synthetic source draws four candidates per query it may make)
-    whole = knockoff or checkpointed or config.ssl != "none"
+    # plain random queries the first ``cap`` of a shuffle; the adaptive policy, active selection, FixMatch
+    # and the noisy student use the whole pool (a synthetic source draws four candidates per query it may make)
+    whole = knockoff or checkpointed or config.ssl != "none" or config.noisy_student.rounds > 0
     n_pool = (4 * cap if parse_source(pool).is_synthetic else None) if whole else cap
     x_pool, labels = load_surrogate_pool(pool, input_shape=v.input_shape, n=n_pool, seed=seed, data_dir=data_dir,
                                          victim_dataset=v.dataset, split_seed=v.split_seed, with_labels=knockoff)
