@@ -181,7 +181,10 @@ def validation_images(args: argparse.Namespace) -> tuple[nn.Module, torch.Tensor
 
 
 def run_stealkit(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget: int | None, cfg: Any,
-                 sub: nn.Module | None) -> tuple[list[float], list[int], float]:
+                 sub: nn.Module | None, pool: torch.Tensor | None = None, starts: list[float] | None = None
+                 ) -> tuple[list[float], list[int], float]:
+    """One stealkit run; ``pool``: the attacker's images for HopSkipJump's ``start_pool``; ``starts`` (a list)
+    receives HopSkipJump's per-image L2 when its rounds begin."""
     from stealkit.evade.boundary import boundary_attack
     from stealkit.evade.hopskipjump import hopskipjump
     from stealkit.oracle import LocalOracle
@@ -206,8 +209,12 @@ def run_stealkit(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, 
 
         r = successive_halving(oracle, x, y, max_queries=budget, config=cfg[0], **cfg[1])  # type: ignore[arg-type]
     else:
-        fn = hopskipjump if kind == "hsj" else boundary_attack
-        r = fn(oracle, x, y, max_queries=budget, config=cfg, substitute=sub)  # type: ignore[operator]
+        if kind == "hsj":
+            r = hopskipjump(oracle, x, y, max_queries=budget, config=cfg, substitute=sub, start_pool=pool)
+            if starts is not None:
+                starts.extend(float(v) for v in r.extra["start_norms"])
+        else:
+            r = boundary_attack(oracle, x, y, max_queries=budget, config=cfg, substitute=sub)
     secs = time.perf_counter() - t0
     per = r.extra["queries_per_example"].tolist()
     assert sum(per) == oracle.ledger.total
@@ -282,15 +289,19 @@ def boundary_config(seed: int, **kw: Any) -> Any:
 
 
 def tune(model: nn.Module, sub: nn.Module, xv: torch.Tensor, yv: torch.Tensor, budget: int, configs: list[Any],
-         seeds: list[int], k: int, log: Any) -> list[dict[str, Any]]:
-    """Each of ``configs`` (HopSkipJumpConfig fields; ``"substitute": true`` to use the substitute; ``{"art":
-    true}`` for ART's HopSkipJump full run, the reference) on the validation images at one budget, per seed:
-    the median and the geometric mean of the L2 over images."""
+         seeds: list[int], k: int, log: Any, pool: torch.Tensor | None = None) -> list[dict[str, Any]]:
+    """Each of ``configs`` (HopSkipJumpConfig fields; ``"substitute": true`` to use the substitute; ``"start_pool":
+    N`` for the first N images of the attacker pool ``pool`` as HopSkipJump's start pool; ``{"art": true}`` for
+    ART's HopSkipJump full run, the reference) on the validation images at one budget, per seed: the median and
+    the geometric mean of the L2 over images (and the median L2 when HopSkipJump's rounds begin)."""
     rows = []
     for extra in configs:
         kw = dict(extra)
         with_sub = bool(kw.pop("substitute", False))
-        meds, gms = [], []
+        n_pool = int(kw.pop("start_pool", 0))
+        if n_pool and pool is None:
+            raise SystemExit("start_pool needs the attacker pool")
+        meds, gms, start_meds = [], [], []
         t0 = time.perf_counter()
         load = round(os.getloadavg()[0], 2)
         for seed in seeds:
@@ -298,12 +309,17 @@ def tune(model: nn.Module, sub: nn.Module, xv: torch.Tensor, yv: torch.Tensor, b
                 curves, _, _ = run_art("hsj", model, xv, yv, seed, k)
                 norms = [c[-1][1] if c else float("inf") for c in curves]
             else:
+                starts: list[float] = []
                 norms, _, _ = run_stealkit("hsj", model, xv, yv, budget, hsj_config(seed, **kw),
-                                           sub if with_sub else None)
+                                           sub if with_sub else None,
+                                           pool[:n_pool] if n_pool and pool is not None else None, starts)
+                fin = [s for s in starts if s != float("inf")]
+                start_meds.append(round(statistics.median(fin), 4) if fin else None)
             ok = [d for d in norms if d != float("inf")]
             meds.append(round(statistics.median(ok), 4) if ok else None)
             gms.append(round(math.exp(statistics.fmean(math.log(d) for d in ok)), 4) if ok else None)
-        row = {"config": extra, "budget": budget, "median_l2": meds, "geo_mean_l2": gms, "seeds": seeds,
+        row = {"config": extra, "budget": budget, "median_l2": meds, "geo_mean_l2": gms,
+               "start_median_l2": start_meds, "seeds": seeds,
                "success": len(ok) / len(norms), "seconds": round(time.perf_counter() - t0, 1),
                "load_avg": [load, round(os.getloadavg()[0], 2)]}
         log(f"tune {json.dumps(row)}")
@@ -396,9 +412,11 @@ def main(argv: list[str] | None = None) -> int:
             "machine": f"{platform.machine()} {os.cpu_count()} cores", "load_avg": os.getloadavg(),
             "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M")}
     seeds = [int(s) for s in args.seeds.split(",")]
+    # the attacker's own unlabelled images (disjoint from the test split the attacked images come from)
+    attacker_pool = load_splits(args.dataset).attacker_pool.x
     if args.tune:
         rows = [r for b in args.tune_budget.split(",")
-                for r in tune(model, sub, xv, yv, int(b), json.loads(args.tune), seeds, k, log)]
+                for r in tune(model, sub, xv, yv, int(b), json.loads(args.tune), seeds, k, log, attacker_pool)]
         print(json.dumps(meta | {"tune_budget": args.tune_budget, "tune": rows}, indent=1))
         return 0
     rows: list[dict[str, Any]] = []
