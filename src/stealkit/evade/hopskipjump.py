@@ -296,8 +296,9 @@ def _opened(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool,
                      batch_size=batch_size, starting_points=None if pre is None else pre[0],
                      used=None if pre is None else pre[1])
     rest = hopskipjump(oracle, x, y, targeted=targeted, target=target, starting_points=first.x_adv,
-                       max_queries=max_queries, config=replace(cfg, opening=0.0), batch_size=batch_size,
-                       used=first.extra["queries_per_example"], start_pool=None if pooled else start_pool)
+                       max_queries=max_queries, config=replace(cfg, opening=0.0, pool_tries=0 if pooled else cfg.pool_tries),
+                       batch_size=batch_size, used=first.extra["queries_per_example"],
+                       start_pool=None if pooled else start_pool)
     # an image the opening found no start for has x itself as its start: HopSkipJump's check fails, as it should
     now = oracle.ledger.as_dict()
     rest.queries = {k: now.get(k, 0) - start.get(k, 0) for k in now}
