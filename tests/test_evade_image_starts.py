@@ -10,7 +10,7 @@ import torch
 from stealkit.errors import InputError
 from stealkit.evade.decision import LabelAccess, binary_search, find_starts
 from stealkit.evade.hopskipjump import HopSkipJumpConfig, hopskipjump
-from stealkit.evade.image_starts import best_of_pool, check_pool, nearest
+from stealkit.evade.image_starts import best_of_pool, check_pool, kmeans, nearest, spread
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet, labelled_tiny_batch
 
@@ -38,6 +38,20 @@ def test_nearest_ranks_the_pool_by_pixel_distance_without_a_query() -> None:
     brute = torch.stack([(pool - xi).flatten(1).norm(dim=1).argsort()[:7] for xi in x])
     assert got.tolist() == brute.tolist()
     assert nearest(pool, x, 500).shape == (3, 50)  # never more than the pool holds
+
+
+def test_spread_takes_the_nearest_image_of_each_cluster_nearest_first() -> None:
+    pool, x = _pool(60), _pool(4, seed=2)
+    labels = kmeans(pool, 6, seed=1)
+    assert torch.equal(labels, kmeans(pool, 6, seed=1)) and len(set(labels.tolist())) == 6
+    got = spread(pool, x, labels, 4)
+    assert got.shape == (4, 4)
+    for i in range(4):
+        d = (pool - x[i]).flatten(1).norm(dim=1)
+        firsts = sorted((float(d[labels == c].min()), int(torch.nonzero(labels == c).squeeze(1)[d[labels == c].argmin()]))
+                        for c in range(6))
+        assert got[i].tolist() == [j for _, j in firsts[:4]]
+        assert len({int(labels[j]) for j in got[i]}) == 4  # one per cluster
 
 
 def test_a_near_other_class_image_in_the_pool_becomes_the_start() -> None:
@@ -76,7 +90,8 @@ def test_a_near_other_class_image_in_the_pool_becomes_the_start() -> None:
 @pytest.mark.parametrize("extra", [{"pool_tries": 30}, {"pool_tries": 30, "pool_at": "before"},
                                    {"pool_tries": 100, "start_tries": 0},
                                    {"pool_tries": 30, "pool_at": "opening", "opening": 0.3, "opening_freq": 1.0},
-                                   {"pool_tries": 30, "opening": 0.3, "opening_freq": 1.0}])
+                                   {"pool_tries": 30, "opening": 0.3, "opening_freq": 1.0},
+                                   {"pool_tries": 8, "pool_spread": 10}])
 def test_pool_starts_honour_the_per_image_cap_and_the_ledger(max_queries: int, extra: dict[str, object]) -> None:
     victim, x, y = labelled_tiny_batch(seed=3)
     oracle = LocalOracle(victim, SHAPE, mode="label", budget=1100)
@@ -142,6 +157,8 @@ def test_a_bad_pool_is_one_clear_error(pool: torch.Tensor, match: str) -> None:
 def test_pool_settings_are_checked() -> None:
     with pytest.raises(InputError, match="pool_tries"):
         HopSkipJumpConfig(pool_tries=-1)
+    with pytest.raises(InputError, match="pool_spread"):
+        HopSkipJumpConfig(pool_spread=-2)
     with pytest.raises(InputError, match="pool_at"):
         HopSkipJumpConfig(pool_tries=3, pool_at="middle")
     with pytest.raises(InputError, match="opening"):

@@ -57,7 +57,8 @@ Optional additions, all off by default (then the attack is the paper's):
   the ``k`` pool images nearest to each attacked image (pixel L2, no query) are tried as start directions, one
   query each at the best distance so far (:mod:`stealkit.evade.image_starts`: Brendel et al. 2018, Sec. 3;
   Chen et al. 2020, Sec. 4; Cheng et al. 2019, Sec. 3.1); ``pool_at``: ``"after"`` (default) or ``"before"``
-  the noise tries, or ``"opening"``: before the Triangle opening, which then starts from them. Without a pool
+  the noise tries, or ``"opening"``: before the Triangle opening, which then starts from them;
+  ``pool_spread = c``: the candidates are the nearest image of each of ``c`` k-means clusters. Without a pool
   the attack is as before, bit for bit.
 
 :data:`TUNED` holds the additions chosen on validation images (the CLI's default ``--preset tuned``).
@@ -146,6 +147,7 @@ class HopSkipJumpConfig:
     shared_prior: bool = False
     pool_tries: int = 0
     pool_at: str = "after"
+    pool_spread: int = 0
     start_round: int = 1
     seed: int = 0
 
@@ -181,6 +183,8 @@ class HopSkipJumpConfig:
                              "not history")
         if self.shared_k and (self.subspace or self.probe_freq):
             raise InputError("shared_k draws probes in the pixel space: drop subspace / probe_freq")
+        if self.pool_spread < 0:
+            raise InputError(f"pool_spread must be >= 0 (k-means clusters; 0: the nearest images), got {self.pool_spread!r}")
         if self.pool_tries < 0 or self.pool_at not in ("after", "before", "opening"):
             raise InputError(f"pool_tries must be >= 0 and pool_at 'after', 'before' or 'opening', got "
                              f"{self.pool_tries!r}, {self.pool_at!r}")
@@ -320,7 +324,8 @@ def _pool_opening(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted:
         d = idx.to(x.device)
         tol = cfg.gamma / (x[0].numel() ** 1.5)
         best[d] = binary_search(access, x[d], best[d], idx, tol)
-        best[d] = best_of_pool(access, x[d], best[d], idx, pool, tries=cfg.pool_tries, tol=tol)
+        best[d] = best_of_pool(access, x[d], best[d], idx, pool, tries=cfg.pool_tries, tol=tol,
+                               clusters=cfg.pool_spread)
     return torch.where(found.to(x.device).view(-1, *([1] * (x.dim() - 1))), best, x), access.used.clone()
 
 
@@ -361,13 +366,13 @@ class _Run:
         d = idx.to(x.device)
         if self.pool is not None and self.cfg.pool_at == "before":
             best[d] = best_of_pool(self.access, x[d], best[d], idx, self.pool, tries=self.cfg.pool_tries,
-                                   tol=self.theta)
+                                   tol=self.theta, clusters=self.cfg.pool_spread)
         if self.cfg.start_tries:
             best[d] = best_of_noise(self.access, x[d], best[d], idx, tries=self.cfg.start_tries, tol=self.theta,
                                     gen=self.gen)
         if self.pool is not None and self.cfg.pool_at == "after":
             best[d] = best_of_pool(self.access, x[d], best[d], idx, self.pool, tries=self.cfg.pool_tries,
-                                   tol=self.theta)
+                                   tol=self.theta, clusters=self.cfg.pool_spread)
         self.start_norms[idx] = (best[d] - x[d]).flatten(1).norm(dim=1).cpu()
         if self.cfg.schedule == "geoda":
             for i, left in zip(idx.tolist(), self.access.left(idx).tolist(), strict=True):

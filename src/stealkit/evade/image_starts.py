@@ -12,6 +12,9 @@ validation images): the pool is ranked by pixel L2 distance to ``x`` (no query),
 found so far (or ``x'`` itself when that is nearer); only a candidate whose point is adversarial, so nearer
 than the current best, pays a binary search (as :func:`stealkit.evade.starts.best_of_noise` does for noise).
 The pool's labels are never used: a candidate of ``x``'s own class simply costs its one query and loses.
+With ``spread = c`` the candidates are instead the nearest pool image of each of ``c`` k-means clusters of the
+pool (Lloyd's algorithm on the pixels, no query), nearest first: a spread over the pool's modes, so that the
+tries are not all spent on images like ``x`` (which the victim likely puts in ``x``'s class).
 
 All images move in lock-step: each try is one batch of oracle calls, the winners' binary searches another few.
 """
@@ -52,15 +55,47 @@ def nearest(pool: torch.Tensor, x: torch.Tensor, k: int, chunk: int = 4096) -> t
     return torch.sort(dist, dim=1, stable=True).indices[:, :k]
 
 
+def kmeans(pool: torch.Tensor, k: int, *, iters: int = 10, seed: int = 0) -> torch.Tensor:
+    """Cluster labels [N] of the pool's images: Lloyd's algorithm in pixel space from ``k`` seeded distinct
+    images (deterministic for a seed)."""
+    flat = pool.flatten(1).double().cpu()
+    k = min(k, flat.shape[0])
+    centres = flat[torch.randperm(flat.shape[0], generator=torch.Generator().manual_seed(seed))[:k]].clone()
+    labels = torch.zeros(flat.shape[0], dtype=torch.long)
+    for _ in range(iters):
+        labels = torch.cdist(flat, centres).argmin(1)
+        for c in range(k):
+            members = flat[labels == c]
+            if members.shape[0]:
+                centres[c] = members.mean(0)
+    return labels
+
+
+def spread(pool: torch.Tensor, x: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices ``[B, <= k]`` of the nearest pool image to each ``x`` in each cluster of ``labels``, the
+    clusters ordered by that distance (nearest first; no query)."""
+    xf = x.detach().flatten(1).double().cpu()
+    dist = torch.cdist(xf, pool.flatten(1).double().cpu())
+    firsts, dists = [], []
+    for c in torch.unique(labels).tolist():
+        members = (labels == c).nonzero().squeeze(1)
+        sub = dist[:, members]
+        firsts.append(members[sub.argmin(1)])
+        dists.append(sub.min(1).values)
+    order = torch.sort(torch.stack(dists, 1), dim=1, stable=True).indices[:, :k]
+    return torch.stack(firsts, 1).gather(1, order)
+
+
 def best_of_pool(access: LabelAccess, x: torch.Tensor, best: torch.Tensor, idx: torch.Tensor, pool: torch.Tensor,
-                 *, tries: int, tol: float) -> torch.Tensor:
+                 *, tries: int, tol: float, clusters: int = 0) -> torch.Tensor:
     """Improve the verified boundary points ``best`` (of examples ``idx``, rows aligned with ``x``) with the
-    rays to the ``tries`` pool images nearest to each ``x``; returns the new points, every one verified
-    adversarial. Stops early (the points found so far kept) when the caps bind."""
+    rays to the ``tries`` pool images nearest to each ``x`` (``clusters > 0``: the nearest of each of that
+    many k-means clusters, nearest first); returns the new points, every one verified adversarial. Stops early
+    (the points found so far kept) when the caps bind."""
     best = best.clone()
     if tries <= 0 or idx.numel() == 0:
         return best
-    cand = nearest(pool, x, tries)
+    cand = spread(pool, x, kmeans(pool, clusters), tries) if clusters else nearest(pool, x, tries)
     rows = torch.arange(idx.numel())
     for j in range(cand.shape[1]):
         sel = rows[access.room(idx, 1)]
@@ -88,4 +123,4 @@ def start_norms(x: torch.Tensor, best: torch.Tensor, found: torch.Tensor) -> lis
     return [v if bool(f) else math.inf for v, f in zip(d, found.tolist(), strict=True)]
 
 
-__all__ = ["best_of_pool", "check_pool", "nearest", "start_norms"]
+__all__ = ["best_of_pool", "check_pool", "kmeans", "nearest", "spread", "start_norms"]
