@@ -222,8 +222,24 @@ def run_stealkit(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, 
     return norms, per, secs
 
 
-def run_art(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed: int, k: int
-            ) -> tuple[list[list[tuple[int, float]]], list[int], float]:
+def pool_starts(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget: int, seed: int, pool: torch.Tensor
+                ) -> tuple[torch.Tensor, list[int]]:
+    """The pool starts alone (a noise start, its binary search, then :data:`TUNED_POOL`'s pool tries; no
+    opening, no rounds), for ART's ``x_adv_init``: ``(points, stealkit ledger queries per image)``."""
+    from stealkit.evade.hopskipjump import TUNED_POOL, hopskipjump
+    from stealkit.oracle import LocalOracle
+
+    oracle = LocalOracle(model, tuple(x.shape[1:]), mode="label", batch_size=CHUNKS["oracle_chunk"])
+    r = hopskipjump(oracle, x, y, max_queries=budget, config=hsj_config(seed, iterations=0, **TUNED_POOL),
+                    start_pool=pool)
+    per = r.extra["queries_per_example"].tolist()
+    assert sum(per) == oracle.ledger.total and bool(r.success.all())
+    return r.x_adv, per
+
+
+def run_art(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed: int, k: int,
+            inits: torch.Tensor | None = None) -> tuple[list[list[tuple[int, float]]], list[int], float]:
+    """ART's full run per image; ``inits``: HopSkipJump's ``x_adv_init`` (starting points given to ART)."""
     import numpy as np
     from art.attacks.evasion import BoundaryAttack, HopSkipJump
     from art.estimators.classification import PyTorchClassifier
@@ -242,7 +258,8 @@ def run_art(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed:
     for i in range(x.shape[0]):
         rec.reset(x[i], int(y[i]))
         onehot = np.eye(k, dtype=np.float32)[[int(y[i])]]
-        attack.generate(x[i : i + 1].numpy(), y=onehot)
+        extra = {} if inits is None else {"x_adv_init": inits[i : i + 1].numpy().copy()}
+        attack.generate(x[i : i + 1].numpy(), y=onehot, **extra)
         curves.append(rec.curve)
         counts.append(rec.count)
     return curves, counts, time.perf_counter() - t0
@@ -376,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tools", default="hsj,hsj-sub,boundary,boundary-sub,hsj-art-settings,art-hsj,art-boundary")
     p.add_argument("--pool", type=int, default=10_000, help="substitute: attacker-pool images queried (at most)")
     p.add_argument("--sub-epochs", type=int, default=10)
+    p.add_argument("--start-pool", type=int, default=10_000,
+                   help="attacker-pool images for the hsj-pool / art-hsj-pool rows and --tune's start_pool (at most)")
     p.add_argument("--tune", default=None, metavar="JSON",
                    help="only run these HopSkipJump settings on the validation images, e.g. "
                         "'[{\"start_tries\": 100}, {\"start_tries\": 100, \"substitute\": true}]'")
@@ -413,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
             "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M")}
     seeds = [int(s) for s in args.seeds.split(",")]
     # the attacker's own unlabelled images (disjoint from the test split the attacked images come from)
-    attacker_pool = load_splits(args.dataset).attacker_pool.x
+    attacker_pool = load_splits(args.dataset).attacker_pool.x[: args.start_pool]
     if args.tune:
         rows = [r for b in args.tune_budget.split(",")
                 for r in tune(model, sub, xv, yv, int(b), json.loads(args.tune), seeds, k, log, attacker_pool)]
@@ -437,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
 
     for seed in seeds:
         cfgs = {"hsj": hsj_config(seed, **tuned_settings(substitute=False, budgeted=True, shape=tuple(x.shape[1:]))),
+                "hsj-pool": hsj_config(seed, **tuned_settings(substitute=False, budgeted=True, pool=True,
+                                                              shape=tuple(x.shape[1:]))),
                 "hsj-sub": hsj_config(seed, **tuned_settings(substitute=True)),
                 "hsj-prev": hsj_config(seed, **PREVIOUS_TUNED), "hsj-r3": hsj_config(seed, **THIRD_ROUND),
                 "hsj-paper": hsj_config(seed), "hsj-paper-sub": hsj_config(seed),
@@ -447,13 +468,22 @@ def main(argv: list[str] | None = None) -> int:
                 kind = "hsj" if tool.startswith("hsj") else "boundary"
                 for b in budgets:
                     norms, per, secs = run_stealkit(kind, model, x, y, b, cfgs[tool],
-                                                    sub if tool.endswith("-sub") else None)
+                                                    sub if tool.endswith("-sub") else None,
+                                                    attacker_pool if tool == "hsj-pool" else None)
                     emit(summarise(f"stealkit-{tool}", b, norms, per, secs, seed))
             elif tool in ("hsj-art-settings", "hsj-tuned-art-settings"):
                 preset = tuned_settings(substitute=False) if tool == "hsj-tuned-art-settings" else {}
                 cfg = hsj_config(seed, **(preset | {"iterations": 40, "max_evals": 1000, "init_evals": 100}))
                 norms, per, secs = run_stealkit("hsj", model, x, y, None, cfg, None)
                 emit(summarise(f"stealkit-{tool}", "full", norms, per, secs, seed))
+            elif tool == "art-hsj-pool":  # ART from the pool starts (paid by stealkit, counted apart)
+                inits, start_q = pool_starts(model, x, y, max(budgets), seed, attacker_pool)
+                art_curves, counts, secs = run_art("hsj", model, x, y, seed, k, inits)
+                curves[f"{tool}/{seed}"] = art_curves
+                emit(summarise(tool, "full", [c[-1][1] if c else float("inf") for c in art_curves], counts, secs,
+                               seed) | {"start_queries_mean": statistics.fmean(start_q),
+                                        "start_median_l2": statistics.median((inits - x).flatten(1).norm(dim=1)
+                                                                             .tolist())})
             elif tool.startswith("art-"):
                 kind = tool.removeprefix("art-")
                 art_curves, counts, secs = run_art(kind, model, x, y, seed, k)

@@ -207,21 +207,27 @@ TUNED: dict[bool, dict[str, object]] = {False: {"start_tries": 100, "semicircle"
 #: the Triangle Attack for the first 10% of it (``opening``), then 30 noise tries instead of 100
 TUNED_BUDGETED: dict[str, object] = {"schedule": "geoda", "init_evals": 50, "max_evals": 10_000, "opening": 0.1,
                                      "start_tries": 30}
+#: added to the tuned settings without a substitute when the attacker gives its own natural images
+#: (``start_pool``; the CLI's ``--start-pool``), since the seventh round: after the noise tries, the nearest
+#: image of each of 100 k-means clusters of the pool, one query each (docs/decision-attacks.md)
+TUNED_POOL: dict[str, object] = {"pool_tries": 100, "pool_spread": 100}
 #: the opening only for images at least this many pixels high and wide: it won on Fashion-MNIST (28 x 28)
 #: and lost on digits (8 x 8) on the validation images (docs/decision-attacks.md, fourth round)
 OPENING_MIN_SIDE = 16
 
 
-def tuned_settings(*, substitute: bool, shape: tuple[int, ...] | None = None, budgeted: bool = False
-                   ) -> dict[str, object]:
+def tuned_settings(*, substitute: bool, shape: tuple[int, ...] | None = None, budgeted: bool = False,
+                   pool: bool = False) -> dict[str, object]:
     """The validated settings (:data:`TUNED`) for a run without or with a substitute, with
     :data:`TUNED_BUDGETED` when there is no substitute and a per-image budget (``budgeted``); for inputs of
     ``shape`` that are not [C, H, W] images the subspace (an image grid) is left out, and the opening (a DCT
     search) for those and for images smaller than :data:`OPENING_MIN_SIDE` (then the third round's noise tries
-    stay)."""
+    stay); with ``pool`` (the attacker gives a start pool) and no substitute, :data:`TUNED_POOL`."""
     out = dict(TUNED[substitute])
     if budgeted and not substitute:
         out |= TUNED_BUDGETED
+    if pool and not substitute:
+        out |= TUNED_POOL
     if shape is not None and len(shape) != 3:
         out.pop("subspace", None)
     if shape is not None and (len(shape) != 3 or min(shape[1:]) < OPENING_MIN_SIDE) and "opening" in out:
@@ -515,4 +521,4 @@ class _Run:
         return stepped, moved
 
 
-__all__ = ["TUNED", "TUNED_BUDGETED", "HopSkipJumpConfig", "hopskipjump", "tuned_settings"]
+__all__ = ["TUNED", "TUNED_BUDGETED", "TUNED_POOL", "HopSkipJumpConfig", "hopskipjump", "tuned_settings"]
