@@ -4,6 +4,9 @@ honoured exactly, same seed same result, bitwise as before without a pool, clear
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -166,3 +169,46 @@ def test_pool_settings_are_checked() -> None:
     victim, x, y = labelled_tiny_batch(seed=3)
     with pytest.raises(InputError, match="pool_tries"):
         hopskipjump(LocalOracle(victim, SHAPE, mode="label"), x, y, max_queries=50, start_pool=_pool())
+
+
+@pytest.mark.slow
+def test_cli_start_pool_from_the_attacker_split_or_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+
+    from stealkit.cli import main
+    from tests.test_evade_priors import _save_mlp
+
+    victim = _save_mlp(tmp_path / "victim", constant=None)
+    out = tmp_path / "hsj"
+    rc = main(["-q", "attack", "hopskipjump", "--victim", str(victim), "--n", "4", "--max-queries", "150",
+               "--start-pool", "pool", "--out", str(out)])
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    config = json.loads((out / "config.json").read_text())
+    assert config["config"]["start_pool"] == "pool" and config["config"]["start_pool_images"] > 0
+    assert summary["successes"] == summary["attempts"] >= 1
+    assert summary["victim_queries"]["predict"] <= 4 + 150 * summary["attempts"]
+    capsys.readouterr()
+    bad = tmp_path / "bad.npy"
+    np.save(bad, np.full((3, 1, 8, 8), 255.0, dtype=np.float32))
+    objs = tmp_path / "objs.npy"
+    np.save(objs, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    for source, match in ((str(bad), "[0, 1]"), (str(objs), "pickle"), ("nowhere.npy", "expected 'pool'")):
+        assert main(["attack", "hopskipjump", "--victim", str(victim), "--n", "2", "--max-queries", "50",
+                     "--start-pool", source, "--out", str(tmp_path / "x")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert match in err and "Traceback" not in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "x").exists()
+    assert main(["attack", "hopskipjump", "--victim", str(victim), "--n", "2", "--start-pool", "pool",
+                 "--substitute", str(victim), "--out", str(tmp_path / "y")]) == 2
+    assert "give one" in capsys.readouterr().err
+
+
+def test_the_tuned_preset_adds_the_pool_settings_only_with_a_pool_and_no_substitute() -> None:
+    from stealkit.evade.hopskipjump import TUNED_POOL, tuned_settings
+
+    plain = tuned_settings(substitute=False, shape=(1, 28, 28), budgeted=True)
+    pooled = tuned_settings(substitute=False, shape=(1, 28, 28), budgeted=True, pool=True)
+    assert pooled == plain | TUNED_POOL and "pool_tries" not in plain
+    assert tuned_settings(substitute=True, pool=True) == tuned_settings(substitute=True)
+    assert HopSkipJumpConfig(**pooled).pool_spread == 100  # type: ignore[arg-type]
