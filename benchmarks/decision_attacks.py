@@ -181,7 +181,10 @@ def validation_images(args: argparse.Namespace) -> tuple[nn.Module, torch.Tensor
 
 
 def run_stealkit(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget: int | None, cfg: Any,
-                 sub: nn.Module | None) -> tuple[list[float], list[int], float]:
+                 sub: nn.Module | None, pool: torch.Tensor | None = None, starts: list[float] | None = None
+                 ) -> tuple[list[float], list[int], float]:
+    """One stealkit run; ``pool``: the attacker's images for HopSkipJump's ``start_pool``; ``starts`` (a list)
+    receives HopSkipJump's per-image L2 when its rounds begin."""
     from stealkit.evade.boundary import boundary_attack
     from stealkit.evade.hopskipjump import hopskipjump
     from stealkit.oracle import LocalOracle
@@ -206,8 +209,12 @@ def run_stealkit(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, 
 
         r = successive_halving(oracle, x, y, max_queries=budget, config=cfg[0], **cfg[1])  # type: ignore[arg-type]
     else:
-        fn = hopskipjump if kind == "hsj" else boundary_attack
-        r = fn(oracle, x, y, max_queries=budget, config=cfg, substitute=sub)  # type: ignore[operator]
+        if kind == "hsj":
+            r = hopskipjump(oracle, x, y, max_queries=budget, config=cfg, substitute=sub, start_pool=pool)
+            if starts is not None:
+                starts.extend(float(v) for v in r.extra["start_norms"])
+        else:
+            r = boundary_attack(oracle, x, y, max_queries=budget, config=cfg, substitute=sub)
     secs = time.perf_counter() - t0
     per = r.extra["queries_per_example"].tolist()
     assert sum(per) == oracle.ledger.total
@@ -215,8 +222,24 @@ def run_stealkit(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, 
     return norms, per, secs
 
 
-def run_art(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed: int, k: int
-            ) -> tuple[list[list[tuple[int, float]]], list[int], float]:
+def pool_starts(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget: int, seed: int, pool: torch.Tensor
+                ) -> tuple[torch.Tensor, list[int]]:
+    """The pool starts alone (a noise start, its binary search, then :data:`TUNED_POOL`'s pool tries; no
+    opening, no rounds), for ART's ``x_adv_init``: ``(points, stealkit ledger queries per image)``."""
+    from stealkit.evade.hopskipjump import TUNED_POOL, hopskipjump
+    from stealkit.oracle import LocalOracle
+
+    oracle = LocalOracle(model, tuple(x.shape[1:]), mode="label", batch_size=CHUNKS["oracle_chunk"])
+    r = hopskipjump(oracle, x, y, max_queries=budget, config=hsj_config(seed, iterations=0, **TUNED_POOL),
+                    start_pool=pool)
+    per = r.extra["queries_per_example"].tolist()
+    assert sum(per) == oracle.ledger.total and bool(r.success.all())
+    return r.x_adv, per
+
+
+def run_art(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed: int, k: int,
+            inits: torch.Tensor | None = None) -> tuple[list[list[tuple[int, float]]], list[int], float]:
+    """ART's full run per image; ``inits``: HopSkipJump's ``x_adv_init`` (starting points given to ART)."""
     import numpy as np
     from art.attacks.evasion import BoundaryAttack, HopSkipJump
     from art.estimators.classification import PyTorchClassifier
@@ -235,7 +258,8 @@ def run_art(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed:
     for i in range(x.shape[0]):
         rec.reset(x[i], int(y[i]))
         onehot = np.eye(k, dtype=np.float32)[[int(y[i])]]
-        attack.generate(x[i : i + 1].numpy(), y=onehot)
+        extra = {} if inits is None else {"x_adv_init": inits[i : i + 1].numpy().copy()}
+        attack.generate(x[i : i + 1].numpy(), y=onehot, **extra)
         curves.append(rec.curve)
         counts.append(rec.count)
     return curves, counts, time.perf_counter() - t0
@@ -282,15 +306,19 @@ def boundary_config(seed: int, **kw: Any) -> Any:
 
 
 def tune(model: nn.Module, sub: nn.Module, xv: torch.Tensor, yv: torch.Tensor, budget: int, configs: list[Any],
-         seeds: list[int], k: int, log: Any) -> list[dict[str, Any]]:
-    """Each of ``configs`` (HopSkipJumpConfig fields; ``"substitute": true`` to use the substitute; ``{"art":
-    true}`` for ART's HopSkipJump full run, the reference) on the validation images at one budget, per seed:
-    the median and the geometric mean of the L2 over images."""
+         seeds: list[int], k: int, log: Any, pool: torch.Tensor | None = None) -> list[dict[str, Any]]:
+    """Each of ``configs`` (HopSkipJumpConfig fields; ``"substitute": true`` to use the substitute; ``"start_pool":
+    N`` for the first N images of the attacker pool ``pool`` as HopSkipJump's start pool; ``{"art": true}`` for
+    ART's HopSkipJump full run, the reference) on the validation images at one budget, per seed: the median and
+    the geometric mean of the L2 over images (and the median L2 when HopSkipJump's rounds begin)."""
     rows = []
     for extra in configs:
         kw = dict(extra)
         with_sub = bool(kw.pop("substitute", False))
-        meds, gms = [], []
+        n_pool = int(kw.pop("start_pool", 0))
+        if n_pool and pool is None:
+            raise SystemExit("start_pool needs the attacker pool")
+        meds, gms, start_meds = [], [], []
         t0 = time.perf_counter()
         load = round(os.getloadavg()[0], 2)
         for seed in seeds:
@@ -298,12 +326,17 @@ def tune(model: nn.Module, sub: nn.Module, xv: torch.Tensor, yv: torch.Tensor, b
                 curves, _, _ = run_art("hsj", model, xv, yv, seed, k)
                 norms = [c[-1][1] if c else float("inf") for c in curves]
             else:
+                starts: list[float] = []
                 norms, _, _ = run_stealkit("hsj", model, xv, yv, budget, hsj_config(seed, **kw),
-                                           sub if with_sub else None)
+                                           sub if with_sub else None,
+                                           pool[:n_pool] if n_pool and pool is not None else None, starts)
+                fin = [s for s in starts if s != float("inf")]
+                start_meds.append(round(statistics.median(fin), 4) if fin else None)
             ok = [d for d in norms if d != float("inf")]
             meds.append(round(statistics.median(ok), 4) if ok else None)
             gms.append(round(math.exp(statistics.fmean(math.log(d) for d in ok)), 4) if ok else None)
-        row = {"config": extra, "budget": budget, "median_l2": meds, "geo_mean_l2": gms, "seeds": seeds,
+        row = {"config": extra, "budget": budget, "median_l2": meds, "geo_mean_l2": gms,
+               "start_median_l2": start_meds, "seeds": seeds,
                "success": len(ok) / len(norms), "seconds": round(time.perf_counter() - t0, 1),
                "load_avg": [load, round(os.getloadavg()[0], 2)]}
         log(f"tune {json.dumps(row)}")
@@ -360,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tools", default="hsj,hsj-sub,boundary,boundary-sub,hsj-art-settings,art-hsj,art-boundary")
     p.add_argument("--pool", type=int, default=10_000, help="substitute: attacker-pool images queried (at most)")
     p.add_argument("--sub-epochs", type=int, default=10)
+    p.add_argument("--start-pool", type=int, default=10_000,
+                   help="attacker-pool images for the hsj-pool / art-hsj-pool rows and --tune's start_pool (at most)")
     p.add_argument("--tune", default=None, metavar="JSON",
                    help="only run these HopSkipJump settings on the validation images, e.g. "
                         "'[{\"start_tries\": 100}, {\"start_tries\": 100, \"substitute\": true}]'")
@@ -396,9 +431,11 @@ def main(argv: list[str] | None = None) -> int:
             "machine": f"{platform.machine()} {os.cpu_count()} cores", "load_avg": os.getloadavg(),
             "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M")}
     seeds = [int(s) for s in args.seeds.split(",")]
+    # the attacker's own unlabelled images (disjoint from the test split the attacked images come from)
+    attacker_pool = load_splits(args.dataset).attacker_pool.x[: args.start_pool]
     if args.tune:
         rows = [r for b in args.tune_budget.split(",")
-                for r in tune(model, sub, xv, yv, int(b), json.loads(args.tune), seeds, k, log)]
+                for r in tune(model, sub, xv, yv, int(b), json.loads(args.tune), seeds, k, log, attacker_pool)]
         print(json.dumps(meta | {"tune_budget": args.tune_budget, "tune": rows}, indent=1))
         return 0
     rows: list[dict[str, Any]] = []
@@ -419,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
 
     for seed in seeds:
         cfgs = {"hsj": hsj_config(seed, **tuned_settings(substitute=False, budgeted=True, shape=tuple(x.shape[1:]))),
+                "hsj-pool": hsj_config(seed, **tuned_settings(substitute=False, budgeted=True, pool=True,
+                                                              shape=tuple(x.shape[1:]))),
                 "hsj-sub": hsj_config(seed, **tuned_settings(substitute=True)),
                 "hsj-prev": hsj_config(seed, **PREVIOUS_TUNED), "hsj-r3": hsj_config(seed, **THIRD_ROUND),
                 "hsj-paper": hsj_config(seed), "hsj-paper-sub": hsj_config(seed),
@@ -429,13 +468,22 @@ def main(argv: list[str] | None = None) -> int:
                 kind = "hsj" if tool.startswith("hsj") else "boundary"
                 for b in budgets:
                     norms, per, secs = run_stealkit(kind, model, x, y, b, cfgs[tool],
-                                                    sub if tool.endswith("-sub") else None)
+                                                    sub if tool.endswith("-sub") else None,
+                                                    attacker_pool if tool == "hsj-pool" else None)
                     emit(summarise(f"stealkit-{tool}", b, norms, per, secs, seed))
             elif tool in ("hsj-art-settings", "hsj-tuned-art-settings"):
                 preset = tuned_settings(substitute=False) if tool == "hsj-tuned-art-settings" else {}
                 cfg = hsj_config(seed, **(preset | {"iterations": 40, "max_evals": 1000, "init_evals": 100}))
                 norms, per, secs = run_stealkit("hsj", model, x, y, None, cfg, None)
                 emit(summarise(f"stealkit-{tool}", "full", norms, per, secs, seed))
+            elif tool == "art-hsj-pool":  # ART from the pool starts (paid by stealkit, counted apart)
+                inits, start_q = pool_starts(model, x, y, max(budgets), seed, attacker_pool)
+                art_curves, counts, secs = run_art("hsj", model, x, y, seed, k, inits)
+                curves[f"{tool}/{seed}"] = art_curves
+                emit(summarise(tool, "full", [c[-1][1] if c else float("inf") for c in art_curves], counts, secs,
+                               seed) | {"start_queries_mean": statistics.fmean(start_q),
+                                        "start_median_l2": statistics.median((inits - x).flatten(1).norm(dim=1)
+                                                                             .tolist())})
             elif tool.startswith("art-"):
                 kind = tool.removeprefix("art-")
                 art_curves, counts, secs = run_art(kind, model, x, y, seed, k)

@@ -143,7 +143,8 @@ def _make_decision(method: str) -> click.Command:
     @device_option
     def cmd(victim: str, key: str | None, budget: int | None, dataset: str | None, data_dir: str | None, n: int,
             targeted: str | None, seed: int, out: str, max_queries: int, iterations: int | None,
-            substitute: str | None, settings: tuple[str, ...], device: str, preset: str = "paper") -> None:
+            substitute: str | None, settings: tuple[str, ...], device: str, preset: str = "paper",
+            start_pool: str | None = None) -> None:
         from stealkit.errors import InputError
         from stealkit.extract.common import open_victim
         from stealkit.rundir import RunDir
@@ -157,6 +158,9 @@ def _make_decision(method: str) -> click.Command:
         v = open_victim(victim, mode="label", budget=budget, key=key, dataset=dataset, device=device, seed=seed)
         sub = _load_substitute(substitute, v, device) if substitute is not None else None
         x, y = _test_sample(v, data_dir, n, seed)
+        if start_pool is not None and substitute is not None:
+            raise InputError("--start-pool and --substitute both make the starting points: give one")
+        pool = _load_start_pool(start_pool, v, data_dir) if start_pool is not None else None
         spec = ATTACKS[method]
         rounds: dict[str, object] = {"boundary": {"steps": iterations or 5000},
                                      "triangle": {"steps": iterations or 100_000}}.get(
@@ -165,7 +169,7 @@ def _make_decision(method: str) -> click.Command:
             from stealkit.evade.hopskipjump import tuned_settings
 
             tuned = tuned_settings(substitute=sub is not None, shape=tuple(v.oracle.input_shape),
-                                   budgeted=True)  # --max-queries always sets a per-image budget
+                                   budgeted=True, pool=pool is not None)  # --max-queries: a per-image budget
             rounds = rounds | tuned
         elif method == "triangle" and preset == "tuned":
             from stealkit.evade.triangle import TUNED
@@ -182,9 +186,11 @@ def _make_decision(method: str) -> click.Command:
         run_config = {"victim": victim, "dataset": v.dataset, "n": n, "max_queries": max_queries,
                       "iterations": iterations, "substitute": substitute} | (
                           {"preset": preset} if method in ("hopskipjump", "triangle") else {}) | (
-                          {"settings": parse_kv(settings)} if settings else {})
+                          {"settings": parse_kv(settings)} if settings else {}) | (
+                          {"start_pool": start_pool, "start_pool_images": len(pool)} if pool is not None else {})
         run = RunDir(out).create(command=f"attack {method}", seed=seed, config=run_config)
-        res = spec.run(v.oracle, x[ok], y[ok], max_queries=max_queries, config=config, substitute=sub)
+        res = spec.run(v.oracle, x[ok], y[ok], max_queries=max_queries, config=config, substitute=sub,
+                       **({"start_pool": pool} if pool is not None else {}))
         x_adv = x.clone()
         x_adv[ok] = res.x_adv
         import torch
@@ -216,7 +222,48 @@ def _make_decision(method: str) -> click.Command:
             help="tuned: the settings chosen on validation images (docs/decision-attacks.md), without or with "
                  "--substitute; paper: Chen et al.'s HopSkipJump (with --substitute: its prior and start only). "
                  "--set overrides either.")(cmd)
+        cmd = click.option(
+            "--start-pool", default=None, metavar="pool|FILE",
+            help="Natural images the attacker owns, tried as start directions (one query each; with --preset "
+                 "tuned the nearest image of each of 100 k-means clusters, after the opening): 'pool' = the "
+                 "attacker split of the victim's data set (never the attacked test images; its labels are not "
+                 "read), or a .npy / .safetensors file of images [N, C, H, W] in [0, 1] (loaded without pickle). "
+                 "The attacker needs only unlabelled images of the victim's domain. Default: none (noise starts). "
+                 "Not with --substitute.")(cmd)
     return cmd
+
+
+def _load_start_pool(source: str, v: Any, data_dir: str | None) -> Any:
+    """``--start-pool``: the attacker split of the victim's data set (``pool``) or images from a ``.npy`` /
+    ``.safetensors`` file (no pickle); shape and range are checked by the attack (one-line errors)."""
+    import torch
+
+    from stealkit.errors import InputError
+    from stealkit.extract.common import victim_splits
+
+    if source == "pool":
+        return victim_splits(v, data_dir).attacker_pool.x
+    path = Path(source)
+    if not path.is_file():
+        raise InputError(f"--start-pool {source}: expected 'pool' or a .npy / .safetensors file of images")
+    if path.suffix == ".npy":
+        import numpy as np
+
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except ValueError as e:
+            raise InputError(f"--start-pool {source}: not a plain numeric .npy array ({e})") from None
+        if arr.dtype.kind not in "fiub":
+            raise InputError(f"--start-pool {source}: expected a numeric array, got dtype {arr.dtype}")
+        return torch.from_numpy(arr.astype("float32"))
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(path))
+        if len(tensors) != 1 and "x" not in tensors:
+            raise InputError(f"--start-pool {source}: expected one tensor or one named 'x', got {sorted(tensors)}")
+        return (tensors["x"] if "x" in tensors else next(iter(tensors.values()))).float()
+    raise InputError(f"--start-pool {source}: expected 'pool' or a .npy / .safetensors file, got {path.suffix!r}")
 
 
 def _load_substitute(path: str, v: Any, device: str) -> Any:

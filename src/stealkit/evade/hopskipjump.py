@@ -53,6 +53,13 @@ Optional additions, all off by default (then the attack is the paper's):
   budget first, and its points are the starts (one query re-checks each); needs ``max_queries``, and neither
   ``starting_points`` nor a substitute. ``opening_shrink``: its ``shrink`` (smaller turns after clean
   iterations, an extension of the paper; 1: off).
+* ``start_pool=`` natural images the attacker owns (never the attacked ones) with ``config.pool_tries = k``:
+  the ``k`` pool images nearest to each attacked image (pixel L2, no query) are tried as start directions, one
+  query each at the best distance so far (:mod:`stealkit.evade.image_starts`: Brendel et al. 2018, Sec. 3;
+  Chen et al. 2020, Sec. 4; Cheng et al. 2019, Sec. 3.1); ``pool_at``: ``"after"`` (default) or ``"before"``
+  the noise tries, or ``"opening"``: before the Triangle opening, which then starts from them;
+  ``pool_spread = c``: the candidates are the nearest image of each of ``c`` k-means clusters. Without a pool
+  the attack is as before, bit for bit.
 
 :data:`TUNED` holds the additions chosen on validation images (the CLI's default ``--preset tuned``).
 
@@ -80,6 +87,7 @@ from stealkit.evade.decision import (
     binary_search,
     decision_result,
 )
+from stealkit.evade.image_starts import best_of_pool, check_pool
 from stealkit.evade.orthogonal import orthogonal_directions
 from stealkit.evade.priors import (
     SubstitutePrior,
@@ -137,6 +145,9 @@ class HopSkipJumpConfig:
     shared_class: bool = False
     shared_rounds: int = 0
     shared_prior: bool = False
+    pool_tries: int = 0
+    pool_at: str = "after"
+    pool_spread: int = 0
     start_round: int = 1
     seed: int = 0
 
@@ -172,6 +183,13 @@ class HopSkipJumpConfig:
                              "not history")
         if self.shared_k and (self.subspace or self.probe_freq):
             raise InputError("shared_k draws probes in the pixel space: drop subspace / probe_freq")
+        if self.pool_spread < 0:
+            raise InputError(f"pool_spread must be >= 0 (k-means clusters; 0: the nearest images), got {self.pool_spread!r}")
+        if self.pool_tries < 0 or self.pool_at not in ("after", "before", "opening"):
+            raise InputError(f"pool_tries must be >= 0 and pool_at 'after', 'before' or 'opening', got "
+                             f"{self.pool_tries!r}, {self.pool_at!r}")
+        if self.pool_at == "opening" and self.pool_tries and not self.opening:
+            raise InputError("pool_at='opening' makes the Triangle opening's starts: set opening too")
         if not (0 < self.opening_shrink <= 1):
             raise InputError(f"opening_shrink must be in (0, 1], got {self.opening_shrink!r}")
         if not (0 <= self.opening < 1):
@@ -189,21 +207,27 @@ TUNED: dict[bool, dict[str, object]] = {False: {"start_tries": 100, "semicircle"
 #: the Triangle Attack for the first 10% of it (``opening``), then 30 noise tries instead of 100
 TUNED_BUDGETED: dict[str, object] = {"schedule": "geoda", "init_evals": 50, "max_evals": 10_000, "opening": 0.1,
                                      "start_tries": 30}
+#: added to the tuned settings without a substitute when the attacker gives its own natural images
+#: (``start_pool``; the CLI's ``--start-pool``), since the seventh round: after the noise tries, the nearest
+#: image of each of 100 k-means clusters of the pool, one query each (docs/decision-attacks.md)
+TUNED_POOL: dict[str, object] = {"pool_tries": 100, "pool_spread": 100}
 #: the opening only for images at least this many pixels high and wide: it won on Fashion-MNIST (28 x 28)
 #: and lost on digits (8 x 8) on the validation images (docs/decision-attacks.md, fourth round)
 OPENING_MIN_SIDE = 16
 
 
-def tuned_settings(*, substitute: bool, shape: tuple[int, ...] | None = None, budgeted: bool = False
-                   ) -> dict[str, object]:
+def tuned_settings(*, substitute: bool, shape: tuple[int, ...] | None = None, budgeted: bool = False,
+                   pool: bool = False) -> dict[str, object]:
     """The validated settings (:data:`TUNED`) for a run without or with a substitute, with
     :data:`TUNED_BUDGETED` when there is no substitute and a per-image budget (``budgeted``); for inputs of
     ``shape`` that are not [C, H, W] images the subspace (an image grid) is left out, and the opening (a DCT
     search) for those and for images smaller than :data:`OPENING_MIN_SIDE` (then the third round's noise tries
-    stay)."""
+    stay); with ``pool`` (the attacker gives a start pool) and no substitute, :data:`TUNED_POOL`."""
     out = dict(TUNED[substitute])
     if budgeted and not substitute:
         out |= TUNED_BUDGETED
+    if pool and not substitute:
+        out |= TUNED_POOL
     if shape is not None and len(shape) != 3:
         out.pop("subspace", None)
     if shape is not None and (len(shape) != 3 or min(shape[1:]) < OPENING_MIN_SIDE) and "opening" in out:
@@ -216,18 +240,24 @@ def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: b
                 target: torch.Tensor | int | None = None, starting_points: torch.Tensor | None = None,
                 max_queries: int | None = None, config: HopSkipJumpConfig | None = None,
                 batch_size: int = 256, substitute: nn.Module | None = None,
-                used: torch.Tensor | None = None) -> AttackResult:
+                used: torch.Tensor | None = None, start_pool: torch.Tensor | None = None) -> AttackResult:
     """Minimise ``||x_adv - x||_2`` with HopSkipJump using only labels (see the module docstring).
 
     Arguments as :func:`~stealkit.evade.boundary.boundary_attack`; ``substitute``: a stolen model for the
     prior and the starting points (its gradients are free; only victim queries are counted); ``used``:
-    queries each example already spent under the same ``max_queries`` (a later phase). ``queries`` is the
-    ledger's count.
+    queries each example already spent under the same ``max_queries`` (a later phase); ``start_pool``: the
+    attacker's own natural images [N, *shape] in [0, 1] for ``config.pool_tries`` (ignored without it: then
+    the attack is as without a pool). ``queries`` is the ledger's count; ``extra["start_norms"]``: each
+    example's L2 distance when the rounds begin (after every start phase; ``inf`` where none was found).
     """
     cfg = config or HopSkipJumpConfig()
     x, y = check_batch(x, y)
     if tuple(x.shape[1:]) != tuple(oracle.input_shape):
         raise InputError(f"x has images of shape {list(x.shape[1:])}; the oracle takes {list(oracle.input_shape)}")
+    if start_pool is not None:
+        if not cfg.pool_tries:
+            raise InputError("a start pool is tried only with pool_tries > 0 (--set pool_tries=K)")
+        start_pool = check_pool(start_pool, tuple(x.shape[1:]))
     check_side(cfg.subspace, tuple(x.shape[1:]))
     if cfg.probe_freq and x.dim() != 4:
         raise InputError(f"probe_freq draws 2-D DCT directions of [C, H, W] images; got {list(x.shape[1:])}")
@@ -235,7 +265,8 @@ def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: b
         raise InputError("schedule='geoda' plans a per-image budget: give max_queries (--max-queries)")
     if cfg.opening:
         return _opened(oracle, x, y, targeted=targeted, target=target, max_queries=max_queries, cfg=cfg,
-                       batch_size=batch_size, substitute=substitute, starting_points=starting_points, used=used)
+                       batch_size=batch_size, substitute=substitute, starting_points=starting_points, used=used,
+                       start_pool=start_pool)
     tgt = check_target(target, y, targeted, oracle.num_classes)
     access = LabelAccess(oracle, y, tgt, max_queries=max_queries, batch_size=batch_size)
     if used is not None:
@@ -245,18 +276,19 @@ def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: b
     best, found = first_points(access, x, y, tgt, starting_points=starting_points, prior=prior,
                                trials=cfg.init_trials, gen=gen)
     idx = found.nonzero().squeeze(1)
-    run = _Run(access, x, y, tgt, cfg, gen, prior)
+    run = _Run(access, x, y, tgt, cfg, gen, prior, start_pool)
     if idx.numel():
         run.attack(best, idx)
     res = decision_result(access, x, y, tgt, best, found)
     res.extra["rounds"] = run.rounds
+    res.extra["start_norms"] = run.start_norms
     return res
 
 
 def _opened(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool,
             target: torch.Tensor | int | None, max_queries: int | None, cfg: HopSkipJumpConfig, batch_size: int,
-            substitute: nn.Module | None, starting_points: torch.Tensor | None, used: torch.Tensor | None
-            ) -> AttackResult:
+            substitute: nn.Module | None, starting_points: torch.Tensor | None, used: torch.Tensor | None,
+            start_pool: torch.Tensor | None) -> AttackResult:
     """``config.opening``: the Triangle Attack for that share of the per-image budget, then HopSkipJump from
     its points (the per-image total never passes ``max_queries``; ``queries`` counts both phases)."""
     if max_queries is None or max_queries < 2:
@@ -264,25 +296,56 @@ def _opened(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool,
     if substitute is not None or starting_points is not None or used is not None:
         raise InputError("opening= makes the starting points: drop the substitute / starting_points")
     start = oracle.ledger.as_dict()
-    first = triangle(oracle, x, y, targeted=targeted, target=target, max_queries=max(1, int(cfg.opening * max_queries)),
+    share = max(1, int(cfg.opening * max_queries))
+    pooled = start_pool is not None and cfg.pool_at == "opening"
+    pre = _pool_opening(oracle, x, y, targeted=targeted, target=target, max_queries=share, cfg=cfg,
+                        batch_size=batch_size, pool=start_pool) if pooled and start_pool is not None else None
+    first = triangle(oracle, x, y, targeted=targeted, target=target, max_queries=share,
                      config=TriangleConfig(freq=cfg.opening_freq, coords=cfg.opening_coords, seed=cfg.seed,
                                            init_trials=cfg.init_trials, shrink=cfg.opening_shrink),
-                     batch_size=batch_size)
+                     batch_size=batch_size, starting_points=None if pre is None else pre[0],
+                     used=None if pre is None else pre[1])
     rest = hopskipjump(oracle, x, y, targeted=targeted, target=target, starting_points=first.x_adv,
-                       max_queries=max_queries, config=replace(cfg, opening=0.0), batch_size=batch_size,
-                       used=first.extra["queries_per_example"])
+                       max_queries=max_queries, config=replace(cfg, opening=0.0, pool_tries=0 if pooled else cfg.pool_tries),
+                       batch_size=batch_size, used=first.extra["queries_per_example"],
+                       start_pool=None if pooled else start_pool)
     # an image the opening found no start for has x itself as its start: HopSkipJump's check fails, as it should
     now = oracle.ledger.as_dict()
     rest.queries = {k: now.get(k, 0) - start.get(k, 0) for k in now}
     return rest
 
 
+def _pool_opening(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool,
+                  target: torch.Tensor | int | None, max_queries: int, cfg: HopSkipJumpConfig, batch_size: int,
+                  pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``pool_at="opening"``: noise starts, their binary search and the pool tries, inside the opening's share
+    of the budget; ``(points, queries per example)`` for the Triangle opening to start from (an image with no
+    start keeps ``x``, which the opening's check finds clean)."""
+    tgt = check_target(target, y, targeted, oracle.num_classes)
+    access = LabelAccess(oracle, y, tgt, max_queries=max_queries, batch_size=batch_size)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    best, found = first_points(access, x, y, tgt, starting_points=None, prior=None, trials=cfg.init_trials, gen=gen)
+    idx = found.nonzero().squeeze(1)
+    if idx.numel():
+        d = idx.to(x.device)
+        tol = cfg.gamma / (x[0].numel() ** 1.5)
+        best[d] = binary_search(access, x[d], best[d], idx, tol)
+        best[d] = best_of_pool(access, x[d], best[d], idx, pool, tries=cfg.pool_tries, tol=tol,
+                               clusters=cfg.pool_spread)
+    return torch.where(found.to(x.device).view(-1, *([1] * (x.dim() - 1))), best, x), access.used.clone()
+
+
 class _Run:
     """The lock-step rounds of one call (state per example: distance, measured prior agreement)."""
 
     def __init__(self, access: LabelAccess, x: torch.Tensor, y: torch.Tensor, tgt: torch.Tensor | None,
-                 cfg: HopSkipJumpConfig, gen: torch.Generator, prior: SubstitutePrior | None) -> None:
+                 cfg: HopSkipJumpConfig, gen: torch.Generator, prior: SubstitutePrior | None,
+                 pool: torch.Tensor | None = None) -> None:
         self.access, self.x, self.y, self.tgt, self.cfg, self.gen, self.prior = access, x, y, tgt, cfg, gen, prior
+        #: the attacker's natural images for ``pool_tries`` (None: no pool starts)
+        self.pool = pool if pool is not None and cfg.pool_tries else None
+        #: each example's distance when the rounds begin (inf: no start)
+        self.start_norms = torch.full((x.shape[0],), math.inf)
         self.shape = tuple(x.shape[1:])
         d = x[0].numel()
         self.theta = cfg.gamma / (d * math.sqrt(d))
@@ -306,10 +369,17 @@ class _Run:
         """Improve ``best[idx]`` (verified adversarial) in place."""
         x = self.x
         best[idx] = binary_search(self.access, x[idx], best[idx], idx, self.theta)
+        d = idx.to(x.device)
+        if self.pool is not None and self.cfg.pool_at == "before":
+            best[d] = best_of_pool(self.access, x[d], best[d], idx, self.pool, tries=self.cfg.pool_tries,
+                                   tol=self.theta, clusters=self.cfg.pool_spread)
         if self.cfg.start_tries:
-            d = idx.to(x.device)
             best[d] = best_of_noise(self.access, x[d], best[d], idx, tries=self.cfg.start_tries, tol=self.theta,
                                     gen=self.gen)
+        if self.pool is not None and self.cfg.pool_at == "after":
+            best[d] = best_of_pool(self.access, x[d], best[d], idx, self.pool, tries=self.cfg.pool_tries,
+                                   tol=self.theta, clusters=self.cfg.pool_spread)
+        self.start_norms[idx] = (best[d] - x[d]).flatten(1).norm(dim=1).cpu()
         if self.cfg.schedule == "geoda":
             for i, left in zip(idx.tolist(), self.access.left(idx).tolist(), strict=True):
                 self.plan[i] = geoda_plan(int(left), self.reserve, eta=self.cfg.eta, first=self.cfg.init_evals)
@@ -451,4 +521,4 @@ class _Run:
         return stepped, moved
 
 
-__all__ = ["TUNED", "TUNED_BUDGETED", "HopSkipJumpConfig", "hopskipjump", "tuned_settings"]
+__all__ = ["TUNED", "TUNED_BUDGETED", "TUNED_POOL", "HopSkipJumpConfig", "hopskipjump", "tuned_settings"]
