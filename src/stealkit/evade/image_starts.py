@@ -26,7 +26,8 @@ import math
 import torch
 
 from stealkit.errors import InputError
-from stealkit.evade.decision import LabelAccess, OutOfQueries, binary_search, blend
+from stealkit.evade.decision import LabelAccess
+from stealkit.evade.starts import improve_along
 
 
 def check_pool(pool: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -92,29 +93,14 @@ def best_of_pool(access: LabelAccess, x: torch.Tensor, best: torch.Tensor, idx: 
     rays to the ``tries`` pool images nearest to each ``x`` (``clusters > 0``: the nearest of each of that
     many k-means clusters, nearest first); returns the new points, every one verified adversarial. Stops early
     (the points found so far kept) when the caps bind."""
-    best = best.clone()
     if tries <= 0 or idx.numel() == 0:
-        return best
+        return best.clone()
     cand = spread(pool, x, kmeans(pool, clusters), tries) if clusters else nearest(pool, x, tries)
-    rows = torch.arange(idx.numel())
-    for j in range(cand.shape[1]):
-        sel = rows[access.room(idx, 1)]
-        if sel.numel() == 0:
-            break
-        d = sel.to(x.device)
-        other = pool[cand[sel, j]].to(x.device, x.dtype)
-        far = (other - x[d]).flatten(1).norm(dim=1)
-        now = (best[d] - x[d]).flatten(1).norm(dim=1)
-        probe = blend(x[d], other, (now / far.clamp_min(1e-12)).clamp(max=1.0))
-        try:
-            adv = access.is_adv(probe, idx[sel]).cpu()
-        except OutOfQueries:
-            break
-        win = sel[adv]
-        if win.numel():
-            w = win.to(x.device)
-            best[w] = binary_search(access, x[w], probe[adv.to(x.device)], idx[win], tol)
-    return best
+
+    def images(j: int, sel: torch.Tensor) -> torch.Tensor:
+        return pool[cand[sel, j]].to(x.device, x.dtype)
+
+    return improve_along(access, x, best, idx, tries=cand.shape[1], tol=tol, ends=images)
 
 
 def start_norms(x: torch.Tensor, best: torch.Tensor, found: torch.Tensor) -> list[float]:

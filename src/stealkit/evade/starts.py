@@ -17,27 +17,31 @@ starts is a cheap way to land in a better one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from stealkit.evade.decision import LabelAccess, OutOfQueries, binary_search, blend
 
 
-def best_of_noise(access: LabelAccess, x: torch.Tensor, best: torch.Tensor, idx: torch.Tensor, *, tries: int,
-                  tol: float, gen: torch.Generator) -> torch.Tensor:
-    """Improve the boundary points ``best`` (of examples ``idx``, rows aligned with ``x``) with ``tries``
-    uniform-noise directions each; returns the new points, every one verified adversarial. Stops early (the
-    points found so far kept) when the caps bind."""
+def improve_along(access: LabelAccess, x: torch.Tensor, best: torch.Tensor, idx: torch.Tensor, *, tries: int,
+                  tol: float, ends: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Improve the verified boundary points ``best`` (of examples ``idx``, rows aligned with ``x``) along
+    ``tries`` rays each: ``ends(j, sel)`` gives try ``j``'s far points for the rows ``sel`` still within their
+    caps (on ``x``'s device). Each try costs one query per row, at the point of the ray at the best distance so
+    far; only winners pay a binary search. Returns the new points, every one verified adversarial; stops early
+    (the points found so far kept) when the caps bind."""
     best = best.clone()
     rows = torch.arange(idx.numel())
-    for _ in range(tries):
+    for j in range(tries):
         sel = rows[access.room(idx, 1)]
         if sel.numel() == 0:
             break
         d = sel.to(x.device)
-        noise = torch.rand((sel.numel(), *x.shape[1:]), generator=gen).to(x.device)
-        far = (noise - x[d]).flatten(1).norm(dim=1).clamp_min(1e-12)
+        end = ends(j, sel)
+        far = (end - x[d]).flatten(1).norm(dim=1).clamp_min(1e-12)
         now = (best[d] - x[d]).flatten(1).norm(dim=1)
-        probe = blend(x[d], noise, (now / far).clamp(max=1.0))
+        probe = blend(x[d], end, (now / far).clamp(max=1.0))
         try:
             adv = access.is_adv(probe, idx[sel]).cpu()
         except OutOfQueries:
@@ -49,4 +53,16 @@ def best_of_noise(access: LabelAccess, x: torch.Tensor, best: torch.Tensor, idx:
     return best
 
 
-__all__ = ["best_of_noise"]
+def best_of_noise(access: LabelAccess, x: torch.Tensor, best: torch.Tensor, idx: torch.Tensor, *, tries: int,
+                  tol: float, gen: torch.Generator) -> torch.Tensor:
+    """Improve the boundary points ``best`` (of examples ``idx``, rows aligned with ``x``) with ``tries``
+    uniform-noise directions each; returns the new points, every one verified adversarial. Stops early (the
+    points found so far kept) when the caps bind."""
+
+    def noise(_: int, sel: torch.Tensor) -> torch.Tensor:
+        return torch.rand((sel.numel(), *x.shape[1:]), generator=gen).to(x.device)
+
+    return improve_along(access, x, best, idx, tries=tries, tol=tol, ends=noise)
+
+
+__all__ = ["best_of_noise", "improve_along"]
