@@ -9,13 +9,13 @@ import torch
 
 from stealkit.errors import InputError
 from stealkit.extract import pretrained_weights as weights
-from stealkit.extract.kmeans import kmeans
 from stealkit.extract.pretrain import PretrainConfig
 from stealkit.extract.pretrained_weights import from_pretrained, pretrained_weights
 from stealkit.extract.rotation_pretrain import rotations
 from stealkit.extract.simclr_pretrain import nt_xent
 from stealkit.extract.surrogate import PRESETS, SurrogateConfig, extract_surrogate
 from stealkit.extract.typiclust import cold_start, typicality, typiclust
+from stealkit.kmeans import kmeans
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet
 from tests.test_surrogate_active import CountingNet, _pool

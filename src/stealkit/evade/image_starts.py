@@ -28,6 +28,7 @@ import torch
 from stealkit.errors import InputError
 from stealkit.evade.decision import LabelAccess
 from stealkit.evade.starts import improve_along
+from stealkit.kmeans import kmeans as shared_kmeans
 
 
 def check_pool(pool: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -57,19 +58,10 @@ def nearest(pool: torch.Tensor, x: torch.Tensor, k: int, chunk: int = 4096) -> t
 
 
 def kmeans(pool: torch.Tensor, k: int, *, iters: int = 10, seed: int = 0) -> torch.Tensor:
-    """Cluster labels [N] of the pool's images: Lloyd's algorithm in pixel space from ``k`` seeded distinct
-    images (deterministic for a seed)."""
-    flat = pool.flatten(1).double().cpu()
-    k = min(k, flat.shape[0])
-    centres = flat[torch.randperm(flat.shape[0], generator=torch.Generator().manual_seed(seed))[:k]].clone()
-    labels = torch.zeros(flat.shape[0], dtype=torch.long)
-    for _ in range(iters):
-        labels = torch.cdist(flat, centres).argmin(1)
-        for c in range(k):
-            members = flat[labels == c]
-            if members.shape[0]:
-                centres[c] = members.mean(0)
-    return labels
+    """Cluster labels [N] of the pool's images: Lloyd's algorithm in pixel space (double precision) from ``k``
+    distinct images drawn with ``seed`` (deterministic for a seed)."""
+    return shared_kmeans(pool.flatten(1).double().cpu(), k, torch.Generator().manual_seed(seed), iters=iters,
+                         init="random")
 
 
 def spread(pool: torch.Tensor, x: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Tensor:

@@ -33,9 +33,9 @@ from torch import nn
 
 from stealkit.errors import InputError
 from stealkit.extract.answer_cache import AnswerCache
-from stealkit.extract.kmeans import kmeans
 from stealkit.extract.losses import LossFn
 from stealkit.extract.targets import answer_probs
+from stealkit.kmeans import kmeans
 from stealkit.progress import progress
 
 log = logging.getLogger(__name__)

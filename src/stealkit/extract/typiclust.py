@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from stealkit.errors import InputError
 from stealkit.extract.active import kcenter_greedy
-from stealkit.extract.kmeans import kmeans
+from stealkit.kmeans import kmeans
 
 ColdStart = Literal["random", "typiclust", "kcenter"]
 COLD_STARTS = ("random", "typiclust", "kcenter")

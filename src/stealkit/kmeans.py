@@ -1,4 +1,5 @@
-"""Lloyd's k-means on the rows of a matrix, shared by Knockoff's action clusters and TypiClust's cold start."""
+"""Lloyd's k-means on the rows of a matrix, shared by Knockoff's action clusters, TypiClust's cold start and the
+decision attacks' pool starts."""
 
 from __future__ import annotations
 
