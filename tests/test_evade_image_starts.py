@@ -193,7 +193,13 @@ def test_cli_start_pool_from_the_attacker_split_or_a_file(tmp_path: Path, capsys
     np.save(bad, np.full((3, 1, 8, 8), 255.0, dtype=np.float32))
     objs = tmp_path / "objs.npy"
     np.save(objs, np.array([{"a": 1}], dtype=object), allow_pickle=True)
-    for source, match in ((str(bad), "[0, 1]"), (str(objs), "pickle"), ("nowhere.npy", "expected 'pool'")):
+    corrupt = tmp_path / "corrupt.safetensors"
+    corrupt.write_bytes(b"not a safetensors file")
+    truncated = tmp_path / "truncated.npy"
+    np.save(truncated, np.zeros((3, 1, 8, 8), dtype=np.float32))
+    truncated.write_bytes(truncated.read_bytes()[:100])
+    for source, match in ((str(bad), "[0, 1]"), (str(objs), "pickle"), ("nowhere.npy", "expected 'pool'"),
+                          (str(corrupt), "not a readable safetensors file"), (str(truncated), "not a plain numeric")):
         assert main(["attack", "hopskipjump", "--victim", str(victim), "--n", "2", "--max-queries", "50",
                      "--start-pool", source, "--out", str(tmp_path / "x")]) == 2
         err = capsys.readouterr().err.strip()

@@ -155,11 +155,11 @@ def _make_decision(method: str) -> click.Command:
                              "Python API (starting_points=) or drop --targeted")
         if max_queries < 1:
             raise InputError(f"--max-queries must be a positive number of queries per image, got {max_queries}")
+        if start_pool is not None and substitute is not None:
+            raise InputError("--start-pool and --substitute both make the starting points: give one")
         v = open_victim(victim, mode="label", budget=budget, key=key, dataset=dataset, device=device, seed=seed)
         sub = _load_substitute(substitute, v, device) if substitute is not None else None
         x, y = _test_sample(v, data_dir, n, seed)
-        if start_pool is not None and substitute is not None:
-            raise InputError("--start-pool and --substitute both make the starting points: give one")
         pool = _load_start_pool(start_pool, v, data_dir) if start_pool is not None else None
         spec = ATTACKS[method]
         rounds: dict[str, object] = {"boundary": {"steps": iterations or 5000},
@@ -257,9 +257,13 @@ def _load_start_pool(source: str, v: Any, data_dir: str | None) -> Any:
             raise InputError(f"--start-pool {source}: expected a numeric array, got dtype {arr.dtype}")
         return torch.from_numpy(arr.astype("float32"))
     if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        tensors = load_file(str(path))
+        try:
+            tensors = load_file(str(path))
+        except (SafetensorError, ValueError, OSError) as e:
+            raise InputError(f"--start-pool {source}: not a readable safetensors file ({e})") from None
         if len(tensors) != 1 and "x" not in tensors:
             raise InputError(f"--start-pool {source}: expected one tensor or one named 'x', got {sorted(tensors)}")
         return (tensors["x"] if "x" in tensors else next(iter(tensors.values()))).float()
