@@ -4,6 +4,9 @@ Schedules: ``step`` (x0.2 at 30/60/80% of training, DFME appendix A.2), ``onecyc
 A.2, Smith's one-cycle), ``cosine`` and ``none``; all stepped per batch. Targets may be class labels (cross
 entropy) or anything a custom ``loss_fn(logits, target_batch)`` understands (soft labels, logits).
 Gaussian data augmentation (``noise_sigma``) is the noise training of Cohen et al. / Li et al.
+Batching (``batching``): ``ragged`` cuts each epoch's permutation into batches of ``batch_size`` and a last
+batch of whatever is left; ``equal`` cuts it into as many batches (``ceil(n / batch_size)``, so the same steps
+per epoch and the same schedule) whose sizes differ by at most one (:func:`epoch_batches`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 BatchLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Generator], torch.Tensor]
 Schedule = Literal["step", "onecycle", "cosine", "none"]
 OptimizerName = Literal["sgd", "adam"]
+Batching = Literal["ragged", "equal"]
+BATCHINGS: tuple[str, ...] = ("ragged", "equal")
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,7 @@ class TrainConfig:
     seed: int = 0
     noise_sigma: float = 0.0
     max_steps: int | None = None
+    batching: Batching = "ragged"
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.batch_size < 1:
@@ -54,6 +60,7 @@ class TrainConfig:
             raise InputError(f"unknown schedule {self.schedule!r}; expected step, onecycle, cosine or none")
         if self.noise_sigma < 0:
             raise InputError(f"noise_sigma must be >= 0, got {self.noise_sigma}")
+        check_batching(self.batching)
 
     @property
     def learning_rate(self) -> float:
@@ -94,6 +101,22 @@ def make_scheduler(
         return 0.2 ** sum(frac >= m for m in milestones)
 
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def check_batching(batching: object) -> None:
+    """One :class:`InputError` for anything but ``ragged`` or ``equal``."""
+    if batching not in BATCHINGS:
+        raise InputError(f"unknown batching {batching!r}; expected ragged or equal")
+
+
+def epoch_batches(perm: torch.Tensor, batch_size: int, batching: Batching = "ragged") -> list[torch.Tensor]:
+    """An epoch's permutation ``perm`` cut into batches: ``ragged``, ``batch_size`` each and the rest last (e.g.
+    200 at 64: 64, 64, 64, 8); ``equal``, the same number of batches, ``ceil(n / batch_size)``, whose sizes differ
+    by at most one, the larger first (200 at 64: 50 x 4; 1,000 at 64: 8 x 63 and 8 x 62). Every index once."""
+    n = perm.numel()
+    if batching == "equal":
+        return list(torch.tensor_split(perm, math.ceil(n / batch_size))) if n else []
+    return [perm[i : i + batch_size] for i in range(0, n, batch_size)]
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -137,10 +160,9 @@ def fit(
     for epoch in range(config.epochs):
         perm = torch.randperm(n, generator=gen)
         running, seen = 0.0, 0
-        for i in range(0, n, config.batch_size):
+        for idx in epoch_batches(perm, config.batch_size, config.batching):
             if step >= total:
                 break
-            idx = perm[i : i + config.batch_size]
             xb, tb = x[idx].to(device), target[idx].to(device)
             if batch_loss is not None:
                 loss = batch_loss(model, xb, tb, gen)

@@ -69,7 +69,7 @@ from stealkit.extract.typiclust import COLD_STARTS, PER_CLASS, ColdStart, budget
 from stealkit.extract.weight_ema import WeightEMA
 from stealkit.metrics import Evaluator
 from stealkit.oracle import Oracle, OutputMode
-from stealkit.train import TrainConfig, fit
+from stealkit.train import Batching, TrainConfig, check_batching, fit
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +156,9 @@ class SurrogateConfig:
     ``lam ~ Beta(mixup, mixup)`` per batch (Zhang et al. ICLR 2018 Sec. 2, :mod:`stealkit.extract.mixup`; 0:
     off; costs no query). ``noisy_student``: rounds of self-training on the unqueried pool after the student
     (:mod:`stealkit.extract.noisy_student`; ``rounds=0``: off; no query; not with ``ssl``).
+    ``batching``: how every training on the answers (round substitutes, the student, the labelled side of
+    FixMatch and of the noisy student) cuts an epoch into batches: ``ragged`` (a last batch of what is left) or
+    ``equal`` (as many batches, sizes within one of each other; :func:`stealkit.train.epoch_batches`).
     ``eval_every``: score the student every so many epochs.
     ``select``: ``random`` (one shuffle) or an active strategy queried in rounds (``active``). ``ssl``:
     ``fixmatch`` adds the consistency loss on the whole pool (``fixmatch``); ``soft`` the same with soft,
@@ -172,6 +175,7 @@ class SurrogateConfig:
     tau: float = 1.0
     epochs: int = 30
     batch_size: int = 128
+    batching: Batching = "ragged"
     lr: float | None = None
     schedule: CycleSchedule = "cyclic"
     optimizer: StudentOptimizer = "sgd"
@@ -232,6 +236,7 @@ class SurrogateConfig:
             raise InputError("label_smoothing_min_per_class must be >= 0 (0: smooth at every budget), got "
                              f"{self.label_smoothing_min_per_class}")
         check_alpha(self.mixup)
+        check_batching(self.batching)
         if not 0.0 <= self.ema < 1.0:
             raise InputError(f"ema must be a decay in [0, 1) (0: off), got {self.ema}")
         if self.ema > 0 and self.ssl != "none":
@@ -254,7 +259,8 @@ class SurrogateConfig:
         return TrainConfig(epochs=self.epochs, batch_size=self.batch_size, optimizer=self.optimizer,  # type: ignore[arg-type]
                            lr=self.peak_lr,
                            momentum=self.momentum, weight_decay=self.weight_decay,
-                           schedule=_SCHEDULES[self.schedule], seed=self.seed)  # type: ignore[arg-type]
+                           schedule=_SCHEDULES[self.schedule], seed=self.seed,  # type: ignore[arg-type]
+                           batching=self.batching)
 
 
 def augment_batch(x: torch.Tensor, kind: Augment, gen: torch.Generator, pad: int = 2) -> torch.Tensor:
@@ -449,7 +455,7 @@ def extract_surrogate(
                "strategy": config.strategy, "select": config.select,
                "ssl": config.ssl, "pretrain": config.pretrain, "cold_start": config.cold_start,
                "augment": config.augment, "label_smoothing": config.label_smoothing, "ema": config.ema,
-               "mixup": config.mixup,
+               "mixup": config.mixup, "batching": config.batching,
                "seconds": round(time.perf_counter() - t_start, 2), "n_distinct": cache.n_answered,
                "queries_spent": oracle.ledger.total - queries_before, "cache_hits": cache.hits,
                "final_train_loss": history[-1]["loss"], **extra},
