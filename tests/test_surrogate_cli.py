@@ -70,7 +70,7 @@ def test_default_preset_smooths_labels_and_paper_does_not(victim_dir, tmp_path, 
 
 @pytest.mark.parametrize("mode", ["label", "probs"])
 @pytest.mark.parametrize("budget,resolved", [(50, "semi+label_smoothing=0.1"), (99, "semi+label_smoothing=0.1"),
-                                             (100, "plain")])
+                                             (100, "plain+batching=equal")])
 def test_default_is_semi_below_ten_answers_per_class_and_records_it(victim_dir, tmp_path, mode, budget, resolved):
     """``auto`` (the default) resolves by the budget: FixMatch with smoothing 0.1 below 10 queries per class (digits:
     100), ``plain`` from there; config.json records the name and the settings; the ledger spends exactly the budget."""
@@ -88,4 +88,21 @@ def test_default_is_semi_below_ten_answers_per_class_and_records_it(victim_dir, 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ssl"] == ("fixmatch" if budget < 100 else "none")
     assert summary["label_smoothing"] == (0.1 if mode == "label" else 0.0)  # the cross entropy only
+    assert cfg["surrogate"]["batching"] == summary["batching"] == ("equal" if budget >= 100 else "ragged")
     assert summary["queries"]["predict"] == budget == summary["n_distinct"] == summary["queries_spent"]
+
+
+@pytest.mark.parametrize("extra,batching", [([], "equal"), (["--set", "batching=ragged"], "ragged"),
+                                            (["--preset", "paper"], "ragged"), (["--preset", "plain"], "ragged")])
+def test_default_batches_equally_from_ten_per_class_and_ragged_is_one_set_away(victim_dir, tmp_path, extra, batching):
+    """The default at 10 answers per class (digits: 100) cuts epochs into equal batches (ninth pass); the eighth
+    pass's default is one ``--set batching=ragged`` away, and the named presets keep the ragged last batch;
+    config.json records it; the ledger spends exactly the budget either way."""
+    out = tmp_path / "run"
+    rc = main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", "100", "--epochs", "1",
+               "--mode", "label", "--student", "mlp2", "--student-arg", "hidden=8", "--out", str(out), *extra])
+    assert rc == 0
+    cfg = json.loads((out / "config.json").read_text())["config"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert cfg["surrogate"]["batching"] == summary["batching"] == batching
+    assert summary["queries"]["predict"] == 100 == summary["n_distinct"] == summary["queries_spent"]

@@ -10,11 +10,14 @@ SIXTH_PASS_DEFAULT = {"select": "random", "ssl": "none", "pretrain": "none", "co
                       "label_smoothing": 0.1, "label_smoothing_min_per_class": 10}
 
 
-def test_the_default_is_unchanged_from_ten_answers_per_class():
-    """Fashion-MNIST at 100 queries (10 per class) and above resolve to exactly the sixth pass's default."""
+def test_from_ten_answers_per_class_the_default_is_the_sixth_pass_one_with_equal_batches():
+    """Fashion-MNIST at 100 queries (10 per class) and above resolve to the sixth pass's default with equal-sized
+    batches (ninth pass); ``plain`` itself, and so ``--set batching=ragged`` on the default, is the old one."""
     assert DEFAULT_PRESET == "auto" and SMALL_BUDGET_PER_CLASS == 10
     for budget in (100, 1000, 10_000):
-        assert resolve_preset(DEFAULT_PRESET, budget, 10) == ("plain", SIXTH_PASS_DEFAULT)
+        assert resolve_preset(DEFAULT_PRESET, budget, 10) == ("plain+batching=equal",
+                                                              {**SIXTH_PASS_DEFAULT, "batching": "equal"})
+    assert PRESETS["plain"] == SIXTH_PASS_DEFAULT and all("batching" not in p for p in PRESETS.values())
 
 
 @pytest.mark.parametrize("budget,classes", [(50, 10), (99, 10), (9, 1), (199, 20)])
@@ -23,6 +26,7 @@ def test_below_ten_answers_per_class_the_default_is_semi_with_smoothing(budget, 
     assert name == "semi+label_smoothing=0.1"
     assert settings == {**PRESETS["semi"], "label_smoothing": 0.1}
     assert "label_smoothing_min_per_class" not in settings  # smooths at every budget it applies to
+    assert "batching" not in settings  # the ragged last batch, as before (equal was not adopted below 10 per class)
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -84,8 +84,9 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
                    "k-means clusters) or k-center, in the pretrained features (pixels without --pretrain). "
                    "Default: the preset's.")
 @click.option("--preset", type=click.Choice(list(PRESET_NAMES)), default=DEFAULT_PRESET, show_default=True,
-              help="auto: semi with label smoothing 0.1 below 10 queries per class, plain from 10 per class "
-                   "(config.json records what it resolved to); paper: random queries, no SSL (DFME appendix A); "
+              help="auto: semi with label smoothing 0.1 below 10 queries per class, plain with equal-sized batches "
+                   "from 10 per class (--set batching=ragged: a small last batch, as before; config.json records what "
+                   "it resolved to); paper: random queries, no SSL (DFME appendix A); "
                    "plain: the same with label smoothing 0.1 on label answers from 10 queries per class (probabilities train as paper); semi: random queries + FixMatch on the "
                    "unqueried pool (warm-up, mean teacher, distribution alignment); active: k-center selection + "
                    "FixMatch; typiclust: rotation pretraining on the pool + TypiClust for the first "

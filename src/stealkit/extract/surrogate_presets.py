@@ -16,8 +16,12 @@ students at the attack's learning rate at every budget) is ``--set cold_start_si
 pretraining.finetune_lr=none --set pretraining.warm_max_per_class=none``.
 ``DEFAULT_PRESET`` (``auto``, seventh pass) is the command's default, chosen on the validation split
 (docs/surrogate-active.md): budget-aware, it is ``semi`` with label smoothing 0.1 when the budget gives fewer than
-``SMALL_BUDGET_PER_CLASS`` (10) answers per class and ``plain`` from 10 per class (:func:`resolve_preset`). A
-default must not be worse on any validated setting than the attack it replaces.
+``SMALL_BUDGET_PER_CLASS`` (10) answers per class and ``plain`` from 10 per class (:func:`resolve_preset`); since the
+ninth pass its ``plain`` cuts every epoch into equal-sized batches (``batching="equal"``: as many batches, sizes
+within one of each other, instead of a small last one; :func:`stealkit.train.epoch_batches`), chosen on the
+validation split; ``--set batching=ragged`` gives the eighth pass's default, and every named preset (``plain``,
+``paper``, ...) keeps the ragged last batch. A default must not be worse on any validated setting than the attack it
+replaces.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ DEFAULT_PRESET = "auto"
 #: below this many answers per class the default is semi-supervised (seventh pass, validation split)
 SMALL_BUDGET_PER_CLASS = 10
 _SMALL_BUDGET: dict[str, Any] = {**PRESETS["semi"], "label_smoothing": 0.1}
+#: from ``SMALL_BUDGET_PER_CLASS`` answers per class: ``plain`` with equal-sized batches (ninth pass, validation split)
+_LARGE_BUDGET: dict[str, Any] = {**PRESETS["plain"], "batching": "equal"}
 PRESET_NAMES = (DEFAULT_PRESET, *PRESETS)
 
 
@@ -43,9 +49,9 @@ def resolve_preset(name: str, answers: int, num_classes: int) -> tuple[str, dict
     """The preset ``name`` means for a budget of ``answers`` distinct images of ``num_classes`` classes: the
     preset itself, except ``auto`` (the default), which is ``semi`` with label smoothing 0.1 (the cross entropy
     only; probability answers train with FixMatch as ``semi``) below ``SMALL_BUDGET_PER_CLASS`` answers per class
-    and ``plain`` from there. Returns the name of what it resolved to and its settings (a fresh dict)."""
+    and ``plain`` with equal-sized batches from there. Returns the name of what it resolved to and its settings (a fresh dict)."""
     if name == DEFAULT_PRESET:
         if answers < SMALL_BUDGET_PER_CLASS * num_classes:
             return "semi+label_smoothing=0.1", dict(_SMALL_BUDGET)
-        return "plain", dict(PRESETS["plain"])
+        return "plain+batching=equal", dict(_LARGE_BUDGET)
     return name, dict(PRESETS[name])
