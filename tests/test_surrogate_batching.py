@@ -24,7 +24,8 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
-@pytest.mark.parametrize("n,b", [(200, 64), (100, 64), (1000, 64), (70, 64), (64, 64), (10000, 64), (5, 8), (1, 3)])
+@pytest.mark.parametrize("n,b", [(200, 64), (100, 64), (1000, 64), (70, 64), (64, 64), (10000, 64), (8000, 64),
+                                 (5, 8), (1, 3)])
 def test_equal_batches_differ_by_at_most_one_and_use_every_index_once(n, b):
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(n))
     equal, ragged = epoch_batches(perm, b, "equal"), epoch_batches(perm, b, "ragged")
@@ -33,6 +34,8 @@ def test_equal_batches_differ_by_at_most_one_and_use_every_index_once(n, b):
     assert max(sizes) - min(sizes) <= 1 and max(sizes) <= b and sizes == sorted(sizes, reverse=True)
     assert torch.equal(torch.cat(equal), perm) and torch.equal(torch.cat(ragged), perm)
     assert [t.numel() for t in ragged] == [b] * (n // b) + ([n % b] if n % b else [])
+    if n % b == 0:  # no small last batch: equal is ragged, batch for batch
+        assert all(torch.equal(e, r) for e, r in zip(equal, ragged, strict=True))
     if (n, b) == (200, 64):
         assert sizes == [50] * 4
     if (n, b) == (1000, 64):
