@@ -23,6 +23,11 @@ ones). Rows:
   (500 iterations, untargeted, ART's other defaults): ART's full run, one image per ``generate`` call. ART
   keeps no query count, so its victim is wrapped in a module that counts every image and remembers the
   nearest adversarial image asked about so far; "ART at budget B" is that anytime best after B queries.
+  ART 1.20.1 draws HopSkipJump's start from an unseeded ``np.random.RandomState()``, so one ART run is not
+  reproducible across invocations; ``--art-repeats R`` runs ``art-hsj`` R times in the invocation (repeat ``r``:
+  numpy and the start draws seeded ``r``, reproducible), spread over the seeds' loops between the stealkit rows,
+  and reports the mean and sample std of its full-run median over the repeats beside each stealkit row's mean
+  over seeds (``art_anchor`` in the JSON, a table in ``--table``).
 
 Every row reports median L2 over successes, success rate, mean and max queries per image and wall time; the
 JSON also holds the L2-vs-queries curve of every tool. Run one data set at a time on a quiet machine:
@@ -35,6 +40,7 @@ JSON also holds the L2-vs-queries curve of every tool. Run one data set at a tim
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -42,6 +48,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -238,8 +245,10 @@ def pool_starts(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget: int,
 
 
 def run_art(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed: int, k: int,
-            inits: torch.Tensor | None = None) -> tuple[list[list[tuple[int, float]]], list[int], float]:
-    """ART's full run per image; ``inits``: HopSkipJump's ``x_adv_init`` (starting points given to ART)."""
+            inits: torch.Tensor | None = None, seeded_starts: bool = False
+            ) -> tuple[list[list[tuple[int, float]]], list[int], float]:
+    """ART's full run per image; ``inits``: HopSkipJump's ``x_adv_init`` (starting points given to ART);
+    ``seeded_starts``: ART's unseeded start draws seeded from ``seed`` and the image (:func:`seeded_start_draws`)."""
     import numpy as np
     from art.attacks.evasion import BoundaryAttack, HopSkipJump
     from art.estimators.classification import PyTorchClassifier
@@ -259,10 +268,31 @@ def run_art(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed:
         rec.reset(x[i], int(y[i]))
         onehot = np.eye(k, dtype=np.float32)[[int(y[i])]]
         extra = {} if inits is None else {"x_adv_init": inits[i : i + 1].numpy().copy()}
-        attack.generate(x[i : i + 1].numpy(), y=onehot, **extra)
+        with seeded_start_draws(seed * 1_000_003 + i) if seeded_starts else contextlib.nullcontext():
+            attack.generate(x[i : i + 1].numpy(), y=onehot, **extra)
         curves.append(rec.curve)
         counts.append(rec.count)
     return curves, counts, time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def seeded_start_draws(seed: int) -> Iterator[None]:
+    """ART 1.20.1's HopSkipJump draws its start from ``np.random.RandomState()`` (``_init_sample``: unseeded, so
+    ``np.random.seed`` does not fix it; its estimates draw from the global ``np.random``, which does). Inside this
+    block an unseeded ``RandomState()`` is seeded with ``seed`` (same distribution, reproducible draws)."""
+    import numpy as np
+
+    base = np.random.RandomState
+
+    class Seeded(base):  # type: ignore[misc, valid-type]
+        def __init__(self, s: Any = None) -> None:
+            super().__init__(seed if s is None else s)
+
+    np.random.RandomState = Seeded  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        np.random.RandomState = base  # type: ignore[misc]
 
 
 @dataclass(frozen=True)
@@ -344,6 +374,25 @@ def tune(model: nn.Module, sub: nn.Module, xv: torch.Tensor, yv: torch.Tensor, b
     return rows
 
 
+def anchor(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """With ``--art-repeats``: ART HopSkipJump's full-run median L2 over the repeats (mean, sample std, each
+    repeat's) and each stealkit row's mean over seeds (per tool and budget) beside it, as a relative
+    difference; None without repeated ART rows."""
+    art = [r["median_l2"] for r in rows if r["tool"] == "art-hsj" and r["budget"] == "full" and "repeat" in r
+           and r["median_l2"] is not None]
+    if not art:
+        return None
+    mean = statistics.fmean(art)
+    groups: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        if r["tool"].startswith("stealkit-") and r["median_l2"] is not None:
+            groups.setdefault((r["tool"], str(r["budget"])), []).append(r["median_l2"])
+    beside = [{"tool": t, "budget": b, "median_l2_mean": statistics.fmean(v), "seeds": len(v),
+               "vs_art": statistics.fmean(v) / mean - 1} for (t, b), v in sorted(groups.items())]
+    return {"art_median_l2_mean": mean, "art_median_l2_std": statistics.stdev(art) if len(art) > 1 else 0.0,
+            "art_median_l2": art, "repeats": len(art), "stealkit": beside}
+
+
 def table(path: str) -> str:
     """Markdown tables from a ``--jsonl`` file: per data set, tool and budget the mean over seeds of the median
     L2 (min-max over seeds in brackets), success, mean queries per image and queries per second."""
@@ -368,6 +417,14 @@ def table(path: str) -> str:
             label = f"{budget} (anytime)" if g[0].get("anytime") else budget
             out.append(f"| {tool} | {label} | {med} | {gm} | {statistics.fmean(r['success'] for r in g):.2f} | "
                        f"{statistics.fmean(r['mean_queries'] for r in g):.0f} | {rate} | {len(g)} |")
+        anc = anchor([r for r in rows if r["dataset"] == ds])
+        if anc is not None:
+            out += [f"\nART HopSkipJump's full run, {anc['repeats']} repeats in this invocation: median L2 "
+                    f"{anc['art_median_l2_mean']:.3f} (sample std {anc['art_median_l2_std']:.3f}; repeats "
+                    + ", ".join(f"{v:.3f}" for v in anc["art_median_l2"]) + "); each stealkit row beside it:\n",
+                    "| tool | budget / image | median L2, mean of the seeds | seeds | vs ART's mean |", "|---|---|---|---|---|"]
+            out += [f"| {a['tool']} | {a['budget']} | {a['median_l2_mean']:.3f} | {a['seeds']} | {100 * a['vs_art']:+.1f}% |"
+                    for a in anc["stealkit"]]
         budgets = sorted({b for _, b in groups}, key=lambda b: order.get(b, 99))
         out += [f"\nL2-vs-queries curve ({ds}, median L2 at each per-image budget, mean over seeds):\n",
                 "| tool | " + " | ".join(budgets) + " |", "|---" * (len(budgets) + 1) + "|"]
@@ -402,12 +459,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--oracle-chunk", type=int, default=None,
                    help="stealkit's oracle forward chunk (default: the device default, 256 for 28x28 conv victims on a CPU)")
     p.add_argument("--art-batch", type=int, default=64, help="ART HopSkipJump's batch_size (default 64, ART's own)")
+    p.add_argument("--art-repeats", type=int, default=0, metavar="R",
+                   help="art-hsj: ART's full run R times in this invocation (repeat r: numpy seeded r, ART's start "
+                        "draws seeded too), spread over the seeds' loops; the mean and std of its median over the "
+                        "repeats is the anchor every stealkit row is compared with (0: one run per seed, as before)")
     p.add_argument("--jsonl", default=None, help="also append each row here as soon as it is measured")
     p.add_argument("--table", default=None, metavar="JSONL", help="only print markdown tables of a --jsonl file")
     args = p.parse_args(argv)
     if args.table:
         print(table(args.table))
         return 0
+    if args.art_repeats < 0 or (args.art_repeats and "art-hsj" not in args.tools.split(",")):
+        raise SystemExit("--art-repeats R needs R >= 0 and art-hsj in --tools")
     CHUNKS.update(oracle_chunk=args.oracle_chunk, art_batch=args.art_batch)
     from stealkit.data import load_splits
     from stealkit.victims import standard_victim
@@ -454,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     from stealkit.evade import triangle
     from stealkit.evade.hopskipjump import tuned_settings
 
-    for seed in seeds:
+    for si, seed in enumerate(seeds):
         cfgs = {"hsj": hsj_config(seed, **tuned_settings(substitute=False, budgeted=True, shape=tuple(x.shape[1:]))),
                 "hsj-pool": hsj_config(seed, **tuned_settings(substitute=False, budgeted=True, pool=True,
                                                               shape=tuple(x.shape[1:]))),
@@ -486,20 +549,24 @@ def main(argv: list[str] | None = None) -> int:
                                                                              .tolist())})
             elif tool.startswith("art-"):
                 kind = tool.removeprefix("art-")
-                art_curves, counts, secs = run_art(kind, model, x, y, seed, k)
-                curves[f"{tool}/{seed}"] = art_curves
-                emit(summarise(tool, "full", [c[-1][1] if c else float("inf") for c in art_curves], counts, secs,
-                               seed))
-                for b in budgets:
-                    emit(summarise(tool, b, [at_budget(c, b) for c in art_curves], [min(b, n) for n in counts],
-                                   secs, seed) | {"anytime": True, "seconds": None, "queries_per_s": None})
+                # --art-repeats R: ART's full run R times (repeat r seeded r), spread over the seeds' loops
+                runs = [(seed, {})] if not (args.art_repeats and tool == "art-hsj") else \
+                    [(r, {"repeat": r}) for r in range(si, args.art_repeats, len(seeds))]
+                for art_seed, tag in runs:
+                    art_curves, counts, secs = run_art(kind, model, x, y, art_seed, k, seeded_starts=bool(tag))
+                    curves[f"{tool}/{art_seed}"] = art_curves
+                    emit(summarise(tool, "full", [c[-1][1] if c else float("inf") for c in art_curves], counts, secs,
+                                   art_seed) | tag)
+                    for b in budgets:
+                        emit(summarise(tool, b, [at_budget(c, b) for c in art_curves], [min(b, n) for n in counts],
+                                       secs, art_seed) | {"anytime": True, "seconds": None, "queries_per_s": None} | tag)
     print(json.dumps(meta | {"settings": {"art_hsj": ART_HSJ, "art_boundary": ART_BOUNDARY,
                                           "stealkit_hsj_paper": repr(hsj_config(0)),
                                           "stealkit_hsj_tuned": tuned_settings(substitute=False, budgeted=True,
                                                                                shape=tuple(x.shape[1:])),
                                           "stealkit_hsj_sub_tuned": tuned_settings(substitute=True),
                                           "stealkit_ta_tuned": triangle.TUNED},
-                             "rows": rows, "art_curves": curves}, indent=1))
+                             "rows": rows, "art_anchor": anchor(rows), "art_curves": curves}, indent=1))
     return 0
 
 

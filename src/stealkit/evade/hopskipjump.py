@@ -52,7 +52,9 @@ Optional additions, all off by default (then the attack is the paper's):
   low-frequency DCT directions: ``opening_freq``, ``opening_coords``) spends a share ``s`` of the per-image
   budget first, and its points are the starts (one query re-checks each); needs ``max_queries``, and neither
   ``starting_points`` nor a substitute. ``opening_shrink``: its ``shrink`` (smaller turns after clean
-  iterations, an extension of the paper; 1: off).
+  iterations, an extension of the paper; 1: off). ``opening_pool = p`` (with ``start_pool``): a share ``p`` of
+  the opening's directions is ``x' - x`` for the attacker's images (:mod:`stealkit.evade.pool_directions`,
+  the nearest of each of ``opening_pool_dirs`` k-means clusters; 0: off, bitwise as before).
 * ``start_pool=`` natural images the attacker owns (never the attacked ones) with ``config.pool_tries = k``:
   the ``k`` pool images nearest to each attacked image (pixel L2, no query) are tried as start directions, one
   query each at the best distance so far (:mod:`stealkit.evade.image_starts`: Brendel et al. 2018, Sec. 3;
@@ -137,6 +139,8 @@ class HopSkipJumpConfig:
     opening_freq: float = 0.3
     opening_coords: int = 3
     opening_shrink: float = 1.0
+    opening_pool: float = 0.0
+    opening_pool_dirs: int = 100
     probe_freq: float = 0.0
     probe_rounds: int = 0
     shared_k: int = 0
@@ -190,6 +194,11 @@ class HopSkipJumpConfig:
                              f"{self.pool_tries!r}, {self.pool_at!r}")
         if self.pool_at == "opening" and self.pool_tries and not self.opening:
             raise InputError("pool_at='opening' makes the Triangle opening's starts: set opening too")
+        if not (0 <= self.opening_pool <= 1 and self.opening_pool_dirs >= 1):
+            raise InputError(f"opening_pool must be in [0, 1] and opening_pool_dirs >= 1, got {self.opening_pool!r}, "
+                             f"{self.opening_pool_dirs!r}")
+        if self.opening_pool and not self.opening:
+            raise InputError("opening_pool draws the Triangle opening's directions from the pool: set opening too")
         if not (0 < self.opening_shrink <= 1):
             raise InputError(f"opening_shrink must be in (0, 1], got {self.opening_shrink!r}")
         if not (0 <= self.opening < 1):
@@ -255,9 +264,11 @@ def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: b
     if tuple(x.shape[1:]) != tuple(oracle.input_shape):
         raise InputError(f"x has images of shape {list(x.shape[1:])}; the oracle takes {list(oracle.input_shape)}")
     if start_pool is not None:
-        if not cfg.pool_tries:
-            raise InputError("a start pool is tried only with pool_tries > 0 (--set pool_tries=K)")
+        if not cfg.pool_tries and not cfg.opening_pool:
+            raise InputError("a start pool is used only with pool_tries > 0 or opening_pool > 0 (--set pool_tries=K)")
         start_pool = check_pool(start_pool, tuple(x.shape[1:]))
+    elif cfg.opening_pool:
+        raise InputError("opening_pool draws directions from the attacker's images: give start_pool (--start-pool)")
     check_side(cfg.subspace, tuple(x.shape[1:]))
     if cfg.probe_freq and x.dim() != 4:
         raise InputError(f"probe_freq draws 2-D DCT directions of [C, H, W] images; got {list(x.shape[1:])}")
@@ -302,13 +313,15 @@ def _opened(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool,
                         batch_size=batch_size, pool=start_pool) if pooled and start_pool is not None else None
     first = triangle(oracle, x, y, targeted=targeted, target=target, max_queries=share,
                      config=TriangleConfig(freq=cfg.opening_freq, coords=cfg.opening_coords, seed=cfg.seed,
-                                           init_trials=cfg.init_trials, shrink=cfg.opening_shrink),
+                                           init_trials=cfg.init_trials, shrink=cfg.opening_shrink,
+                                           pool_share=cfg.opening_pool, pool_dirs=cfg.opening_pool_dirs),
                      batch_size=batch_size, starting_points=None if pre is None else pre[0],
-                     used=None if pre is None else pre[1])
+                     used=None if pre is None else pre[1], pool=start_pool if cfg.opening_pool else None)
+    tries = 0 if pooled else cfg.pool_tries
     rest = hopskipjump(oracle, x, y, targeted=targeted, target=target, starting_points=first.x_adv,
-                       max_queries=max_queries, config=replace(cfg, opening=0.0, pool_tries=0 if pooled else cfg.pool_tries),
+                       max_queries=max_queries, config=replace(cfg, opening=0.0, opening_pool=0.0, pool_tries=tries),
                        batch_size=batch_size, used=first.extra["queries_per_example"],
-                       start_pool=None if pooled else start_pool)
+                       start_pool=start_pool if tries else None)
     # an image the opening found no start for has x itself as its start: HopSkipJump's check fails, as it should
     now = oracle.ledger.as_dict()
     rest.queries = {k: now.get(k, 0) - start.get(k, 0) for k in now}

@@ -55,6 +55,8 @@ from torch import nn
 from stealkit.errors import InputError
 from stealkit.evade.base import TINY, AttackResult, check_batch, check_target, clip_box
 from stealkit.evade.decision import LabelAccess, binary_search, decision_result, lockstep
+from stealkit.evade.image_starts import check_pool
+from stealkit.evade.pool_directions import PoolDirections
 from stealkit.evade.priors import SubstitutePrior, first_points
 from stealkit.evade.starts import best_of_noise
 from stealkit.evade.subspace import dct_directions
@@ -68,7 +70,10 @@ class TriangleConfig:
     of the block); ``search_steps``: the reference's ``max_iter_num_in_2d``. ``shrink`` (an extension, not in
     the paper; 1: off): after an iteration whose two first candidates were both clean, the image's angle
     offsets (``min(pi/16, alpha/2)`` of ``beta_0``, ``pi/64`` of the other side) are multiplied by ``shrink``,
-    down to ``min_scale`` of the paper's; after a successful one divided by it, up to the paper's."""
+    down to ``min_scale`` of the paper's; after a successful one divided by it, up to the paper's.
+    ``pool_share`` (0: off, the paper's directions only): that share of the directions is ``x' - x`` for the
+    attacker's pool images ``x'`` (the nearest of each of ``pool_dirs`` k-means clusters;
+    :mod:`~stealkit.evade.pool_directions`), the rest DCT; needs ``pool=`` images."""
 
     steps: int = 100_000
     freq: float = 0.1
@@ -82,6 +87,8 @@ class TriangleConfig:
     init_trials: int = 100
     shrink: float = 1.0
     min_scale: float = 0.01
+    pool_share: float = 0.0
+    pool_dirs: int = 100
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -91,6 +98,9 @@ class TriangleConfig:
             raise InputError("steps, search_steps, coords and start_tries must be >= 0")
         if self.init_trials < 1:
             raise InputError(f"init_trials must be positive, got {self.init_trials}")
+        if not (0 <= self.pool_share <= 1 and self.pool_dirs >= 1):
+            raise InputError(f"pool_share must be in [0, 1] and pool_dirs >= 1, got {self.pool_share!r}, "
+                             f"{self.pool_dirs!r}")
         if not (0 < self.freq <= 1):
             raise InputError(f"freq must be in (0, 1], got {self.freq!r}")
         if not (0 < self.half_range < math.pi / 4 and abs(self.init_alpha - math.pi / 2) <= self.half_range):
@@ -106,12 +116,14 @@ TUNED: dict[str, object] = {"freq": 0.3, "coords": 3}
 def triangle(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool = False,
              target: torch.Tensor | int | None = None, starting_points: torch.Tensor | None = None,
              max_queries: int | None = None, config: TriangleConfig | None = None, batch_size: int = 256,
-             substitute: nn.Module | None = None, used: torch.Tensor | None = None) -> AttackResult:
+             substitute: nn.Module | None = None, used: torch.Tensor | None = None,
+             pool: torch.Tensor | None = None) -> AttackResult:
     """Minimise ``||x_adv - x||_2`` with the Triangle Attack using only labels (module docstring).
 
     ``substitute``: a stolen model whose transfer examples are the starting points (only victim queries are
-    counted); ``used``: queries each image already spent under the same ``max_queries``. ``queries`` is the
-    ledger's count.
+    counted); ``used``: queries each image already spent under the same ``max_queries``; ``pool``: the
+    attacker's natural images [N, *shape] in [0, 1] for ``config.pool_share`` (needed then, ignored
+    otherwise). ``queries`` is the ledger's count.
     """
     cfg = config or TriangleConfig()
     x, y = check_batch(x, y)
@@ -120,7 +132,11 @@ def triangle(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool
     if x.dim() != 4:
         raise InputError(f"the Triangle Attack searches the 2-D DCT of [C, H, W] images; got images of shape "
                          f"{list(x.shape[1:])}")
+    if cfg.pool_share and pool is None:
+        raise InputError("pool_share draws directions from the attacker's images: give pool= (--start-pool)")
     tgt = check_target(target, y, targeted, oracle.num_classes)
+    if cfg.pool_share and pool is not None:
+        check_pool(pool, tuple(x.shape[1:]))
     access = LabelAccess(oracle, y, tgt, max_queries=max_queries, batch_size=batch_size)
     if used is not None:
         access.used += used.long().cpu()
@@ -135,7 +151,9 @@ def triangle(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool
         best[d] = binary_search(access, x[d], best[d], idx, tol)
         if cfg.start_tries:
             best[d] = best_of_noise(access, x[d], best[d], idx, tries=cfg.start_tries, tol=tol, gen=gen)
-        best[d] = _Triangles(access, x[d], idx, cfg, gen).run(best[d])
+        dirs = PoolDirections(pool, x[d], dirs=cfg.pool_dirs, share=cfg.pool_share) \
+            if cfg.pool_share and pool is not None else None
+        best[d] = _Triangles(access, x[d], idx, cfg, gen, dirs).run(best[d])
     return decision_result(access, x, y, tgt, best, found)
 
 
@@ -144,8 +162,8 @@ class _Triangles:
     ``x``; ``idx`` the images' indices in the access)."""
 
     def __init__(self, access: LabelAccess, x: torch.Tensor, idx: torch.Tensor, cfg: TriangleConfig,
-                 gen: torch.Generator) -> None:
-        self.access, self.x, self.idx, self.cfg, self.gen = access, x, idx, cfg, gen
+                 gen: torch.Generator, dirs: PoolDirections | None = None) -> None:
+        self.access, self.x, self.idx, self.cfg, self.gen, self.dirs = access, x, idx, cfg, gen, dirs
         self.alpha = torch.full((x.shape[0],), cfg.init_alpha, dtype=torch.float64)
         #: each image's scale of the angle offsets (``shrink``; 1: the paper's)
         self.scale = torch.ones(x.shape[0], dtype=torch.float64)
@@ -168,6 +186,8 @@ class _Triangles:
         dist = diff.norm(dim=1).clamp_min(TINY)
         u = diff / dist.unsqueeze(1)
         r = dct_directions(n, tuple(x.shape[1:]), cfg.freq, self.gen, x.device, coords=cfg.coords).flatten(1)
+        if self.dirs is not None:  # a share of the directions towards the attacker's images
+            r = self.dirs.mix(r, sel, self.gen)
         v = r - (r * u).sum(1, keepdim=True) * u
         v = v / v.norm(dim=1, keepdim=True).clamp_min(TINY)
         now = dist.clone()  # each row's best distance so far
