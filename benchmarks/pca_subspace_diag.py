@@ -13,7 +13,10 @@ image at or after each of ``--at`` queries, the victim's true input gradient ``g
 ``max_{j != y} z_j - z_y``, and the energy share ``||P g||^2 / ||g||^2`` for ``P`` the projection on: the top-k
 principal components of the pool (centred, ``--pool`` images of the attacker split), the k lowest 2-D DCT
 frequencies (ordered by ``i + j``, then ``max(i, j)``), and a random k-dimensional subspace (``k / d`` on
-average; one draw per image shown).
+average; one draw per image shown). ``--simulate w1,w2``: at the same points, one estimate at a flat boundary of
+normal ``g`` with the round's probe count, the preset's orthogonal probes against a share ``w`` of them in the
+PCA subspace (the estimator over all probes: ``mix``; the best weighting of the two parts knowing ``g``:
+``split_best``; :func:`shared_subspace_diag.simulate`), median cosine with ``g``.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src nice -n 5 .venv/bin/python benchmarks/pca_subspace_diag.py --val 40 \
         --k 25,50,100,200 --at 1000,3000
@@ -60,14 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pool", type=int, default=10_000, help="attacker-pool images: the start pool and the PCA")
     p.add_argument("--k", default="25,50,100,200")
     p.add_argument("--at", default="1000,3000", help="queries spent per image at the points scored")
+    p.add_argument("--simulate", default="", help="shares w for the flat-boundary simulation, e.g. 0.1,0.3,0.5")
     args = p.parse_args(argv)
     model, xv, yv = bench.validation_images(args)
     pool = load_splits(args.dataset).attacker_pool.x[: args.pool].float()
-    rec: list[tuple[list[int], torch.Tensor, list[int]]] = []
+    rec: list[tuple[list[int], torch.Tensor, list[int], list[int]]] = []
     original = hsj._Run._estimate
 
     def recorded(self: Any, best: torch.Tensor, idx: torch.Tensor, evals: torch.Tensor, t: int) -> Any:
-        rec.append((idx.tolist(), best[idx].clone(), self.access.used[idx].tolist()))
+        rec.append((idx.tolist(), best[idx].clone(), self.access.used[idx].tolist(), evals.tolist()))
         return original(self, best, idx, evals, t)
 
     hsj._Run._estimate = recorded  # type: ignore[method-assign]
@@ -91,10 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     for at in (int(a) for a in args.at.split(",")):
         points: dict[int, torch.Tensor] = {}
         spent: dict[int, int] = {}
-        for ids, pts, used in rec:
+        probes: dict[int, int] = {}
+        for ids, pts, used, n_t in rec:
             for j, i in enumerate(ids):
                 if i not in points and used[j] >= at:
-                    points[i], spent[i] = pts[j], used[j]
+                    points[i], spent[i], probes[i] = pts[j], used[j], n_t[j]
         ids = sorted(points)
         xb = torch.stack([points[i] for i in ids]).detach().requires_grad_(True)
         z = model(xb)
@@ -113,6 +118,14 @@ def main(argv: list[str] | None = None) -> int:
                    "random_expected": round(k / d, 4),
                    "pca_mean": round(statistics.fmean(energy(pca[:, :k], g) for g in gs), 4),
                    "dct_mean": round(statistics.fmean(energy(dct, g) for g in gs), 4)}
+            shares = [float(v) for v in args.simulate.split(",") if v]
+            if shares:
+                from shared_subspace_diag import simulate
+
+                sims = [simulate(g.float(), pca[:, :k].float(), probes[i], shares,
+                                 torch.Generator().manual_seed(1000 * at + i)) for i, g in zip(ids, gs, strict=True)]
+                row |= {f"sim_{name}": round(statistics.median(s[name] for s in sims), 4) for name in sims[0]}
+                row["probes_median"] = statistics.median(probes[i] for i in ids)
             out["rows"].append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
     print(json.dumps(out, indent=1))
