@@ -101,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
                 if i not in points and used[j] >= at:
                     points[i], spent[i], probes[i] = pts[j], used[j], n_t[j]
         ids = sorted(points)
+        if not ids:  # no round begins this late (GeoDA's last planned round takes what is left)
+            print(json.dumps({"at": at, "images": 0}), file=sys.stderr, flush=True)
+            continue
         xb = torch.stack([points[i] for i in ids]).detach().requires_grad_(True)
         z = model(xb)
         yy = yv[ids]
