@@ -62,6 +62,9 @@ Optional additions, all off by default (then the attack is the paper's):
   the noise tries, or ``"opening"``: before the Triangle opening, which then starts from them;
   ``pool_spread = c``: the candidates are the nearest image of each of ``c`` k-means clusters. Without a pool
   the attack is as before, bit for bit.
+* ``config.pca_k = k`` (with ``start_pool``): a share ``pca_w`` of each image's probes in rounds
+  ``1..pca_rounds`` (0: all) is drawn in the span of the pool's top-``k`` principal components, computed once
+  before the first query (:mod:`stealkit.evade.pca_subspace`: Li et al. CVPR 2020, QEBA-I, Sec. 3.3).
 
 :data:`TUNED` holds the additions chosen on validation images (the CLI's default ``--preset tuned``).
 
@@ -91,6 +94,7 @@ from stealkit.evade.decision import (
 )
 from stealkit.evade.image_starts import best_of_pool, check_pool
 from stealkit.evade.orthogonal import orthogonal_directions
+from stealkit.evade.pca_subspace import pca_basis
 from stealkit.evade.priors import (
     SubstitutePrior,
     first_points,
@@ -152,6 +156,9 @@ class HopSkipJumpConfig:
     pool_tries: int = 0
     pool_at: str = "after"
     pool_spread: int = 0
+    pca_k: int = 0
+    pca_w: float = 0.5
+    pca_rounds: int = 0
     start_round: int = 1
     seed: int = 0
 
@@ -187,6 +194,11 @@ class HopSkipJumpConfig:
                              "not history")
         if self.shared_k and (self.subspace or self.probe_freq):
             raise InputError("shared_k draws probes in the pixel space: drop subspace / probe_freq")
+        if self.pca_k < 0 or self.pca_rounds < 0 or not 0 < self.pca_w <= 1:
+            raise InputError(f"pca_k and pca_rounds must be >= 0 and pca_w in (0, 1], got {self.pca_k!r}, "
+                             f"{self.pca_rounds!r}, {self.pca_w!r}")
+        if self.pca_k and (self.subspace or self.probe_freq or self.shared_k):
+            raise InputError("pca_k draws probes in the pool's principal subspace: drop subspace / probe_freq / shared_k")
         if self.pool_spread < 0:
             raise InputError(f"pool_spread must be >= 0 (k-means clusters; 0: the nearest images), got {self.pool_spread!r}")
         if self.pool_tries < 0 or self.pool_at not in ("after", "before", "opening"):
@@ -264,11 +276,14 @@ def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: b
     if tuple(x.shape[1:]) != tuple(oracle.input_shape):
         raise InputError(f"x has images of shape {list(x.shape[1:])}; the oracle takes {list(oracle.input_shape)}")
     if start_pool is not None:
-        if not cfg.pool_tries and not cfg.opening_pool:
-            raise InputError("a start pool is used only with pool_tries > 0 or opening_pool > 0 (--set pool_tries=K)")
+        if not cfg.pool_tries and not cfg.opening_pool and not cfg.pca_k:
+            raise InputError("a start pool is used only with pool_tries > 0, opening_pool > 0 or pca_k > 0 "
+                             "(--set pool_tries=K)")
         start_pool = check_pool(start_pool, tuple(x.shape[1:]))
     elif cfg.opening_pool:
         raise InputError("opening_pool draws directions from the attacker's images: give start_pool (--start-pool)")
+    if cfg.pca_k and (start_pool is None or not cfg.pca_k <= x[0].numel()):
+        raise InputError(f"pca_k needs a start pool (the attacker's images) and at most {x[0].numel()} components")
     check_side(cfg.subspace, tuple(x.shape[1:]))
     if cfg.probe_freq and x.dim() != 4:
         raise InputError(f"probe_freq draws 2-D DCT directions of [C, H, W] images; got {list(x.shape[1:])}")
@@ -287,7 +302,8 @@ def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: b
     best, found = first_points(access, x, y, tgt, starting_points=starting_points, prior=prior,
                                trials=cfg.init_trials, gen=gen)
     idx = found.nonzero().squeeze(1)
-    run = _Run(access, x, y, tgt, cfg, gen, prior, start_pool)
+    pca = pca_basis(start_pool, cfg.pca_k) if cfg.pca_k and start_pool is not None else None
+    run = _Run(access, x, y, tgt, cfg, gen, prior, start_pool, pca)
     if idx.numel():
         run.attack(best, idx)
     res = decision_result(access, x, y, tgt, best, found)
@@ -321,7 +337,7 @@ def _opened(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool,
     rest = hopskipjump(oracle, x, y, targeted=targeted, target=target, starting_points=first.x_adv,
                        max_queries=max_queries, config=replace(cfg, opening=0.0, opening_pool=0.0, pool_tries=tries),
                        batch_size=batch_size, used=first.extra["queries_per_example"],
-                       start_pool=start_pool if tries else None)
+                       start_pool=start_pool if tries or cfg.pca_k else None)
     # an image the opening found no start for has x itself as its start: HopSkipJump's check fails, as it should
     now = oracle.ledger.as_dict()
     rest.queries = {k: now.get(k, 0) - start.get(k, 0) for k in now}
@@ -353,10 +369,12 @@ class _Run:
 
     def __init__(self, access: LabelAccess, x: torch.Tensor, y: torch.Tensor, tgt: torch.Tensor | None,
                  cfg: HopSkipJumpConfig, gen: torch.Generator, prior: SubstitutePrior | None,
-                 pool: torch.Tensor | None = None) -> None:
+                 pool: torch.Tensor | None = None, pca: torch.Tensor | None = None) -> None:
         self.access, self.x, self.y, self.tgt, self.cfg, self.gen, self.prior = access, x, y, tgt, cfg, gen, prior
         #: the attacker's natural images for ``pool_tries`` (None: no pool starts)
         self.pool = pool if pool is not None and cfg.pool_tries else None
+        #: with ``pca_k``: the pool's principal subspace [d, k] for a share of the probes
+        self.pca = pca
         #: each example's distance when the rounds begin (inf: no start)
         self.start_norms = torch.full((x.shape[0],), math.inf)
         self.shape = tuple(x.shape[1:])
@@ -461,9 +479,12 @@ class _Run:
             if cfg.orthogonal and not cfg.subspace and not low else None
         bases = self.shared.bases(idx) if self.shared is not None and t > 1 and priors is None and \
             (cfg.shared_rounds == 0 or t <= cfg.shared_rounds) else [None] * idx.numel()
+        share = cfg.shared_w
+        if self.pca is not None and priors is None and (cfg.pca_rounds == 0 or t <= cfg.pca_rounds):
+            bases, share = [self.pca] * idx.numel(), cfg.pca_w
         for j, n in enumerate(evals.tolist()):
             basis = bases[j]
-            ms = round(cfg.shared_w * n) if basis is not None else 0
+            ms = round(share * n) if basis is not None else 0
             if low:
                 r = dct_directions(n, self.shape, cfg.probe_freq, self.gen, x.device)
             elif frame is not None:
