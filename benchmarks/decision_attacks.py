@@ -112,7 +112,10 @@ def summarise(name: str, budget: int | str, norms: list[float], queries: list[in
     return {"tool": name, "budget": budget, "seed": seed, "median_l2": statistics.median(ok) if ok else None,
             "geo_mean_l2": math.exp(statistics.fmean(math.log(d) for d in ok)) if ok else None,
             "success": len(ok) / len(norms), "mean_queries": statistics.fmean(queries), "max_queries": max(queries),
-            "seconds": round(seconds, 2), "queries_per_s": round(sum(queries) / seconds) if seconds else None}
+            "seconds": round(seconds, 2), "queries_per_s": round(sum(queries) / seconds) if seconds else None,
+            # per image, in the order of the attacked images (None: no adversarial point found), so that runs on
+            # disjoint image sets can be pooled into one median afterwards
+            "l2": [round(d, 6) if d != float("inf") else None for d in norms]}
 
 
 def steal(victim_dir: str, pool_size: int, epochs: int, log: Any, cache: Path | None = None
