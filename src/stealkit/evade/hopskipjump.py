@@ -283,7 +283,8 @@ def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: b
     elif cfg.opening_pool:
         raise InputError("opening_pool draws directions from the attacker's images: give start_pool (--start-pool)")
     if cfg.pca_k and (start_pool is None or not cfg.pca_k <= x[0].numel()):
-        raise InputError(f"pca_k needs a start pool (the attacker's images) and at most {x[0].numel()} components")
+        raise InputError(f"pca_k needs a start pool (the attacker's images: --start-pool pool|FILE) and at most "
+                         f"{x[0].numel()} components")
     check_side(cfg.subspace, tuple(x.shape[1:]))
     if cfg.probe_freq and x.dim() != 4:
         raise InputError(f"probe_freq draws 2-D DCT directions of [C, H, W] images; got {list(x.shape[1:])}")
