@@ -111,4 +111,7 @@ def test_bad_pca_settings_are_one_input_error() -> None:
         hopskipjump(oracle, x, y, max_queries=50, config=HopSkipJumpConfig(pca_k=17), start_pool=_pool())
     with pytest.raises(InputError, match="two images"):
         pca_basis(_pool(1), 2)
+    for cfg in (HopSkipJumpConfig(**PCA), HopSkipJumpConfig(**(PCA | {"opening": 0.2}))):  # type: ignore[arg-type]
+        with pytest.raises(InputError, match="two images"):  # before the opening's queries too
+            hopskipjump(oracle, x, y, max_queries=50, config=cfg, start_pool=_pool(1))
     assert oracle.ledger.total == 0

@@ -285,6 +285,8 @@ def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: b
     if cfg.pca_k and (start_pool is None or not cfg.pca_k <= x[0].numel()):
         raise InputError(f"pca_k needs a start pool (the attacker's images: --start-pool pool|FILE) and at most "
                          f"{x[0].numel()} components")
+    if cfg.pca_k and start_pool is not None and start_pool.shape[0] < 2:
+        raise InputError("pca_k needs a start pool of at least two images for principal components")
     check_side(cfg.subspace, tuple(x.shape[1:]))
     if cfg.probe_freq and x.dim() != 4:
         raise InputError(f"probe_freq draws 2-D DCT directions of [C, H, W] images; got {list(x.shape[1:])}")
@@ -295,6 +297,8 @@ def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: b
                        batch_size=batch_size, substitute=substitute, starting_points=starting_points, used=used,
                        start_pool=start_pool)
     tgt = check_target(target, y, targeted, oracle.num_classes)
+    # the pool's principal components before any query (a pool they cannot come from is an error, not a spend)
+    pca = pca_basis(start_pool, cfg.pca_k) if cfg.pca_k and start_pool is not None else None
     access = LabelAccess(oracle, y, tgt, max_queries=max_queries, batch_size=batch_size)
     if used is not None:
         access.used += used.long().cpu()
@@ -303,7 +307,6 @@ def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: b
     best, found = first_points(access, x, y, tgt, starting_points=starting_points, prior=prior,
                                trials=cfg.init_trials, gen=gen)
     idx = found.nonzero().squeeze(1)
-    pca = pca_basis(start_pool, cfg.pca_k) if cfg.pca_k and start_pool is not None else None
     run = _Run(access, x, y, tgt, cfg, gen, prior, start_pool, pca)
     if idx.numel():
         run.attack(best, idx)

@@ -132,11 +132,11 @@ def triangle(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool
     if x.dim() != 4:
         raise InputError(f"the Triangle Attack searches the 2-D DCT of [C, H, W] images; got images of shape "
                          f"{list(x.shape[1:])}")
-    if cfg.pool_share and pool is None:
-        raise InputError("pool_share draws directions from the attacker's images: give pool= (--start-pool)")
+    if cfg.pool_share:
+        if pool is None:
+            raise InputError("pool_share draws directions from the attacker's images: give pool= (--start-pool)")
+        pool = check_pool(pool, tuple(x.shape[1:]))
     tgt = check_target(target, y, targeted, oracle.num_classes)
-    if cfg.pool_share and pool is not None:
-        check_pool(pool, tuple(x.shape[1:]))
     access = LabelAccess(oracle, y, tgt, max_queries=max_queries, batch_size=batch_size)
     if used is not None:
         access.used += used.long().cpu()
@@ -151,8 +151,8 @@ def triangle(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool
         best[d] = binary_search(access, x[d], best[d], idx, tol)
         if cfg.start_tries:
             best[d] = best_of_noise(access, x[d], best[d], idx, tries=cfg.start_tries, tol=tol, gen=gen)
-        dirs = PoolDirections(pool, x[d], dirs=cfg.pool_dirs, share=cfg.pool_share) \
-            if cfg.pool_share and pool is not None else None
+        dirs = PoolDirections(pool, x[d], dirs=cfg.pool_dirs, share=cfg.pool_share) if pool is not None \
+            and cfg.pool_share else None
         best[d] = _Triangles(access, x[d], idx, cfg, gen, dirs).run(best[d])
     return decision_result(access, x, y, tgt, best, found)
 
