@@ -3,26 +3,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import load_benchmark
+
 pytest.importorskip("art")
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_decision_attacks", ROOT / "benchmarks" / "decision_attacks.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("decision_attacks")
 
 
 def _run(bench: Any, out: Path, repeats: int, seeds: str = "0,1") -> list[dict[str, Any]]:

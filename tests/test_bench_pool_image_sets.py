@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import load_benchmark
 
 
 def _mod() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_pool_image_sets", ROOT / "benchmarks" / "pool_image_sets.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("pool_image_sets")
 
 
 def _write(path: Path, rows: list[dict[str, Any]]) -> Path:

@@ -13,7 +13,8 @@ from stealkit.evade.image_starts import kmeans, spread
 from stealkit.evade.pool_directions import PoolDirections
 from stealkit.evade.triangle import TriangleConfig, triangle
 from stealkit.oracle import LocalOracle
-from tests.conftest import TinyNet, labelled_tiny_batch
+from tests.conftest import labelled_tiny_batch
+from tests.test_evade_image_starts import _adversarial, _pool
 
 SHAPE = (1, 4, 4)
 HSJ = {"iterations": 1000, "init_evals": 20, "semicircle": True, "opening": 0.3, "opening_freq": 1.0}
@@ -22,15 +23,6 @@ HSJ = {"iterations": 1000, "init_evals": 20, "semicircle": True, "opening": 0.3,
 @pytest.fixture(autouse=True)
 def _one_thread(_quiet: None) -> None:
     torch.set_num_threads(1)
-
-
-def _pool(n: int = 200, seed: int = 11) -> torch.Tensor:
-    return torch.rand(n, *SHAPE, generator=torch.Generator().manual_seed(seed))
-
-
-def _adversarial(victim: TinyNet, x_adv: torch.Tensor, y: torch.Tensor) -> bool:
-    with torch.no_grad():
-        return bool((victim(x_adv).argmax(1) != y).all())
 
 
 @pytest.mark.parametrize("max_queries", [5, 40, 250])
