@@ -12,6 +12,11 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 
 
+def _now() -> float:
+    """The buckets' clock (monotonic seconds); one place, so tests can hold it still."""
+    return time.monotonic()
+
+
 class TokenBucket:
     """``rate`` tokens per second, burst of ``burst`` (default one second's worth); a large request may
     overdraw it once."""
@@ -20,11 +25,11 @@ class TokenBucket:
         self.rate = rate
         self.burst = burst if burst is not None else max(rate, 1.0)
         self.tokens = self.burst
-        self.last = time.monotonic()
+        self.last = _now()
         self._lock = threading.Lock()
 
     def _refill(self) -> None:
-        now = time.monotonic()
+        now = _now()
         self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
         self.last = now
 
