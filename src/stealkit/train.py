@@ -7,6 +7,8 @@ Gaussian data augmentation (``noise_sigma``) is the noise training of Cohen et a
 Batching (``batching``): ``ragged`` cuts each epoch's permutation into batches of ``batch_size`` and a last
 batch of whatever is left; ``equal`` cuts it into as many batches (``ceil(n / batch_size)``, so the same steps
 per epoch and the same schedule) whose sizes differ by at most one (:func:`epoch_batches`).
+Gradient-norm clipping (``grad_clip``; 0: off, the loop unchanged): each step's gradient rescaled to at most that
+norm (Pascanu et al. ICML 2013 Sec. 3.2; :mod:`stealkit.grad_clip`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stealkit.errors import InputError
+from stealkit.grad_clip import check_grad_clip, clip_gradients
 from stealkit.progress import progress
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,7 @@ class TrainConfig:
     noise_sigma: float = 0.0
     max_steps: int | None = None
     batching: Batching = "ragged"
+    grad_clip: float = 0.0
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.batch_size < 1:
@@ -61,6 +65,7 @@ class TrainConfig:
         if self.noise_sigma < 0:
             raise InputError(f"noise_sigma must be >= 0, got {self.noise_sigma}")
         check_batching(self.batching)
+        check_grad_clip(self.grad_clip)
 
     @property
     def learning_rate(self) -> float:
@@ -172,6 +177,8 @@ def fit(
                 loss = loss_fn(model(xb), tb)
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            if config.grad_clip > 0:
+                clip_gradients(model.parameters(), config.grad_clip)
             opt.step()
             if sched is not None:
                 sched.step()

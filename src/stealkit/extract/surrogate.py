@@ -67,6 +67,7 @@ from stealkit.extract.surrogate_presets import PRESETS as PRESETS
 from stealkit.extract.targets import victim_log_probs
 from stealkit.extract.typiclust import COLD_STARTS, PER_CLASS, ColdStart, budget_aware_start
 from stealkit.extract.weight_ema import WeightEMA
+from stealkit.grad_clip import check_grad_clip
 from stealkit.metrics import Evaluator
 from stealkit.oracle import Oracle, OutputMode
 from stealkit.train import Batching, TrainConfig, check_batching, fit
@@ -159,6 +160,8 @@ class SurrogateConfig:
     ``batching``: how every training on the answers (round substitutes, the student, the labelled side of
     FixMatch and of the noisy student) cuts an epoch into batches: ``ragged`` (a last batch of what is left) or
     ``equal`` (as many batches, sizes within one of each other; :func:`stealkit.train.epoch_batches`).
+    ``grad_clip``: every such training rescales each step's gradient to at most this norm (Pascanu et al. ICML
+    2013 Sec. 3.2, :mod:`stealkit.grad_clip`; 0: off, bitwise the loop without it; costs no query).
     ``eval_every``: score the student every so many epochs.
     ``select``: ``random`` (one shuffle) or an active strategy queried in rounds (``active``). ``ssl``:
     ``fixmatch`` adds the consistency loss on the whole pool (``fixmatch``); ``soft`` the same with soft,
@@ -176,6 +179,7 @@ class SurrogateConfig:
     epochs: int = 30
     batch_size: int = 128
     batching: Batching = "ragged"
+    grad_clip: float = 0.0
     lr: float | None = None
     schedule: CycleSchedule = "cyclic"
     optimizer: StudentOptimizer = "sgd"
@@ -237,6 +241,7 @@ class SurrogateConfig:
                              f"{self.label_smoothing_min_per_class}")
         check_alpha(self.mixup)
         check_batching(self.batching)
+        check_grad_clip(self.grad_clip)
         if not 0.0 <= self.ema < 1.0:
             raise InputError(f"ema must be a decay in [0, 1) (0: off), got {self.ema}")
         if self.ema > 0 and self.ssl != "none":
@@ -260,7 +265,7 @@ class SurrogateConfig:
                            lr=self.peak_lr,
                            momentum=self.momentum, weight_decay=self.weight_decay,
                            schedule=_SCHEDULES[self.schedule], seed=self.seed,  # type: ignore[arg-type]
-                           batching=self.batching)
+                           batching=self.batching, grad_clip=self.grad_clip)
 
 
 def augment_batch(x: torch.Tensor, kind: Augment, gen: torch.Generator, pad: int = 2) -> torch.Tensor:
@@ -455,7 +460,7 @@ def extract_surrogate(
                "strategy": config.strategy, "select": config.select,
                "ssl": config.ssl, "pretrain": config.pretrain, "cold_start": config.cold_start,
                "augment": config.augment, "label_smoothing": config.label_smoothing, "ema": config.ema,
-               "mixup": config.mixup, "batching": config.batching,
+               "mixup": config.mixup, "batching": config.batching, "grad_clip": config.grad_clip,
                "seconds": round(time.perf_counter() - t_start, 2), "n_distinct": cache.n_answered,
                "queries_spent": oracle.ledger.total - queries_before, "cache_hits": cache.hits,
                "final_train_loss": history[-1]["loss"], **extra},
