@@ -7,7 +7,7 @@ argument: a rare, very large gradient (a "cliff" of the loss surface) throws the
 training had reached, and rescaling keeps the step's direction while bounding its length. In stealkit it is an
 opt-in setting of the student's training (``grad_clip``; 0 is off and leaves the loop bitwise as it was):
 issue 21's tenth pass found the tau-2 KL students of probability answers collapsing after such spikes (gradient
-norms 10-40 times a run's median step near the one-cycle peak; docs/surrogate-active.md).
+norms of 10-40, 6-30 times a run's median step, near the one-cycle peak; docs/surrogate-active.md).
 """
 
 from __future__ import annotations
