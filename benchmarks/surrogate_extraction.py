@@ -292,6 +292,7 @@ def ours_variant(name: str, victim_dir: str, mode: str, pool: torch.Tensor, budg
             "pretrain_seconds": pre.get("seconds", 0.0), "pretrain_epochs": pre.get("epochs", 0),
             "settings": list(args.set), "lr": r.extra.get("finetune_lr", config.peak_lr),
             "optimizer": config.optimizer, "schedule": config.schedule, "batching": config.batching,
+            "tau": config.tau, "grad_clip": config.grad_clip,
             "cold_start_size": r.extra.get("cold_start_size"),
             "noisy_student_seconds": r.extra.get("noisy_student", {}).get("seconds", 0.0),
             "teacher_accuracy": [t.get("accuracy") for t in r.extra.get("noisy_student", {}).get("teachers", [])],

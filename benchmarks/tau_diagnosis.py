@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,6 +32,28 @@ from stealkit.extract.surrogate import FLIP_INVARIANT, SurrogateConfig, extract_
 from stealkit.extract.surrogate_presets import DEFAULT_PRESET, resolve_preset
 from stealkit.settings import apply_settings, parse_value
 from stealkit.victims import standard_victim
+
+
+def with_grad_norms(make_student: Callable[[], nn.Module], steps: list[float]) -> Callable[[], nn.Module]:
+    """``make_student`` whose students append each backward pass's gradient norm (all trainable parameters
+    together, before any clipping) to ``steps``. Tensor hooks only read the gradients: training is unchanged."""
+
+    def make() -> nn.Module:
+        student = make_student()
+        params = [q for q in student.parameters() if q.requires_grad]
+        pending: list[float] = []
+
+        def hook(grad: torch.Tensor) -> None:
+            pending.append(float(grad.detach().pow(2).sum()))
+            if len(pending) == len(params):
+                steps.append(sum(pending) ** 0.5)
+                pending.clear()
+
+        for q in params:
+            q.register_hook(hook)
+        return student
+
+    return make
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,25 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         victim_top1 = v.model(answered).argmax(1)  # diagnosis only, outside the ledger
 
     steps: list[float] = []
-    pending: list[float] = []
-    n_params = 0
-
-    def make_student() -> nn.Module:
-        nonlocal n_params
-        student = student_factory("conv2", v, args.seed)()
-        params = [q for q in student.parameters() if q.requires_grad]
-        n_params = len(params)
-
-        def hook(grad: torch.Tensor) -> None:
-            pending.append(float(grad.detach().pow(2).sum()))
-            if len(pending) == n_params:
-                steps.append(sum(pending) ** 0.5)
-                pending.clear()
-
-        for q in params:
-            q.register_hook(hook)
-        return student
-
+    make_student = with_grad_norms(student_factory("conv2", v, args.seed), steps)
     trace: list[dict[str, Any]] = []
 
     def on_epoch(epoch: int, student: nn.Module, rec: dict[str, float]) -> None:
