@@ -106,3 +106,16 @@ def test_default_batches_equally_from_ten_per_class_and_ragged_is_one_set_away(v
     summary = json.loads((out / "summary.json").read_text())
     assert cfg["surrogate"]["batching"] == summary["batching"] == batching
     assert summary["queries"]["predict"] == 100 == summary["n_distinct"] == summary["queries_spent"]
+
+
+@pytest.mark.parametrize("extra,clip", [([], 0.0), (["--set", "grad_clip=0.5", "--tau", "2"], 0.5)])
+def test_grad_clip_is_recorded_and_spends_exactly_the_budget(victim_dir, tmp_path, extra, clip):
+    """``--set grad_clip=C`` (tenth pass, opt-in) reaches the student's training and config.json; off by default."""
+    out = tmp_path / "run"
+    rc = main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", "100", "--epochs", "1",
+               "--mode", "probs", "--student", "mlp2", "--student-arg", "hidden=8", "--out", str(out), *extra])
+    assert rc == 0
+    cfg = json.loads((out / "config.json").read_text())["config"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert cfg["surrogate"]["grad_clip"] == summary["grad_clip"] == clip
+    assert summary["queries"]["predict"] == 100 == summary["n_distinct"] == summary["queries_spent"]
