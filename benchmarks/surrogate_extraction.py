@@ -231,16 +231,17 @@ ACTIVE_ROWS = {  # row -> (select, ssl[, pretrain, cold_start]); "ours-default" 
 COMBO_KEYS = ("select", "ssl", "pretrain", "cold_start")
 
 
-def row_combo(row_name: str, budget: int = 10**9, num_classes: int = 10) -> dict[str, Any]:
+def row_combo(row_name: str, budget: int = 10**9, num_classes: int = 10, mode: str = "label") -> dict[str, Any]:
     """The settings of an ``ours`` row: a name of ``ACTIVE_ROWS``, ``ours-default`` (the command's default
-    preset, resolved for ``budget`` answers of ``num_classes`` classes), ``ours-preset-NAME`` (a named preset,
+    preset, resolved as the CLI does for ``budget`` answers of ``num_classes`` classes in oracle mode ``mode``:
+    with probabilities it sets tau, lr and grad_clip), ``ours-preset-NAME`` (a named preset,
     e.g. ``ours-preset-plain``) or ``SELECT/SSL[/PRETRAIN[/COLD_START]]``; what is not given is plain."""
     from stealkit.extract.surrogate_presets import DEFAULT_PRESET, resolve_preset
 
     if row_name == "ours-default":  # the preset's combination and training settings (e.g. label smoothing)
-        return resolve_preset(DEFAULT_PRESET, budget, num_classes)[1]
+        return resolve_preset(DEFAULT_PRESET, budget, num_classes, mode=mode)[1]
     if row_name.startswith("ours-preset-"):
-        return resolve_preset(row_name.removeprefix("ours-preset-"), budget, num_classes)[1]
+        return resolve_preset(row_name.removeprefix("ours-preset-"), budget, num_classes, mode=mode)[1]
     parts = row_name.split("/") if "/" in row_name else list(ACTIVE_ROWS[row_name])
     return {**dict(zip(COMBO_KEYS, ("random", "none", "none", "random"), strict=True)),
             **dict(zip(COMBO_KEYS, parts, strict=False))}
@@ -428,15 +429,15 @@ def active_main(argv: list[str] | None = None) -> int:
                     base, *row_sets = row_name.split("+")  # ROW+key=value+...: settings of this row only
                     a.set = [*args.set, *row_sets]
                     row = ours_variant(row_name, str(trained.path), mode, pool, budget, evaluator, a,
-                                       row_combo(base, budget, v.num_classes), flip)
+                                       row_combo(base, budget, v.num_classes, mode), flip)
                     rows.append(row)
                     log.info("%s", row)
                     _append_jsonl(args.jsonl, row)
     out = {"benchmark": "surrogate_extraction/active", "victim": args.victim, "validate": args.validate,
            "victim_accuracy": evaluator.victim_accuracy, "settings": vars(args),
            "default": {"preset": DEFAULT_PRESET, "small_budget_per_class": SMALL_BUDGET_PER_CLASS,
-                       **{str(b): resolve_preset(DEFAULT_PRESET, int(b), v.num_classes)[0]
-                          for b in args.budgets.split(",")}}, "seconds": round(time.perf_counter() - t_all, 1),
+                       **{f"{b}/{m}": resolve_preset(DEFAULT_PRESET, int(b), v.num_classes, mode=m)[0]
+                          for b in args.budgets.split(",") for m in args.modes.split(",")}}, "seconds": round(time.perf_counter() - t_all, 1),
            "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(),
                        "torch": torch.__version__, "loadavg": list(os.getloadavg())},
            "table": _aggregate(rows), "rows": rows}

@@ -7,7 +7,9 @@ and the learning rate; per epoch, the mean training loss, the validation accurac
 agreement with the victim and the student's mean top-1 probability on them, and the largest step gradient
 norm of the epoch. The victim's answers on the answered images are recomputed outside the ledger, for
 diagnosis only (the attack never sees them twice). The trace hooks read gradients only: the student trained is
-the benchmark row's, bitwise (its final accuracy is printed to check). Prints one JSON object.
+the benchmark row's, bitwise (its final accuracy is printed to check). Prints one JSON object. Since the tenth
+pass the default resolved for ``--mode probs`` from 10 answers per class already has ``tau=2``, ``lr=0.05`` and
+``grad_clip=5``; the default the tenth pass's diagnosis traced is ``--set tau=1 --set lr=0.1 --set grad_clip=0``.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/tau_diagnosis.py --victim digits-conv2 --budget 100 \
         --mode probs --seed 3 --set tau=2 --set lr=0.05
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     cut = len(pool_ds) * 4 // 5
     pool = pool_ds.x[order[:cut]]
     evaluator = make_evaluator(v, pool_ds.x[order[cut:]], pool_ds.y[order[cut:]])
-    combo = resolve_preset(DEFAULT_PRESET, args.budget, v.num_classes)[1]
+    combo = resolve_preset(DEFAULT_PRESET, args.budget, v.num_classes, mode=args.mode)[1]
     config = SurrogateConfig(max_distinct=args.budget, epochs=args.epochs, batch_size=args.batch_size,
                              fixmatch=FixMatchConfig(flip=v.dataset in FLIP_INVARIANT), seed=args.seed, **combo)
     config = apply_settings(config, {k: parse_value(x) for k, _, x in (s.partition("=") for s in args.set)},

@@ -68,12 +68,14 @@ def test_default_preset_smooths_labels_and_paper_does_not(victim_dir, tmp_path, 
     assert summary["queries"]["predict"] == budget == summary["n_distinct"]
 
 
-@pytest.mark.parametrize("mode", ["label", "probs"])
-@pytest.mark.parametrize("budget,resolved", [(50, "semi+label_smoothing=0.1"), (99, "semi+label_smoothing=0.1"),
-                                             (100, "plain+batching=equal")])
+@pytest.mark.parametrize("mode,budget,resolved", [
+    ("label", 50, "semi+label_smoothing=0.1"), ("label", 99, "semi+label_smoothing=0.1"),
+    ("label", 100, "plain+batching=equal"), ("probs", 50, "semi+label_smoothing=0.1"),
+    ("probs", 99, "semi+label_smoothing=0.1"), ("probs", 100, "plain+batching=equal+tau=2+lr=0.05+grad_clip=5")])
 def test_default_is_semi_below_ten_answers_per_class_and_records_it(victim_dir, tmp_path, mode, budget, resolved):
-    """``auto`` (the default) resolves by the budget: FixMatch with smoothing 0.1 below 10 queries per class (digits:
-    100), ``plain`` from there; config.json records the name and the settings; the ledger spends exactly the budget."""
+    """``auto`` (the default) resolves by the budget and the answer kind: FixMatch with smoothing 0.1 below 10
+    queries per class (digits: 100), ``plain`` from there (with probabilities also tau 2, lr 0.05, clip 5);
+    config.json records the name and the settings; the ledger spends exactly the budget."""
     from stealkit.extract.surrogate_presets import resolve_preset
 
     out = tmp_path / "run"
@@ -83,7 +85,7 @@ def test_default_is_semi_below_ten_answers_per_class_and_records_it(victim_dir, 
     assert rc == 0
     cfg = json.loads((out / "config.json").read_text())["config"]
     assert cfg["preset"] == "auto" and cfg["preset_resolved"] == resolved
-    for key, value in resolve_preset("auto", budget, 10)[1].items():
+    for key, value in resolve_preset("auto", budget, 10, mode=mode)[1].items():
         assert cfg["surrogate"][key] == value
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ssl"] == ("fixmatch" if budget < 100 else "none")
@@ -108,9 +110,11 @@ def test_default_batches_equally_from_ten_per_class_and_ragged_is_one_set_away(v
     assert summary["queries"]["predict"] == 100 == summary["n_distinct"] == summary["queries_spent"]
 
 
-@pytest.mark.parametrize("extra,clip", [([], 0.0), (["--set", "grad_clip=0.5", "--tau", "2"], 0.5)])
+@pytest.mark.parametrize("extra,clip", [(["--preset", "plain"], 0.0), ([], 5.0),
+                                        (["--set", "grad_clip=0.5", "--tau", "2"], 0.5)])
 def test_grad_clip_is_recorded_and_spends_exactly_the_budget(victim_dir, tmp_path, extra, clip):
-    """``--set grad_clip=C`` (tenth pass, opt-in) reaches the student's training and config.json; off by default."""
+    """``--set grad_clip=C`` (tenth pass) reaches the student's training and config.json; off in the named presets,
+    5 in the default with probability answers from 10 per class."""
     out = tmp_path / "run"
     rc = main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", "100", "--epochs", "1",
                "--mode", "probs", "--student", "mlp2", "--student-arg", "hidden=8", "--out", str(out), *extra])
@@ -119,3 +123,49 @@ def test_grad_clip_is_recorded_and_spends_exactly_the_budget(victim_dir, tmp_pat
     summary = json.loads((out / "summary.json").read_text())
     assert cfg["surrogate"]["grad_clip"] == summary["grad_clip"] == clip
     assert summary["queries"]["predict"] == 100 == summary["n_distinct"] == summary["queries_spent"]
+
+
+@pytest.mark.parametrize("mode,extra,tau,lr,clip", [
+    ("probs", [], 2.0, 0.05, 5.0),
+    ("probs", ["--tau", "1"], 1.0, 0.05, 5.0),
+    ("probs", ["--tau", "1", "--lr", "0.1", "--set", "grad_clip=0"], 1.0, 0.1, 0.0),
+    ("probs", ["--set", "tau=3"], 3.0, 0.05, 5.0),
+    ("probs", ["--preset", "plain"], 1.0, None, 0.0),
+    ("probs", ["--set", "optimizer=adam", "--schedule", "constant"], 2.0, None, 5.0),
+    ("label", [], 1.0, None, 0.0)])
+def test_default_with_probabilities_sets_tau_lr_and_clip_and_explicit_values_win(victim_dir, tmp_path, mode, extra,
+                                                                                 tau, lr, clip):
+    """Tenth pass: with probability answers from 10 per class the default trains at tau 2, lr 0.05, clip 5, recorded
+    in config.json and the summary; an explicit ``--tau``/``--lr``/``--set`` wins; ``plain`` and label answers
+    keep tau 1 and the optimiser's learning rate; Adam keeps its own; the ledger spends exactly the budget."""
+    out = tmp_path / "run"
+    rc = main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", "100", "--epochs", "1",
+               "--mode", mode, "--student", "mlp2", "--student-arg", "hidden=8", "--out", str(out), *extra])
+    assert rc == 0
+    cfg = json.loads((out / "config.json").read_text())["config"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert (cfg["surrogate"]["tau"], cfg["surrogate"]["lr"], cfg["surrogate"]["grad_clip"]) == (tau, lr, clip)
+    assert summary["grad_clip"] == clip
+    auto = "--preset" not in extra
+    assert cfg["preset_resolved"] == ("plain" if not auto else "plain+batching=equal+tau=2+lr=0.05+grad_clip=5"
+                                      if mode == "probs" else "plain+batching=equal")
+    assert summary["queries"]["predict"] == 100 == summary["n_distinct"] == summary["queries_spent"]
+
+
+@pytest.mark.parametrize("mode,same_as", [("label", ["--preset", "plain", "--set", "batching=equal"]),
+                                          ("probs", ["--preset", "plain", "--set", "batching=equal", "--tau", "2",
+                                                     "--lr", "0.05", "--set", "grad_clip=5"])])
+def test_default_trains_bitwise_as_its_spelled_out_settings(victim_dir, tmp_path, mode, same_as):
+    """Label answers train exactly as the ninth pass's default (``plain`` with equal batches); probability answers
+    exactly as that plus tau 2, lr 0.05 and clip 5: the same student to the last bit."""
+    from safetensors.torch import load_file
+
+    weights = []
+    for i, extra in enumerate(([], same_as)):
+        out = tmp_path / f"run{i}"
+        rc = main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", "100", "--epochs", "2",
+                   "--mode", mode, "--student", "mlp2", "--student-arg", "hidden=8", "--out", str(out), *extra])
+        assert rc == 0
+        weights.append(load_file(str(out / "student" / "model.safetensors")))
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

@@ -10,29 +10,45 @@ SIXTH_PASS_DEFAULT = {"select": "random", "ssl": "none", "pretrain": "none", "co
                       "label_smoothing": 0.1, "label_smoothing_min_per_class": 10}
 
 
-def test_from_ten_answers_per_class_the_default_is_the_sixth_pass_one_with_equal_batches():
+@pytest.mark.parametrize("mode", ["label", "topk", "logits"])
+def test_from_ten_answers_per_class_the_default_is_the_sixth_pass_one_with_equal_batches(mode):
     """Fashion-MNIST at 100 queries (10 per class) and above resolve to the sixth pass's default with equal-sized
-    batches (ninth pass); ``plain`` itself, and so ``--set batching=ragged`` on the default, is the old one."""
+    batches (ninth pass) for every answer kind but probabilities; ``plain`` itself, and so ``--set batching=ragged``
+    on the default, is the old one."""
     assert DEFAULT_PRESET == "auto" and SMALL_BUDGET_PER_CLASS == 10
     for budget in (100, 1000, 10_000):
-        assert resolve_preset(DEFAULT_PRESET, budget, 10) == ("plain+batching=equal",
-                                                              {**SIXTH_PASS_DEFAULT, "batching": "equal"})
+        assert resolve_preset(DEFAULT_PRESET, budget, 10, mode=mode) == ("plain+batching=equal",
+                                                                         {**SIXTH_PASS_DEFAULT, "batching": "equal"})
     assert PRESETS["plain"] == SIXTH_PASS_DEFAULT and all("batching" not in p for p in PRESETS.values())
 
 
+@pytest.mark.parametrize("budget,classes", [(100, 10), (200, 10), (1000, 10), (10_000, 10), (10, 1), (200, 20)])
+def test_with_probabilities_from_ten_per_class_the_default_adds_tau_lr_and_the_clip(budget, classes):
+    """Tenth pass: probability answers from 10 per class train at tau 2, peak lr 0.05, gradients clipped at 5; the
+    name says so; everything else is the ninth pass's default."""
+    name, settings = resolve_preset(DEFAULT_PRESET, budget, classes, mode="probs")
+    assert name == "plain+batching=equal+tau=2+lr=0.05+grad_clip=5"
+    assert settings == {**SIXTH_PASS_DEFAULT, "batching": "equal", "tau": 2.0, "lr": 0.05, "grad_clip": 5.0}
+    settings["tau"] = 9.0  # a fresh dict: the next resolution is untouched
+    assert resolve_preset(DEFAULT_PRESET, budget, classes, mode="probs")[1]["tau"] == 2.0
+
+
+@pytest.mark.parametrize("mode", ["label", "topk", "probs", "logits"])
 @pytest.mark.parametrize("budget,classes", [(50, 10), (99, 10), (9, 1), (199, 20)])
-def test_below_ten_answers_per_class_the_default_is_semi_with_smoothing(budget, classes):
-    name, settings = resolve_preset(DEFAULT_PRESET, budget, classes)
+def test_below_ten_answers_per_class_the_default_is_semi_with_smoothing(budget, classes, mode):
+    name, settings = resolve_preset(DEFAULT_PRESET, budget, classes, mode=mode)
     assert name == "semi+label_smoothing=0.1"
     assert settings == {**PRESETS["semi"], "label_smoothing": 0.1}
     assert "label_smoothing_min_per_class" not in settings  # smooths at every budget it applies to
     assert "batching" not in settings  # the ragged last batch, as before (equal was not adopted below 10 per class)
 
 
+@pytest.mark.parametrize("mode", ["label", "probs"])
 @pytest.mark.parametrize("name", sorted(PRESETS))
-def test_named_presets_keep_their_meaning_at_every_budget(name):
+def test_named_presets_keep_their_meaning_at_every_budget(name, mode):
     for budget in (10, 50, 100, 10_000):
-        assert resolve_preset(name, budget, 10) == (name, PRESETS[name])
-    settings = resolve_preset(name, 50, 10)[1]
+        assert resolve_preset(name, budget, 10, mode=mode) == (name, PRESETS[name])
+    assert all(key not in PRESETS[name] for key in ("tau", "lr", "grad_clip"))
+    settings = resolve_preset(name, 50, 10, mode=mode)[1]
     settings["ssl"] = "changed"  # a fresh dict: the table itself is untouched
     assert PRESETS[name]["ssl"] != "changed"

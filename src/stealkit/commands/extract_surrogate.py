@@ -59,12 +59,15 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
               help="Cap on distinct images queried (DFME A.2 uses 50000); default: the budget.")
 @click.option("--loss", type=click.Choice(["auto", "kl", "ce", "l1"]), default="auto", show_default=True,
               help="auto: tau^2 KL for probs/topk/logits, cross entropy for labels; l1 on (recovered) logits.")
-@click.option("--tau", type=float, default=1.0, show_default=True, help="Temperature of the KL loss (A.1).")
+@click.option("--tau", type=float, default=None,
+              help="Temperature of the KL loss (A.1). Default: the preset's (1; the default preset with probability "
+                   "answers from 10 queries per class: 2).")
 @click.option("--schedule", type=click.Choice(["cyclic", "step", "constant"]), default="cyclic", show_default=True,
               help="Learning-rate schedule of A.2: one-cycle, or x0.2 at 30/60/80%; or constant.")
 @click.option("--lr", type=float, default=None,
               help="Maximum learning rate of the student's optimiser (--set optimizer=sgd|adam). "
-                   "Default: 0.1 with SGD, 1e-3 with Adam.")
+                   "Default: the preset's (the default preset with probability answers from 10 queries per class: "
+                   "0.05 with SGD), else 0.1 with SGD, 1e-3 with Adam.")
 @click.option("--strategy", type=click.Choice(["random", "knockoff"]), default="random", show_default=True,
               help="Which images to query: a random shuffle, or Knockoff Nets' adaptive policy.")
 @click.option("--select", type=click.Choice(["random", "entropy", "margin", "kcenter", "mix"]), default=None,
@@ -85,7 +88,8 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
                    "Default: the preset's.")
 @click.option("--preset", type=click.Choice(list(PRESET_NAMES)), default=DEFAULT_PRESET, show_default=True,
               help="auto: semi with label smoothing 0.1 below 10 queries per class, plain with equal-sized batches "
-                   "from 10 per class (--set batching=ragged: a small last batch, as before; config.json records what "
+                   "from 10 per class (--set batching=ragged: a small last batch, as before), with probability "
+                   "answers (--mode probs) also tau 2, lr 0.05 and --set grad_clip=5 (config.json records what "
                    "it resolved to); paper: random queries, no SSL (DFME appendix A); "
                    "plain: the same with label smoothing 0.1 on label answers from 10 queries per class (probabilities train as paper); semi: random queries + FixMatch on the "
                    "unqueried pool (warm-up, mean teacher, distribution alignment); active: k-center selection + "
@@ -105,7 +109,7 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
 @device_option
 def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, top_k: int, budget: int,
                   dataset: str | None, data_dir: str | None, pool: str, max_distinct: int | None, loss: str,
-                  tau: float, schedule: str, lr: float | None, strategy: str, select: str | None, ssl: str | None,
+                  tau: float | None, schedule: str, lr: float | None, strategy: str, select: str | None, ssl: str | None,
                   pretrain: str | None, cold_start: str | None, preset: str, resume: bool, augment: str, student: str,
                   student_args: tuple[str, ...], epochs: int, batch_size: int, eval_every: int,
                   settings: tuple[str, ...], seed: int, out: str, device: str) -> None:
@@ -128,12 +132,16 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
     given = parse_kv(settings)
 
     def configure(num_classes: int) -> tuple[str, Any]:
-        """The preset resolved for the budget (``auto`` depends on the answers per class), then the options."""
-        resolved, chosen = resolve_preset(preset if strategy == "random" else "paper", cap, num_classes)
-        options = (("select", select), ("ssl", ssl), ("pretrain", pretrain), ("cold_start", cold_start))
+        """The preset resolved for the budget and answer kind (``auto`` depends on the answers per class and, with
+        probabilities, sets tau, lr and grad_clip), then the options: an explicit ``--tau``/``--lr``/``--set`` wins."""
+        resolved, chosen = resolve_preset(preset if strategy == "random" else "paper", cap, num_classes, mode=mode)
+        if str(given.get("optimizer", "sgd")) != "sgd":
+            chosen.pop("lr", None)  # the preset's learning rate is SGD's; another optimiser keeps its own default
+        options = (("select", select), ("ssl", ssl), ("pretrain", pretrain), ("cold_start", cold_start),
+                   ("tau", tau), ("lr", lr))
         chosen.update({k: v for k, v in options if v is not None})  # knockoff: its own policy, as paper
-        config = method.config(max_distinct=max_distinct, loss=loss, tau=tau, epochs=epochs,  # type: ignore[misc]
-                               batch_size=batch_size, lr=lr, schedule=schedule, strategy=strategy,
+        config = method.config(max_distinct=max_distinct, loss=loss, epochs=epochs,  # type: ignore[misc]
+                               batch_size=batch_size, schedule=schedule, strategy=strategy,
                                augment=augment, eval_every=eval_every, seed=seed, **chosen)
         return resolved, apply_settings(config, given, who="surrogate")
 

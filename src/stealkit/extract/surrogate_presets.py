@@ -20,8 +20,12 @@ pretraining.finetune_lr=none --set pretraining.warm_max_per_class=none``.
 ninth pass its ``plain`` cuts every epoch into equal-sized batches (``batching="equal"``: as many batches, sizes
 within one of each other, instead of a small last one; :func:`stealkit.train.epoch_batches`), chosen on the
 validation split; ``--set batching=ragged`` gives the eighth pass's default, and every named preset (``plain``,
-``paper``, ...) keeps the ragged last batch. A default must not be worse on any validated setting than the attack it
-replaces.
+``paper``, ...) keeps the ragged last batch. Since the tenth pass the default also depends on the answer kind: with
+probability answers (oracle mode ``probs``) from 10 answers per class it distils at temperature 2 (DFME A.1's
+``tau``; Hinton et al. 2015 Sec. 2) with peak learning rate 0.05 and every step's gradient clipped to norm 5
+(Pascanu et al. ICML 2013 Sec. 3.2), chosen on the validation split and confirmed on fresh seeds; label, ``topk`` and
+``logits`` answers, and budgets below 10 per class, are unchanged. A default must not be worse on any validated
+setting than the attack it replaces.
 """
 
 from __future__ import annotations
@@ -42,16 +46,22 @@ SMALL_BUDGET_PER_CLASS = 10
 _SMALL_BUDGET: dict[str, Any] = {**PRESETS["semi"], "label_smoothing": 0.1}
 #: from ``SMALL_BUDGET_PER_CLASS`` answers per class: ``plain`` with equal-sized batches (ninth pass, validation split)
 _LARGE_BUDGET: dict[str, Any] = {**PRESETS["plain"], "batching": "equal"}
+#: with probability answers from ``SMALL_BUDGET_PER_CLASS`` answers per class, also these (tenth pass, validation split)
+_PROBS_TRAINING: dict[str, Any] = {"tau": 2.0, "lr": 0.05, "grad_clip": 5.0}
 PRESET_NAMES = (DEFAULT_PRESET, *PRESETS)
 
 
-def resolve_preset(name: str, answers: int, num_classes: int) -> tuple[str, dict[str, Any]]:
-    """The preset ``name`` means for a budget of ``answers`` distinct images of ``num_classes`` classes: the
-    preset itself, except ``auto`` (the default), which is ``semi`` with label smoothing 0.1 (the cross entropy
-    only; probability answers train with FixMatch as ``semi``) below ``SMALL_BUDGET_PER_CLASS`` answers per class
-    and ``plain`` with equal-sized batches from there. Returns the name of what it resolved to and its settings (a fresh dict)."""
+def resolve_preset(name: str, answers: int, num_classes: int, *, mode: str) -> tuple[str, dict[str, Any]]:
+    """The preset ``name`` means for a budget of ``answers`` distinct images of ``num_classes`` classes answered in
+    oracle mode ``mode`` (``label``, ``topk``, ``probs``, ``logits``): the preset itself, except ``auto`` (the
+    default), which is ``semi`` with label smoothing 0.1 (the cross entropy only; probability answers train with
+    FixMatch as ``semi``) below ``SMALL_BUDGET_PER_CLASS`` answers per class and ``plain`` with equal-sized batches
+    from there, with ``tau=2``, ``lr=0.05`` and ``grad_clip=5`` when ``mode`` is ``probs``. Returns the name of what
+    it resolved to and its settings (a fresh dict)."""
     if name == DEFAULT_PRESET:
         if answers < SMALL_BUDGET_PER_CLASS * num_classes:
             return "semi+label_smoothing=0.1", dict(_SMALL_BUDGET)
+        if mode == "probs":
+            return "plain+batching=equal+tau=2+lr=0.05+grad_clip=5", {**_LARGE_BUDGET, **_PROBS_TRAINING}
         return "plain+batching=equal", dict(_LARGE_BUDGET)
     return name, dict(PRESETS[name])
