@@ -259,6 +259,13 @@ def art_rows(row: str, mode: str) -> list[str]:
     return [row] if row.removesuffix("-defaults") in ART_ROWS[mode] else []
 
 
+def _setting(config: Any, key: str) -> Any:
+    """The value of setting ``key`` of ``config`` (``"active.initial"``: a field of a group)."""
+    for part in key.split("."):
+        config = getattr(config, part)
+    return config
+
+
 def ours_variant(name: str, victim_dir: str, mode: str, pool: torch.Tensor, budget: int, evaluator: Evaluator,
                  args: argparse.Namespace, combo: dict[str, str], flip: bool) -> dict[str, Any]:
     """One run of ``extract_surrogate`` with a selection strategy, SSL method, pretraining and cold start
@@ -270,9 +277,9 @@ def ours_variant(name: str, victim_dir: str, mode: str, pool: torch.Tensor, budg
     from stealkit.settings import apply_settings, parse_value
 
     config = SurrogateConfig(max_distinct=budget, epochs=args.epochs, batch_size=args.batch_size,
-                             fixmatch=FixMatchConfig(flip=flip), seed=args.seed, **combo)  # type: ignore[arg-type]
-    config = apply_settings(config, {k: parse_value(x) for k, _, x in (s.partition("=") for s in args.set)},
-                            who="benchmark")
+                             fixmatch=FixMatchConfig(flip=flip), seed=args.seed)
+    config = apply_settings(config, {**combo, **{k: parse_value(x) for k, _, x in (s.partition("=") for s in args.set)}},
+                            who="benchmark")  # the combination may name group fields ("active.initial")
     cache = None
     if config.pretrain != "none":
         import hashlib
@@ -286,7 +293,7 @@ def ours_variant(name: str, victim_dir: str, mode: str, pool: torch.Tensor, budg
     rounds = r.extra.get("active", {}).get("rounds", [])
     pre = r.extra.get("pretraining", {})
     return {"attack": name, "mode": mode, "budget": budget, "seed": args.seed,
-            **{k: getattr(config, k) for k in combo},  # the values used, after the row's --set
+            **{k: _setting(config, k) for k in combo},  # the values used, after the row's --set
             "label_smoothing_used": r.extra.get("label_smoothing"),
             "accuracy": r.accuracy, "fidelity": r.fidelity, "queries": r.queries["predict"],
             "seconds": round(time.perf_counter() - t0 - (0 if pre.get("reused") else pre.get("seconds", 0)), 1),

@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     evaluator = make_evaluator(v, pool_ds.x[order[cut:]], pool_ds.y[order[cut:]])
     combo = resolve_preset(DEFAULT_PRESET, args.budget, v.num_classes, mode=args.mode)[1]
     config = SurrogateConfig(max_distinct=args.budget, epochs=args.epochs, batch_size=args.batch_size,
-                             fixmatch=FixMatchConfig(flip=v.dataset in FLIP_INVARIANT), seed=args.seed, **combo)
-    config = apply_settings(config, {k: parse_value(x) for k, _, x in (s.partition("=") for s in args.set)},
+                             fixmatch=FixMatchConfig(flip=v.dataset in FLIP_INVARIANT), seed=args.seed)
+    config = apply_settings(config, {**combo, **{k: parse_value(x) for k, _, x in (s.partition("=") for s in args.set)}},
                             who="diagnosis")
     # the plain attack's answered images: the first `budget` of the seed's shuffle of the pool
     answered = pool[torch.randperm(len(pool), generator=torch.Generator().manual_seed(args.seed))[:args.budget]]

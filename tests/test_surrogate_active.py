@@ -212,3 +212,48 @@ def test_candidate_subset_scores_only_its_rows_and_spends_the_budget():
     result = extract_surrogate(oracle, _pool(), make_student=lambda: TinyNet(seed=5), config=config)
     assert result.queries["predict"] == 30 == result.extra["n_distinct"] == victim.seen
     assert [r["selected"] for r in result.extra["active"]["rounds"]] == ActiveConfig(rounds=3).schedule(30)
+
+
+def _default_config(budget: int, classes: int, mode: str, **changes: object) -> SurrogateConfig:
+    """The command's default for ``budget`` answers, applied as the CLI applies it (group keys included)."""
+    from stealkit.extract.surrogate_presets import DEFAULT_PRESET, resolve_preset
+    from stealkit.settings import apply_settings
+
+    chosen = resolve_preset(DEFAULT_PRESET, budget, classes, mode=mode)[1]
+    return apply_settings(SurrogateConfig(epochs=1, batch_size=8, seed=2), {**chosen, **changes}, who="test")
+
+
+@pytest.mark.parametrize("mode", ["label", "probs"])
+def test_the_default_from_a_hundred_per_class_selects_by_margin_within_the_budget(mode):
+    """Tenth pass: 300 answers of 3 classes (100 per class) from a 600-image pool: half at random, then four rounds
+    of margin selection; the ledger, the distinct answers and what the victim saw are exactly the budget."""
+    config = _default_config(300, 3, mode, **{"active.round_epochs": 1})
+    assert config.select == "margin" and config.active.initial == 0.5 and config.active.rounds == 4
+    victim = CountingNet().eval()
+    oracle = LocalOracle(victim, (1, 4, 4), mode=mode, budget=300)
+    victim.seen = 0
+    result = extract_surrogate(oracle, _pool(600), make_student=lambda: TinyNet(seed=5), config=config)
+    rounds = result.extra["active"]["rounds"]
+    assert [r["selected"] for r in rounds] == [150, 38, 38, 37, 37] == ActiveConfig(initial=0.5).schedule(300)
+    assert rounds[-1]["answered"] == 300 == result.queries["predict"] == result.extra["n_distinct"] == victim.seen
+    assert "select_skipped" not in result.extra
+
+
+def test_a_budget_that_answers_the_whole_pool_skips_the_rounds(tmp_path: Path):
+    """Nothing to choose when the budget covers the pool: the same queries and student as random selection, bitwise,
+    no round trained; --resume of such a run is refused (there is no checkpoint to continue)."""
+    pool = _pool(40)
+
+    def run(select: str, **kw: object) -> object:
+        oracle = LocalOracle(CountingNet().eval(), (1, 4, 4), mode="probs", budget=50)
+        config = SurrogateConfig(epochs=2, batch_size=8, select=select, seed=3)  # type: ignore[arg-type]
+        return extract_surrogate(oracle, pool, make_student=lambda: TinyNet(seed=5), config=config, **kw)
+
+    margin, plain = run("margin", checkpoint_dir=tmp_path / "c"), run("random")
+    assert margin.extra["select_skipped"] == "the budget answers the whole pool"  # type: ignore[attr-defined]
+    assert "active" not in margin.extra and margin.queries == plain.queries == {"predict": 40, "explain": 0}  # type: ignore[attr-defined]
+    a, b = margin.student.state_dict(), plain.student.state_dict()  # type: ignore[attr-defined]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not (tmp_path / "c").exists()
+    with pytest.raises(InputError, match="nothing to resume"):
+        run("margin", checkpoint_dir=tmp_path / "c", resume=True)

@@ -86,7 +86,7 @@ def test_default_is_semi_below_ten_answers_per_class_and_records_it(victim_dir, 
     cfg = json.loads((out / "config.json").read_text())["config"]
     assert cfg["preset"] == "auto" and cfg["preset_resolved"] == resolved
     for key, value in resolve_preset("auto", budget, 10, mode=mode)[1].items():
-        assert cfg["surrogate"][key] == value
+        assert _setting(cfg["surrogate"], key) == value
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ssl"] == ("fixmatch" if budget < 100 else "none")
     assert summary["label_smoothing"] == (0.1 if mode == "label" else 0.0)  # the cross entropy only
@@ -169,3 +169,29 @@ def test_default_trains_bitwise_as_its_spelled_out_settings(victim_dir, tmp_path
         weights.append(load_file(str(out / "student" / "model.safetensors")))
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def _setting(config: dict, key: str) -> object:
+    """A recorded setting; ``"active.initial"`` is a field of the group ``active``."""
+    for part in key.split("."):
+        config = config[part]
+    return config
+
+
+@pytest.mark.parametrize("mode", ["label", "probs"])
+def test_default_selects_by_margin_from_a_hundred_per_class_and_records_it(victim_dir, tmp_path, mode):
+    """Tenth pass: at 1,000 answers (digits: 100 per class) from a pool larger than the budget (a synthetic source
+    draws 4 candidates per query) the default queries in margin rounds; config.json names it; a --set changes the
+    preset's group; the ledger spends exactly the budget; the rounds are checkpointed."""
+    out = tmp_path / "run"
+    args = ["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", "1000", "--epochs", "1",
+            "--mode", mode, "--student", "mlp2", "--student-arg", "hidden=8", "--pool", "uniform",
+            "--set", "active.round_epochs=1", "--out", str(out)]
+    assert main(args) == 0
+    cfg = json.loads((out / "config.json").read_text())["config"]
+    assert cfg["preset_resolved"].endswith("+select=margin+active.initial=0.5")
+    assert cfg["surrogate"]["select"] == "margin" and cfg["surrogate"]["active"]["initial"] == 0.5
+    assert cfg["surrogate"]["active"]["round_epochs"] == 1  # --set on top of the preset's group setting
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["queries"]["predict"] == 1000 == summary["n_distinct"] == summary["queries_spent"]
+    assert (out / "checkpoint" / "active.json").exists()

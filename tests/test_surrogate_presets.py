@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from stealkit.extract.surrogate_presets import DEFAULT_PRESET, PRESETS, SMALL_BUDGET_PER_CLASS, resolve_preset
+from stealkit.extract.surrogate_presets import (
+    ACTIVE_BUDGET_PER_CLASS,
+    DEFAULT_PRESET,
+    PRESETS,
+    SMALL_BUDGET_PER_CLASS,
+    resolve_preset,
+)
 
 SIXTH_PASS_DEFAULT = {"select": "random", "ssl": "none", "pretrain": "none", "cold_start": "random",
                       "label_smoothing": 0.1, "label_smoothing_min_per_class": 10}
@@ -16,13 +22,13 @@ def test_from_ten_answers_per_class_the_default_is_the_sixth_pass_one_with_equal
     batches (ninth pass) for every answer kind but probabilities; ``plain`` itself, and so ``--set batching=ragged``
     on the default, is the old one."""
     assert DEFAULT_PRESET == "auto" and SMALL_BUDGET_PER_CLASS == 10
-    for budget in (100, 1000, 10_000):
+    for budget in (100, 999):
         assert resolve_preset(DEFAULT_PRESET, budget, 10, mode=mode) == ("plain+batching=equal",
                                                                          {**SIXTH_PASS_DEFAULT, "batching": "equal"})
     assert PRESETS["plain"] == SIXTH_PASS_DEFAULT and all("batching" not in p for p in PRESETS.values())
 
 
-@pytest.mark.parametrize("budget,classes", [(100, 10), (200, 10), (1000, 10), (10_000, 10), (10, 1), (200, 20)])
+@pytest.mark.parametrize("budget,classes", [(100, 10), (200, 10), (999, 10), (10, 1), (99, 1), (200, 20)])
 def test_with_probabilities_from_ten_per_class_the_default_adds_tau_lr_and_the_clip(budget, classes):
     """Tenth pass: probability answers from 10 per class train at tau 2, peak lr 0.05, gradients clipped at 5; the
     name says so; everything else is the ninth pass's default."""
@@ -31,6 +37,19 @@ def test_with_probabilities_from_ten_per_class_the_default_adds_tau_lr_and_the_c
     assert settings == {**SIXTH_PASS_DEFAULT, "batching": "equal", "tau": 2.0, "lr": 0.05, "grad_clip": 5.0}
     settings["tau"] = 9.0  # a fresh dict: the next resolution is untouched
     assert resolve_preset(DEFAULT_PRESET, budget, classes, mode="probs")[1]["tau"] == 2.0
+
+
+@pytest.mark.parametrize("mode", ["label", "topk", "probs", "logits"])
+@pytest.mark.parametrize("budget,classes", [(1000, 10), (10_000, 10), (100, 1), (2000, 20)])
+def test_from_a_hundred_answers_per_class_the_default_also_selects_by_margin(budget, classes, mode):
+    """Tenth pass: from 100 answers per class the default queries half its budget at random and the rest by the
+    round substitute's smallest margins, on top of what it is for the answer kind; one answer fewer and it does not."""
+    assert ACTIVE_BUDGET_PER_CLASS == 100
+    name, settings = resolve_preset(DEFAULT_PRESET, budget, classes, mode=mode)
+    below_name, below = resolve_preset(DEFAULT_PRESET, ACTIVE_BUDGET_PER_CLASS * classes - 1, classes, mode=mode)
+    assert name == below_name + "+select=margin+active.initial=0.5"
+    assert settings == {**below, "select": "margin", "active.initial": 0.5}
+    assert below["select"] == "random" and "active.initial" not in below
 
 
 @pytest.mark.parametrize("mode", ["label", "topk", "probs", "logits"])

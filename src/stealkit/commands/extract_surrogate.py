@@ -142,24 +142,31 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
         chosen.update({k: v for k, v in options if v is not None})  # knockoff: its own policy, as paper
         config = method.config(max_distinct=max_distinct, loss=loss, epochs=epochs,  # type: ignore[misc]
                                batch_size=batch_size, schedule=schedule, strategy=strategy,
-                               augment=augment, eval_every=eval_every, seed=seed, **chosen)
-        return resolved, apply_settings(config, given, who="surrogate")
+                               augment=augment, eval_every=eval_every, seed=seed)
+        return resolved, apply_settings(config, {**chosen, **given}, who="surrogate")  # "active.initial" keys too
 
-    # refuse bad settings and resume mistakes before the victim is opened (one class: the large-budget meaning;
-    # the budget changes only ssl and label smoothing, never what is checkpointed)
-    _, config = configure(1)
+    def checkpointed(config: Any) -> bool:
+        return config.select != "random" or config.pretrain != "none" or config.cold_start != "random"
+
+    def refuse_resume() -> None:
+        raise InputError("--resume continues active rounds or reuses pretrained weights; this run has --select "
+                         "random, --pretrain none and --cold-start random (nothing to resume)")
+
+    # refuse bad settings and resume mistakes before the victim is opened: the default selects by margin only from
+    # 100 answers per class, so one class and more classes than answers bound what the victim's classes give
+    configure(1)
+    if resume and not any(checkpointed(configure(classes)[1]) for classes in (1, cap + 1)):
+        refuse_resume()
     run = RunDir(out)
     checkpoint = run.path / "checkpoint"
     if not resume and (checkpoint / "active.json").exists():
         raise InputError(f"{out} holds a checkpoint of an earlier run: pass --resume to continue it, or choose "
                          "another --out")
-    checkpointed = config.select != "random" or config.pretrain != "none" or config.cold_start != "random"
-    if resume and not checkpointed:
-        raise InputError("--resume continues active rounds or reuses pretrained weights; this run has --select "
-                         "random, --pretrain none and --cold-start random (nothing to resume)")
     v = open_victim(victim, mode=mode, budget=budget, temperature=temperature, top_k=top_k, key=key,
                     dataset=dataset, device=device, seed=seed)
     resolved, config = configure(v.num_classes)
+    if resume and not checkpointed(config):
+        refuse_resume()
     if "fixmatch.flip" not in given:  # mirror images only where the data set is flip-invariant
         config = apply_settings(config, {"fixmatch.flip": v.dataset in FLIP_INVARIANT}, who="surrogate")
     splits = victim_splits(v, data_dir)
@@ -168,7 +175,7 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
     knockoff = strategy == "knockoff"
     # plain random queries the first ``cap`` of a shuffle; the adaptive policy, active selection, FixMatch
     # and the noisy student use the whole pool (a synthetic source draws four candidates per query it may make)
-    whole = knockoff or checkpointed or config.ssl != "none" or config.noisy_student.rounds > 0
+    whole = knockoff or checkpointed(config) or config.ssl != "none" or config.noisy_student.rounds > 0
     n_pool = (4 * cap if parse_source(pool).is_synthetic else None) if whole else cap
     x_pool, labels = load_surrogate_pool(pool, input_shape=v.input_shape, n=n_pool, seed=seed, data_dir=data_dir,
                                          victim_dataset=v.dataset, split_seed=v.split_seed, with_labels=knockoff)
@@ -178,7 +185,7 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
     result = method.run(v.oracle, x_pool, make_student=student_factory(student, v, seed, **kwargs),
                         config=config, evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
                         pool_labels=labels, on_point=run.append_record, device=device,
-                        checkpoint_dir=checkpoint if checkpointed else None, resume=resume)
+                        checkpoint_dir=checkpoint if checkpointed(config) else None, resume=resume)
     save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
     click.echo(f"accuracy {result.accuracy:.4f}, fidelity {result.fidelity}, queries {result.queries}; "
                f"report: {run.report_path}")

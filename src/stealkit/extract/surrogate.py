@@ -363,7 +363,9 @@ def extract_surrogate(
     (``pool_labels`` name its actions; without them the pool is clustered). The ledger's count is the
     number of distinct images answered. ``on_epoch(epoch, student, record)`` sees training as it goes.
     An active ``select`` queries in rounds (:func:`stealkit.extract.active.active_rounds`); with
-    ``checkpoint_dir`` the rounds are saved there and ``resume`` continues them without paying twice.
+    ``checkpoint_dir`` the rounds are saved there and ``resume`` continues them without paying twice. When the
+    budget answers the whole pool (and nothing is pretrained) there is nothing to select: the pool is queried as
+    ``random`` does, without rounds (``extra["select_skipped"]``).
     Rotation-pretrained weights are saved as ``checkpoint_dir/pretrained.safetensors`` and reused on
     ``resume``; ``pretrain_cache`` (a file, used when there is no ``checkpoint_dir``) is reused whenever it
     exists with the same settings, seed and pool (benchmarks share one pretraining between cells).
@@ -381,6 +383,14 @@ def extract_surrogate(
     if n == 0:
         raise InputError("the oracle's budget allows no query at all; raise --budget")
     extra: dict[str, Any] = {}
+    whole_pool = config.select != "random" and n >= pool.shape[0] and config.cold_start == "random" \
+        and config.pretrain == "none"
+    if whole_pool:  # the budget answers the whole pool: nothing to choose, so no rounds (the plain path's images)
+        if resume:
+            raise InputError("nothing to resume: the budget answers the whole pool, so this run queries it in one "
+                             "pass without active rounds or a checkpoint; run it again without --resume")
+        config = replace(config, select="random")
+        extra["select_skipped"] = "the budget answers the whole pool"
     if config.label_smoothing and (n < config.label_smoothing_min_per_class * oracle.num_classes
                                    or resolve_loss(config.loss, oracle.mode) != "ce"):
         config = replace(config, label_smoothing=0.0)  # too few answers per class, or no cross entropy
@@ -406,7 +416,7 @@ def extract_surrogate(
         indices, trace = knockoff_select(cache, n, make_student=make_student, loss_fn=loss_fn,
                                          config=config.knockoff, actions=labels, seed=config.seed, device=device)
         extra["knockoff"] = trace
-    elif config.select == "random" and config.cold_start == "random" and checkpoint_dir is None:
+    elif config.select == "random" and config.cold_start == "random" and (checkpoint_dir is None or whole_pool):
         # the first n of the shuffle, queried while the student trains; the rest is FixMatch's unlabelled pool
         cache = AnswerCache(oracle, pool[order], query_batch=config.query_batch)
         indices = torch.arange(n)

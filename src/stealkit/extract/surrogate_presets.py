@@ -24,8 +24,13 @@ validation split; ``--set batching=ragged`` gives the eighth pass's default, and
 probability answers (oracle mode ``probs``) from 10 answers per class it distils at temperature 2 (DFME A.1's
 ``tau``; Hinton et al. 2015 Sec. 2) with peak learning rate 0.05 and every step's gradient clipped to norm 5
 (Pascanu et al. ICML 2013 Sec. 3.2), chosen on the validation split and confirmed on fresh seeds; label, ``topk`` and
-``logits`` answers, and budgets below 10 per class, are unchanged. A default must not be worse on any validated
-setting than the attack it replaces.
+``logits`` answers, and budgets below 10 per class, are unchanged. From ``ACTIVE_BUDGET_PER_CLASS`` (100) answers per
+class the default also chooses what it asks: half the budget at random, the rest in four rounds of the round
+substitute's smallest top-2 margins (``select="margin"``, ``active.initial=0.5``; ActiveThief, Pal et al. AAAI 2020
+Sec. 3, :mod:`stealkit.extract.active`), chosen on the validation split at Fashion-MNIST 1k and confirmed on fresh
+seeds (docs/surrogate-active.md, "Tenth pass: uncertainty selection"). A setting may name a field of a group
+(``"active.initial"``): apply the whole dict with :func:`stealkit.settings.apply_settings`. A default must not be
+worse on any validated setting than the attack it replaces.
 """
 
 from __future__ import annotations
@@ -48,6 +53,9 @@ _SMALL_BUDGET: dict[str, Any] = {**PRESETS["semi"], "label_smoothing": 0.1}
 _LARGE_BUDGET: dict[str, Any] = {**PRESETS["plain"], "batching": "equal"}
 #: with probability answers from ``SMALL_BUDGET_PER_CLASS`` answers per class, also these (tenth pass, validation split)
 _PROBS_TRAINING: dict[str, Any] = {"tau": 2.0, "lr": 0.05, "grad_clip": 5.0}
+#: from this many answers per class the default selects by margin (tenth pass, validation split)
+ACTIVE_BUDGET_PER_CLASS = 100
+_MARGIN_SELECTION: dict[str, Any] = {"select": "margin", "active.initial": 0.5}
 PRESET_NAMES = (DEFAULT_PRESET, *PRESETS)
 
 
@@ -56,12 +64,16 @@ def resolve_preset(name: str, answers: int, num_classes: int, *, mode: str) -> t
     oracle mode ``mode`` (``label``, ``topk``, ``probs``, ``logits``): the preset itself, except ``auto`` (the
     default), which is ``semi`` with label smoothing 0.1 (the cross entropy only; probability answers train with
     FixMatch as ``semi``) below ``SMALL_BUDGET_PER_CLASS`` answers per class and ``plain`` with equal-sized batches
-    from there, with ``tau=2``, ``lr=0.05`` and ``grad_clip=5`` when ``mode`` is ``probs``. Returns the name of what
-    it resolved to and its settings (a fresh dict)."""
+    from there, with ``tau=2``, ``lr=0.05`` and ``grad_clip=5`` when ``mode`` is ``probs``, and margin selection
+    from ``ACTIVE_BUDGET_PER_CLASS`` answers per class. Returns the name of what it resolved to and its settings (a
+    fresh dict; apply it with :func:`stealkit.settings.apply_settings`, which takes ``"active.initial"``-style keys)."""
     if name == DEFAULT_PRESET:
         if answers < SMALL_BUDGET_PER_CLASS * num_classes:
             return "semi+label_smoothing=0.1", dict(_SMALL_BUDGET)
+        resolved, chosen = "plain+batching=equal", dict(_LARGE_BUDGET)
         if mode == "probs":
-            return "plain+batching=equal+tau=2+lr=0.05+grad_clip=5", {**_LARGE_BUDGET, **_PROBS_TRAINING}
-        return "plain+batching=equal", dict(_LARGE_BUDGET)
+            resolved, chosen = resolved + "+tau=2+lr=0.05+grad_clip=5", {**chosen, **_PROBS_TRAINING}
+        if answers >= ACTIVE_BUDGET_PER_CLASS * num_classes:
+            resolved, chosen = resolved + "+select=margin+active.initial=0.5", {**chosen, **_MARGIN_SELECTION}
+        return resolved, chosen
     return name, dict(PRESETS[name])
