@@ -18,17 +18,17 @@ SIXTH_PASS_DEFAULT = {"select": "random", "ssl": "none", "pretrain": "none", "co
 
 @pytest.mark.parametrize("mode", ["label", "topk", "logits"])
 def test_from_ten_answers_per_class_the_default_is_the_sixth_pass_one_with_equal_batches(mode):
-    """Fashion-MNIST at 100 queries (10 per class) and above resolve to the sixth pass's default with equal-sized
-    batches (ninth pass) for every answer kind but probabilities; ``plain`` itself, and so ``--set batching=ragged``
+    """From 10 to 19 answers per class (Fashion-MNIST 100-199 queries) the default is the sixth pass's with equal-sized
+    batches (ninth pass) for every answer kind but probabilities (from 20 per class it also selects by margin); ``plain`` itself, and so ``--set batching=ragged``
     on the default, is the old one."""
     assert DEFAULT_PRESET == "auto" and SMALL_BUDGET_PER_CLASS == 10
-    for budget in (100, 999):
+    for budget in (100, 199):
         assert resolve_preset(DEFAULT_PRESET, budget, 10, mode=mode) == ("plain+batching=equal",
                                                                          {**SIXTH_PASS_DEFAULT, "batching": "equal"})
     assert PRESETS["plain"] == SIXTH_PASS_DEFAULT and all("batching" not in p for p in PRESETS.values())
 
 
-@pytest.mark.parametrize("budget,classes", [(100, 10), (200, 10), (999, 10), (10, 1), (99, 1), (200, 20)])
+@pytest.mark.parametrize("budget,classes", [(100, 10), (199, 10), (10, 1), (19, 1), (200, 20), (399, 20)])
 def test_with_probabilities_from_ten_per_class_the_default_adds_tau_lr_and_the_clip(budget, classes):
     """Tenth pass: probability answers from 10 per class train at tau 2, peak lr 0.05, gradients clipped at 5; the
     name says so; everything else is the ninth pass's default."""
@@ -40,11 +40,11 @@ def test_with_probabilities_from_ten_per_class_the_default_adds_tau_lr_and_the_c
 
 
 @pytest.mark.parametrize("mode", ["label", "topk", "probs", "logits"])
-@pytest.mark.parametrize("budget,classes", [(1000, 10), (10_000, 10), (100, 1), (2000, 20)])
+@pytest.mark.parametrize("budget,classes", [(200, 10), (1000, 10), (10_000, 10), (20, 1), (400, 20)])
 def test_from_a_hundred_answers_per_class_the_default_also_selects_by_margin(budget, classes, mode):
-    """Tenth pass: from 100 answers per class the default queries half its budget at random and the rest by the
+    """Tenth pass: from 20 answers per class the default queries half its budget at random and the rest by the
     round substitute's smallest margins, on top of what it is for the answer kind; one answer fewer and it does not."""
-    assert ACTIVE_BUDGET_PER_CLASS == 100
+    assert ACTIVE_BUDGET_PER_CLASS == 20
     name, settings = resolve_preset(DEFAULT_PRESET, budget, classes, mode=mode)
     below_name, below = resolve_preset(DEFAULT_PRESET, ACTIVE_BUDGET_PER_CLASS * classes - 1, classes, mode=mode)
     assert name == below_name + "+select=margin+active.initial=0.5"

@@ -153,7 +153,7 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
                          "random, --pretrain none and --cold-start random (nothing to resume)")
 
     # refuse bad settings and resume mistakes before the victim is opened: the default selects by margin only from
-    # 100 answers per class, so one class and more classes than answers bound what the victim's classes give
+    # 20 answers per class, so one class and more classes than answers bound what the victim's classes give
     configure(1)
     if resume and not any(checkpointed(configure(classes)[1]) for classes in (1, cap + 1)):
         refuse_resume()

@@ -24,11 +24,12 @@ validation split; ``--set batching=ragged`` gives the eighth pass's default, and
 probability answers (oracle mode ``probs``) from 10 answers per class it distils at temperature 2 (DFME A.1's
 ``tau``; Hinton et al. 2015 Sec. 2) with peak learning rate 0.05 and every step's gradient clipped to norm 5
 (Pascanu et al. ICML 2013 Sec. 3.2), chosen on the validation split and confirmed on fresh seeds; label, ``topk`` and
-``logits`` answers, and budgets below 10 per class, are unchanged. From ``ACTIVE_BUDGET_PER_CLASS`` (100) answers per
+``logits`` answers, and budgets below 10 per class, are unchanged. From ``ACTIVE_BUDGET_PER_CLASS`` (20) answers per
 class the default also chooses what it asks: half the budget at random, the rest in four rounds of the round
 substitute's smallest top-2 margins (``select="margin"``, ``active.initial=0.5``; ActiveThief, Pal et al. AAAI 2020
 Sec. 3, :mod:`stealkit.extract.active`), chosen on the validation split at Fashion-MNIST 1k and confirmed on fresh
-seeds (docs/surrogate-active.md, "Tenth pass: uncertainty selection"). A setting may name a field of a group
+seeds, then its threshold lowered from 100 to 20 per class by a second screen and confirmation (digits 200,
+Fashion-MNIST 300; at 10 per class it lost) (docs/surrogate-active.md, "Tenth pass: margin selection"). A setting may name a field of a group
 (``"active.initial"``): apply the whole dict with :func:`stealkit.settings.apply_settings`. A default must not be
 worse on any validated setting than the attack it replaces.
 """
@@ -54,7 +55,7 @@ _LARGE_BUDGET: dict[str, Any] = {**PRESETS["plain"], "batching": "equal"}
 #: with probability answers from ``SMALL_BUDGET_PER_CLASS`` answers per class, also these (tenth pass, validation split)
 _PROBS_TRAINING: dict[str, Any] = {"tau": 2.0, "lr": 0.05, "grad_clip": 5.0}
 #: from this many answers per class the default selects by margin (tenth pass, validation split)
-ACTIVE_BUDGET_PER_CLASS = 100
+ACTIVE_BUDGET_PER_CLASS = 20
 _MARGIN_SELECTION: dict[str, Any] = {"select": "margin", "active.initial": 0.5}
 PRESET_NAMES = (DEFAULT_PRESET, *PRESETS)
 
