@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
+from stealkit.extract.common import make_evaluator, open_victim, pool_holdout, student_factory, victim_splits
 from stealkit.extract.semi_supervised import FixMatchConfig
 from stealkit.extract.surrogate import FLIP_INVARIANT, SurrogateConfig, extract_surrogate
 from stealkit.metrics import predict_labels
@@ -47,11 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     trained = standard_victim(args.victim)
     v = open_victim(trained.path, mode="probs")
     splits = victim_splits(v)
-    pool_ds = splits.attacker_pool
-    order = torch.randperm(len(pool_ds), generator=torch.Generator().manual_seed(1234))
-    cut = len(pool_ds) * 4 // 5
-    pool = pool_ds.x[order[:cut]]
-    evaluator = make_evaluator(v, pool_ds.x[order[cut:]], pool_ds.y[order[cut:]])
+    pool, _, x_val, y_val = pool_holdout(splits.attacker_pool)
+    evaluator = make_evaluator(v, x_val, y_val)
     victim_labels = predict_labels(v.model, pool)  # diagnosis only, outside the ledger
     config = SurrogateConfig(max_distinct=args.budget, epochs=args.epochs, batch_size=args.batch_size,
                              select=args.select, ssl=args.ssl, seed=args.seed,  # type: ignore[arg-type]

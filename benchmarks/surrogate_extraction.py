@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from stealkit.data import load_query_source
-from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
+from stealkit.extract.common import make_evaluator, open_victim, pool_holdout, student_factory, victim_splits
 from stealkit.extract.knockoff import KnockoffConfig
 from stealkit.extract.surrogate import SurrogateConfig, extract_surrogate
 from stealkit.metrics import Evaluator
@@ -410,12 +410,11 @@ def active_main(argv: list[str] | None = None) -> int:
     splits = victim_splits(v)
     flip = v.dataset in FLIP_INVARIANT
     pool_ds = splits.attacker_pool
-    order = torch.randperm(len(pool_ds), generator=torch.Generator().manual_seed(1234))
     if args.validate:
-        cut = len(pool_ds) * 4 // 5
-        pool, labels = pool_ds.x[order[:cut]], pool_ds.y[order[:cut]]
-        evaluator = make_evaluator(v, pool_ds.x[order[cut:]], pool_ds.y[order[cut:]])
+        pool, labels, x_val, y_val = pool_holdout(pool_ds)
+        evaluator = make_evaluator(v, x_val, y_val)
     else:
+        order = torch.randperm(len(pool_ds), generator=torch.Generator().manual_seed(1234))
         pool, labels = pool_ds.x[order], pool_ds.y[order]
         evaluator = make_evaluator(v, splits.test.x, splits.test.y)
     rows: list[dict[str, Any]] = []

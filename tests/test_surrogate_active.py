@@ -257,3 +257,25 @@ def test_a_budget_that_answers_the_whole_pool_skips_the_rounds(tmp_path: Path):
     assert not (tmp_path / "c").exists()
     with pytest.raises(InputError, match="nothing to resume"):
         run("margin", checkpoint_dir=tmp_path / "c", resume=True)
+
+
+def test_pool_holdout_is_the_benchmarks_validation_split():
+    """The last fifth of one fixed shuffle, with its labels: disjoint from the four fifths, the same cut the
+    benchmarks' ``--validate`` made inline before (so their validation figures are unchanged)."""
+    from stealkit.extract.common import pool_holdout
+
+    class Split:
+        def __init__(self, n: int) -> None:
+            self.x, self.y = torch.arange(n * 2.0).view(n, 2), torch.arange(n)
+
+        def __len__(self) -> int:
+            return len(self.y)
+
+    for n in (8, 10, 37):
+        split = Split(n)
+        x, y, x_val, y_val = pool_holdout(split)
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(1234))
+        cut = n * 4 // 5
+        assert torch.equal(y, order[:cut]) and torch.equal(y_val, order[cut:])
+        assert torch.equal(x, split.x[order[:cut]]) and torch.equal(x_val, split.x[order[cut:]])
+        assert len(y_val) == n - n * 4 // 5 and not set(y.tolist()) & set(y_val.tolist())

@@ -266,6 +266,15 @@ def student_factory(arch: str, victim: Victim, seed: int, **kwargs: Any) -> Call
     return make
 
 
+def pool_holdout(pool: Any, *, seed: int = 1234) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The attacker pool (a split with ``x`` and ``y``) shuffled with ``seed`` and cut into the four fifths the attack
+    may query and the last fifth held out with its true labels, to choose settings on without touching the test
+    split: ``(x, y, x_val, y_val)`` (the benchmarks' ``--validate``, docs/surrogate-active.md)."""
+    order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed))
+    cut = len(pool) * 4 // 5
+    return pool.x[order[:cut]], pool.y[order[:cut]], pool.x[order[cut:]], pool.y[order[cut:]]
+
+
 def victim_splits(victim: Victim, data_dir: str | Path | None = None) -> Any:
     """The victim task's splits (for the attacker pool and the test split)."""
     from stealkit.data import load_splits
