@@ -89,4 +89,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from stealkit.errors import InputError
+
+    try:
+        sys.exit(main())
+    except InputError as e:
+        sys.exit(f"error: {e}")

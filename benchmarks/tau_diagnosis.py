@@ -10,6 +10,8 @@ diagnosis only (the attack never sees them twice). The trace hooks read gradient
 the benchmark row's, bitwise (its final accuracy is printed to check). Prints one JSON object. Since the tenth
 pass the default resolved for ``--mode probs`` from 10 answers per class already has ``tau=2``, ``lr=0.05`` and
 ``grad_clip=5``; the default the tenth pass's diagnosis traced is ``--set tau=1 --set lr=0.1 --set grad_clip=0``.
+The trace is of the plain path (the first ``budget`` images of the seed's shuffle, one training): a default that
+selects by margin (from 20 answers per class) is run with ``select=random`` here, and the output says so.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/tau_diagnosis.py --victim digits-conv2 --budget 100 \
         --mode probs --seed 3 --set tau=2 --set lr=0.05
@@ -78,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                              fixmatch=FixMatchConfig(flip=v.dataset in FLIP_INVARIANT), seed=args.seed)
     config = apply_settings(config, {**combo, **{k: parse_value(x) for k, _, x in (s.partition("=") for s in args.set)}},
                             who="diagnosis")
+    forced_random = config.select != "random"  # rounds would train substitutes and answer other images
+    config = apply_settings(config, {"select": "random"}, who="diagnosis")
     # the plain attack's answered images: the first `budget` of the seed's shuffle of the pool
     answered = pool[torch.randperm(len(pool), generator=torch.Generator().manual_seed(args.seed))[:args.budget]]
     with torch.no_grad():
@@ -106,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     r = extract_surrogate(oracle, pool, make_student=make_student, config=config, evaluator=evaluator,
                           on_epoch=on_epoch)
     out = {"benchmark": "tau_diagnosis", "victim": args.victim, "budget": args.budget, "mode": args.mode,
-           "seed": args.seed, "settings": args.set, "accuracy": r.accuracy, "fidelity": r.fidelity,
+           "seed": args.seed, "settings": args.set, "select_forced_random": forced_random, "accuracy": r.accuracy, "fidelity": r.fidelity,
            "queries": r.queries["predict"], "seconds": round(time.perf_counter() - t0, 1),
            "loadavg": list(os.getloadavg()), "torch": torch.__version__, "threads": torch.get_num_threads(),
            "step_grad_norms": [round(s, 3) for s in steps], "trace": trace}
@@ -116,4 +120,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from stealkit.errors import InputError
+
+    try:
+        sys.exit(main())
+    except InputError as e:
+        sys.exit(f"error: {e}")

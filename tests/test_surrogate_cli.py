@@ -22,6 +22,15 @@ def victim_dir(tmp_path_factory):
     return out
 
 
+def _run(victim_dir, out, mode: str, budget: int, *extra: str, epochs: int = 1) -> tuple[dict, dict]:
+    """``stealkit extract surrogate`` on the digits victim with a tiny student; its config.json and summary.json."""
+    rc = main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", str(budget), "--epochs",
+               str(epochs), "--mode", mode, "--student", "mlp2", "--student-arg", "hidden=8", "--out", str(out),
+               *extra])
+    assert rc == 0
+    return (json.loads((out / "config.json").read_text())["config"], json.loads((out / "summary.json").read_text()))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", [[], ["--strategy", "knockoff", "--pool", "fashion-mnist"],
                                    ["--mode", "label", "--pool", "gaussian"], ["--preset", "semi", "--mode", "label"]])
@@ -100,12 +109,7 @@ def test_default_batches_equally_from_ten_per_class_and_ragged_is_one_set_away(v
     """The default at 10 answers per class (digits: 100) cuts epochs into equal batches (ninth pass); the eighth
     pass's default is one ``--set batching=ragged`` away, and the named presets keep the ragged last batch;
     config.json records it; the ledger spends exactly the budget either way."""
-    out = tmp_path / "run"
-    rc = main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", "100", "--epochs", "1",
-               "--mode", "label", "--student", "mlp2", "--student-arg", "hidden=8", "--out", str(out), *extra])
-    assert rc == 0
-    cfg = json.loads((out / "config.json").read_text())["config"]
-    summary = json.loads((out / "summary.json").read_text())
+    cfg, summary = _run(victim_dir, tmp_path / "run", "label", 100, *extra)
     assert cfg["surrogate"]["batching"] == summary["batching"] == batching
     assert summary["queries"]["predict"] == 100 == summary["n_distinct"] == summary["queries_spent"]
 
@@ -115,12 +119,7 @@ def test_default_batches_equally_from_ten_per_class_and_ragged_is_one_set_away(v
 def test_grad_clip_is_recorded_and_spends_exactly_the_budget(victim_dir, tmp_path, extra, clip):
     """``--set grad_clip=C`` (tenth pass) reaches the student's training and config.json; off in the named presets,
     5 in the default with probability answers from 10 per class."""
-    out = tmp_path / "run"
-    rc = main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", "100", "--epochs", "1",
-               "--mode", "probs", "--student", "mlp2", "--student-arg", "hidden=8", "--out", str(out), *extra])
-    assert rc == 0
-    cfg = json.loads((out / "config.json").read_text())["config"]
-    summary = json.loads((out / "summary.json").read_text())
+    cfg, summary = _run(victim_dir, tmp_path / "run", "probs", 100, *extra)
     assert cfg["surrogate"]["grad_clip"] == summary["grad_clip"] == clip
     assert summary["queries"]["predict"] == 100 == summary["n_distinct"] == summary["queries_spent"]
 
@@ -138,12 +137,7 @@ def test_default_with_probabilities_sets_tau_lr_and_clip_and_explicit_values_win
     """Tenth pass: with probability answers from 10 per class the default trains at tau 2, lr 0.05, clip 5, recorded
     in config.json and the summary; an explicit ``--tau``/``--lr``/``--set`` wins; ``plain`` and label answers
     keep tau 1 and the optimiser's learning rate; Adam keeps its own; the ledger spends exactly the budget."""
-    out = tmp_path / "run"
-    rc = main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", "100", "--epochs", "1",
-               "--mode", mode, "--student", "mlp2", "--student-arg", "hidden=8", "--out", str(out), *extra])
-    assert rc == 0
-    cfg = json.loads((out / "config.json").read_text())["config"]
-    summary = json.loads((out / "summary.json").read_text())
+    cfg, summary = _run(victim_dir, tmp_path / "run", mode, 100, *extra)
     assert (cfg["surrogate"]["tau"], cfg["surrogate"]["lr"], cfg["surrogate"]["grad_clip"]) == (tau, lr, clip)
     assert summary["grad_clip"] == clip
     auto = "--preset" not in extra
@@ -163,9 +157,7 @@ def test_default_trains_bitwise_as_its_spelled_out_settings(victim_dir, tmp_path
     weights = []
     for i, extra in enumerate(([], same_as)):
         out = tmp_path / f"run{i}"
-        rc = main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", "100", "--epochs", "2",
-                   "--mode", mode, "--student", "mlp2", "--student-arg", "hidden=8", "--out", str(out), *extra])
-        assert rc == 0
+        _run(victim_dir, out, mode, 100, *extra, epochs=2)
         weights.append(load_file(str(out / "student" / "model.safetensors")))
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
@@ -179,19 +171,14 @@ def _setting(config: dict, key: str) -> object:
 
 
 @pytest.mark.parametrize("mode", ["label", "probs"])
-def test_default_selects_by_margin_from_a_hundred_per_class_and_records_it(victim_dir, tmp_path, mode):
-    """Tenth pass: at 1,000 answers (digits: 100 per class) from a pool larger than the budget (a synthetic source
+def test_default_selects_by_margin_from_twenty_per_class_and_records_it(victim_dir, tmp_path, mode):
+    """Tenth pass: at 200 answers (digits: 20 per class) from a pool larger than the budget (a synthetic source
     draws 4 candidates per query) the default queries in margin rounds; config.json names it; a --set changes the
     preset's group; the ledger spends exactly the budget; the rounds are checkpointed."""
     out = tmp_path / "run"
-    args = ["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", "1000", "--epochs", "1",
-            "--mode", mode, "--student", "mlp2", "--student-arg", "hidden=8", "--pool", "uniform",
-            "--set", "active.round_epochs=1", "--out", str(out)]
-    assert main(args) == 0
-    cfg = json.loads((out / "config.json").read_text())["config"]
+    cfg, summary = _run(victim_dir, out, mode, 200, "--pool", "uniform", "--set", "active.round_epochs=1")
     assert cfg["preset_resolved"].endswith("+select=margin+active.initial=0.5")
     assert cfg["surrogate"]["select"] == "margin" and cfg["surrogate"]["active"]["initial"] == 0.5
     assert cfg["surrogate"]["active"]["round_epochs"] == 1  # --set on top of the preset's group setting
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["queries"]["predict"] == 1000 == summary["n_distinct"] == summary["queries_spent"]
+    assert summary["queries"]["predict"] == 200 == summary["n_distinct"] == summary["queries_spent"]
     assert (out / "checkpoint" / "active.json").exists()

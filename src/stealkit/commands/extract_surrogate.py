@@ -89,7 +89,8 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
 @click.option("--preset", type=click.Choice(list(PRESET_NAMES)), default=DEFAULT_PRESET, show_default=True,
               help="auto: semi with label smoothing 0.1 below 10 queries per class, plain with equal-sized batches "
                    "from 10 per class (--set batching=ragged: a small last batch, as before), with probability "
-                   "answers (--mode probs) also tau 2, lr 0.05 and --set grad_clip=5 (config.json records what "
+                   "answers (--mode probs) also tau 2, lr 0.05 and --set grad_clip=5, and from 20 per class half the "
+                   "queries chosen by margin (--select margin, --set active.initial=0.5) (config.json records what "
                    "it resolved to); paper: random queries, no SSL (DFME appendix A); "
                    "plain: the same with label smoothing 0.1 on label answers from 10 queries per class (probabilities train as paper); semi: random queries + FixMatch on the "
                    "unqueried pool (warm-up, mean teacher, distribution alignment); active: k-center selection + "
@@ -152,10 +153,10 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
         raise InputError("--resume continues active rounds or reuses pretrained weights; this run has --select "
                          "random, --pretrain none and --cold-start random (nothing to resume)")
 
-    # refuse bad settings and resume mistakes before the victim is opened: the default selects by margin only from
-    # 20 answers per class, so one class and more classes than answers bound what the victim's classes give
-    configure(1)
-    if resume and not any(checkpointed(configure(classes)[1]) for classes in (1, cap + 1)):
+    # refuse bad settings and resume mistakes before the victim is opened; one class gives the most answers per
+    # class, so if even then nothing is checkpointed (the default selects by margin from 20 per class), nothing is
+    _, widest = configure(1)
+    if resume and not checkpointed(widest):
         refuse_resume()
     run = RunDir(out)
     checkpoint = run.path / "checkpoint"

@@ -1,7 +1,7 @@
 """The presets of ``stealkit extract surrogate`` (no torch here: the command reads them at import time).
 
 ``paper`` is the attack of DFME appendix A (random queries, no semi-supervised learning); ``plain`` (the
-default) is the same with label smoothing 0.1 on label answers when the budget gives at least 10 queries per
+default until the seventh pass) is the same with label smoothing 0.1 on label answers when the budget gives at least 10 queries per
 class (Szegedy et al. CVPR 2016 Sec. 7; sixth pass, chosen on the validation split, docs/surrogate-active.md;
 probability answers, and budgets below 10 per class, train exactly as ``paper``); ``semi``
 adds FixMatch with its remedies against confirmation bias on the unqueried pool
