@@ -9,22 +9,25 @@ from stealkit.extract.surrogate_presets import (
     DEFAULT_PRESET,
     PRESETS,
     SMALL_BUDGET_PER_CLASS,
+    STUDENT_MIN_STEPS,
     resolve_preset,
 )
 
 SIXTH_PASS_DEFAULT = {"select": "random", "ssl": "none", "pretrain": "none", "cold_start": "random",
                       "label_smoothing": 0.1, "label_smoothing_min_per_class": 10}
+FLOOR = f"+min_steps={STUDENT_MIN_STEPS}"  # eleventh pass: the student's step floor from 10 answers per class
 
 
 @pytest.mark.parametrize("mode", ["label", "topk", "logits"])
 def test_from_ten_answers_per_class_the_default_is_the_sixth_pass_one_with_equal_batches(mode):
     """From 10 to 19 answers per class (Fashion-MNIST 100-199 queries) the default is the sixth pass's with equal-sized
-    batches (ninth pass) for every answer kind but probabilities (from 20 per class it also selects by margin); ``plain`` itself, and so ``--set batching=ragged``
+    batches (ninth pass) and the student's step floor (eleventh pass) for every answer kind but probabilities (from
+    20 per class it also selects by margin); ``plain`` itself, and so ``--set batching=ragged --set min_steps=0``
     on the default, is the old one."""
-    assert DEFAULT_PRESET == "auto" and SMALL_BUDGET_PER_CLASS == 10
+    assert DEFAULT_PRESET == "auto" and SMALL_BUDGET_PER_CLASS == 10 and STUDENT_MIN_STEPS == 2000
     for budget in (100, 199):
-        assert resolve_preset(DEFAULT_PRESET, budget, 10, mode=mode) == ("plain+batching=equal",
-                                                                         {**SIXTH_PASS_DEFAULT, "batching": "equal"})
+        assert resolve_preset(DEFAULT_PRESET, budget, 10, mode=mode) == (
+            "plain+batching=equal" + FLOOR, {**SIXTH_PASS_DEFAULT, "batching": "equal", "min_steps": STUDENT_MIN_STEPS})
     assert PRESETS["plain"] == SIXTH_PASS_DEFAULT and all("batching" not in p for p in PRESETS.values())
 
 
@@ -33,8 +36,9 @@ def test_with_probabilities_from_ten_per_class_the_default_adds_tau_lr_and_the_c
     """Tenth pass: probability answers from 10 per class train at tau 2, peak lr 0.05, gradients clipped at 5; the
     name says so; everything else is the ninth pass's default."""
     name, settings = resolve_preset(DEFAULT_PRESET, budget, classes, mode="probs")
-    assert name == "plain+batching=equal+tau=2+lr=0.05+grad_clip=5"
-    assert settings == {**SIXTH_PASS_DEFAULT, "batching": "equal", "tau": 2.0, "lr": 0.05, "grad_clip": 5.0}
+    assert name == "plain+batching=equal" + FLOOR + "+tau=2+lr=0.05+grad_clip=5"
+    assert settings == {**SIXTH_PASS_DEFAULT, "batching": "equal", "min_steps": STUDENT_MIN_STEPS,
+                        "tau": 2.0, "lr": 0.05, "grad_clip": 5.0}
     settings["tau"] = 9.0  # a fresh dict: the next resolution is untouched
     assert resolve_preset(DEFAULT_PRESET, budget, classes, mode="probs")[1]["tau"] == 2.0
 
@@ -60,6 +64,7 @@ def test_below_ten_answers_per_class_the_default_is_semi_with_smoothing(budget, 
     assert settings == {**PRESETS["semi"], "label_smoothing": 0.1}
     assert "label_smoothing_min_per_class" not in settings  # smooths at every budget it applies to
     assert "batching" not in settings  # the ragged last batch, as before (equal was not adopted below 10 per class)
+    assert "min_steps" not in settings  # FixMatch's epochs run over the pool (no floor below 10 per class)
 
 
 @pytest.mark.parametrize("mode", ["label", "probs"])
@@ -67,7 +72,7 @@ def test_below_ten_answers_per_class_the_default_is_semi_with_smoothing(budget, 
 def test_named_presets_keep_their_meaning_at_every_budget(name, mode):
     for budget in (10, 50, 100, 10_000):
         assert resolve_preset(name, budget, 10, mode=mode) == (name, PRESETS[name])
-    assert all(key not in PRESETS[name] for key in ("tau", "lr", "grad_clip"))
+    assert all(key not in PRESETS[name] for key in ("tau", "lr", "grad_clip", "min_steps"))
     settings = resolve_preset(name, 50, 10, mode=mode)[1]
     settings["ssl"] = "changed"  # a fresh dict: the table itself is untouched
     assert PRESETS[name]["ssl"] != "changed"
