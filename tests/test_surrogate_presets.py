@@ -15,30 +15,29 @@ from stealkit.extract.surrogate_presets import (
 
 SIXTH_PASS_DEFAULT = {"select": "random", "ssl": "none", "pretrain": "none", "cold_start": "random",
                       "label_smoothing": 0.1, "label_smoothing_min_per_class": 10}
-FLOOR = f"+min_steps={STUDENT_MIN_STEPS}"  # eleventh pass: the student's step floor from 10 answers per class
 
 
 @pytest.mark.parametrize("mode", ["label", "topk", "logits"])
 def test_from_ten_answers_per_class_the_default_is_the_sixth_pass_one_with_equal_batches(mode):
     """From 10 to 19 answers per class (Fashion-MNIST 100-199 queries) the default is the sixth pass's with equal-sized
-    batches (ninth pass) and the student's step floor (eleventh pass) for every answer kind but probabilities (from
-    20 per class it also selects by margin); ``plain`` itself, and so ``--set batching=ragged --set min_steps=0``
+    batches (ninth pass) for every answer kind but probabilities (from 20 per class it also selects by margin); ``plain`` itself, and so ``--set batching=ragged``
     on the default, is the old one."""
-    assert DEFAULT_PRESET == "auto" and SMALL_BUDGET_PER_CLASS == 10 and STUDENT_MIN_STEPS == 2000
+    assert DEFAULT_PRESET == "auto" and SMALL_BUDGET_PER_CLASS == 10
     for budget in (100, 199):
-        assert resolve_preset(DEFAULT_PRESET, budget, 10, mode=mode) == (
-            "plain+batching=equal" + FLOOR, {**SIXTH_PASS_DEFAULT, "batching": "equal", "min_steps": STUDENT_MIN_STEPS})
+        assert resolve_preset(DEFAULT_PRESET, budget, 10, mode=mode) == ("plain+batching=equal",
+                                                                         {**SIXTH_PASS_DEFAULT, "batching": "equal"})
     assert PRESETS["plain"] == SIXTH_PASS_DEFAULT and all("batching" not in p for p in PRESETS.values())
 
 
 @pytest.mark.parametrize("budget,classes", [(100, 10), (199, 10), (10, 1), (19, 1), (200, 20), (399, 20)])
-def test_with_probabilities_from_ten_per_class_the_default_adds_tau_lr_and_the_clip(budget, classes):
-    """Tenth pass: probability answers from 10 per class train at tau 2, peak lr 0.05, gradients clipped at 5; the
-    name says so; everything else is the ninth pass's default."""
+def test_with_probabilities_from_ten_per_class_the_default_adds_tau_lr_the_clip_and_the_step_floor(budget, classes):
+    """Tenth pass: probability answers from 10 per class train at tau 2, peak lr 0.05, gradients clipped at 5;
+    eleventh pass: for at least 3,000 steps; the name says so; everything else is the ninth pass's default."""
+    assert STUDENT_MIN_STEPS == 3000
     name, settings = resolve_preset(DEFAULT_PRESET, budget, classes, mode="probs")
-    assert name == "plain+batching=equal" + FLOOR + "+tau=2+lr=0.05+grad_clip=5"
-    assert settings == {**SIXTH_PASS_DEFAULT, "batching": "equal", "min_steps": STUDENT_MIN_STEPS,
-                        "tau": 2.0, "lr": 0.05, "grad_clip": 5.0}
+    assert name == "plain+batching=equal+tau=2+lr=0.05+grad_clip=5+min_steps=3000"
+    assert settings == {**SIXTH_PASS_DEFAULT, "batching": "equal", "tau": 2.0, "lr": 0.05, "grad_clip": 5.0,
+                        "min_steps": 3000}
     settings["tau"] = 9.0  # a fresh dict: the next resolution is untouched
     assert resolve_preset(DEFAULT_PRESET, budget, classes, mode="probs")[1]["tau"] == 2.0
 
