@@ -259,6 +259,18 @@ def art_rows(row: str, mode: str) -> list[str]:
     return [row] if row.removesuffix("-defaults") in ART_ROWS[mode] else []
 
 
+def default_epochs(args: argparse.Namespace, budget: int, num_classes: int, mode: str, pool_size: int) -> int:
+    """The epochs ``ours-default``'s student trains at ``budget`` (``--epochs``, raised by the default's
+    ``min_steps`` at small budgets, after ``--set``): ART's thief trains as many, so both take the same steps on
+    the same number of answered images with the same batch (equal training)."""
+    from stealkit.settings import apply_settings, parse_value
+
+    config = SurrogateConfig(max_distinct=budget, epochs=args.epochs, batch_size=args.batch_size)
+    given = {k: parse_value(x) for k, _, x in (s.partition("=") for s in args.set)}
+    config = apply_settings(config, {**row_combo("ours-default", budget, num_classes, mode), **given}, who="benchmark")
+    return config.student_epochs(min(budget, pool_size), pool_size)
+
+
 def _setting(config: Any, key: str) -> Any:
     """The value of setting ``key`` of ``config`` (``"active.initial"``: a field of a group)."""
     for part in key.split("."):
@@ -300,7 +312,7 @@ def ours_variant(name: str, victim_dir: str, mode: str, pool: torch.Tensor, budg
             "pretrain_seconds": pre.get("seconds", 0.0), "pretrain_epochs": pre.get("epochs", 0),
             "settings": list(args.set), "lr": r.extra.get("finetune_lr", config.peak_lr),
             "optimizer": config.optimizer, "schedule": config.schedule, "batching": config.batching,
-            "tau": config.tau, "grad_clip": config.grad_clip,
+            "tau": config.tau, "grad_clip": config.grad_clip, "epochs": r.extra.get("epochs", config.epochs),
             "cold_start_size": r.extra.get("cold_start_size"),
             "noisy_student_seconds": r.extra.get("noisy_student", {}).get("seconds", 0.0),
             "teacher_accuracy": [t.get("accuracy") for t in r.extra.get("noisy_student", {}).get("teachers", [])],
@@ -315,8 +327,9 @@ def _write_comparison_run(path: str, out: dict[str, Any]) -> None:
 
     run = RunDir(path).create(command="extract surrogate", seed=None, config={"benchmark": out["settings"]})
     note = (f"benchmarks/surrogate_extraction.py --active: victim {out['victim']}, every tool trains the same "
-            f"student ({out['settings']['student']}) for {out['settings']['epochs']} epochs with batch "
-            f"{out['settings']['batch_size']} on the same pool; seeds {out['settings']['seeds']}; "
+            f"student ({out['settings']['student']}) with batch {out['settings']['batch_size']} for as many epochs "
+            f"as our default's student at each budget ({out['settings']['epochs']}, or more where its step floor "
+            f"min_steps raises them: the rows' epochs) on the same pool; seeds {out['settings']['seeds']}; "
             f"{'validation split' if out['validate'] else 'test split'}.")
     run.write_summary({"method": "surrogate-comparison", "victim_accuracy": out["victim_accuracy"],
                        "strategy": "comparison", "comparison": {"table": out["table"], "note": note}})
@@ -387,7 +400,9 @@ def active_main(argv: list[str] | None = None) -> int:
                         "(e.g. art-copycat, art-copycat-defaults), or SELECT/SSL pairs; ROW+key=value+... "
                         "gives one ours row its own --set values (e.g. ours-rot-typiclust+cold_start_size=100)")
     p.add_argument("--student", default="conv2")
-    p.add_argument("--epochs", type=int, default=30, help="epochs of every tool's student (equal training)")
+    p.add_argument("--epochs", type=int, default=30,
+                   help="epochs of every tool's student (equal training); where the default's step floor "
+                        "(min_steps) raises its student's epochs at a budget, ART's thief trains as many")
     p.add_argument("--batch-size", type=int, default=64, help="batch of every tool's student")
     p.add_argument("--validate", action="store_true", help="score on a held-out part of the pool, not the test split")
     p.add_argument("--set", action="append", default=[],
@@ -403,7 +418,7 @@ def active_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.combine:
         return _combine(args.combine.split(","), args.report_out)
-    args.art_epochs, args.art_batch = args.epochs, args.batch_size  # equal training for ART
+    args.art_batch = args.batch_size  # equal training for ART (its epochs: the default's, per budget)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     trained = standard_victim(args.victim)
     v = open_victim(trained.path, mode="probs")
@@ -423,6 +438,7 @@ def active_main(argv: list[str] | None = None) -> int:
         for mode in args.modes.split(","):
             for seed in [int(s) for s in args.seeds.split(",")]:
                 a = argparse.Namespace(**{**vars(args), "seed": seed})
+                a.art_epochs = default_epochs(args, budget, v.num_classes, mode, pool.shape[0])  # equal training
                 for row_name in args.rows.split(","):
                     if row_name.startswith("art"):
                         for art_name in art_rows(row_name, mode):

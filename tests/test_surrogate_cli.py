@@ -80,7 +80,7 @@ def test_default_preset_smooths_labels_and_paper_does_not(victim_dir, tmp_path, 
 @pytest.mark.parametrize("mode,budget,resolved", [
     ("label", 50, "semi+label_smoothing=0.1"), ("label", 99, "semi+label_smoothing=0.1"),
     ("label", 100, "plain+batching=equal"), ("probs", 50, "semi+label_smoothing=0.1"),
-    ("probs", 99, "semi+label_smoothing=0.1"), ("probs", 100, "plain+batching=equal+tau=2+lr=0.05+grad_clip=5")])
+    ("probs", 99, "semi+label_smoothing=0.1"), ("probs", 100, "plain+batching=equal+tau=2+lr=0.05+grad_clip=5+min_steps=3000")])
 def test_default_is_semi_below_ten_answers_per_class_and_records_it(victim_dir, tmp_path, mode, budget, resolved):
     """``auto`` (the default) resolves by the budget and the answer kind: FixMatch with smoothing 0.1 below 10
     queries per class (digits: 100), ``plain`` from there (with probabilities also tau 2, lr 0.05, clip 5);
@@ -141,17 +141,18 @@ def test_default_with_probabilities_sets_tau_lr_and_clip_and_explicit_values_win
     assert (cfg["surrogate"]["tau"], cfg["surrogate"]["lr"], cfg["surrogate"]["grad_clip"]) == (tau, lr, clip)
     assert summary["grad_clip"] == clip
     auto = "--preset" not in extra
-    assert cfg["preset_resolved"] == ("plain" if not auto else "plain+batching=equal+tau=2+lr=0.05+grad_clip=5"
+    assert cfg["preset_resolved"] == ("plain" if not auto else "plain+batching=equal+tau=2+lr=0.05+grad_clip=5+min_steps=3000"
                                       if mode == "probs" else "plain+batching=equal")
     assert summary["queries"]["predict"] == 100 == summary["n_distinct"] == summary["queries_spent"]
 
 
 @pytest.mark.parametrize("mode,same_as", [("label", ["--preset", "plain", "--set", "batching=equal"]),
                                           ("probs", ["--preset", "plain", "--set", "batching=equal", "--tau", "2",
-                                                     "--lr", "0.05", "--set", "grad_clip=5"])])
+                                                     "--lr", "0.05", "--set", "grad_clip=5", "--set", "min_steps=3000"])])
 def test_default_trains_bitwise_as_its_spelled_out_settings(victim_dir, tmp_path, mode, same_as):
     """Label answers train exactly as the ninth pass's default (``plain`` with equal batches); probability answers
-    exactly as that plus tau 2, lr 0.05 and clip 5: the same student to the last bit."""
+    exactly as that plus tau 2, lr 0.05, clip 5 and the eleventh pass's 3,000-step floor: the same student to the
+    last bit."""
     from safetensors.torch import load_file
 
     weights = []

@@ -9,6 +9,7 @@ from stealkit.extract.surrogate_presets import (
     DEFAULT_PRESET,
     PRESETS,
     SMALL_BUDGET_PER_CLASS,
+    STUDENT_MIN_STEPS,
     resolve_preset,
 )
 
@@ -29,12 +30,14 @@ def test_from_ten_answers_per_class_the_default_is_the_sixth_pass_one_with_equal
 
 
 @pytest.mark.parametrize("budget,classes", [(100, 10), (199, 10), (10, 1), (19, 1), (200, 20), (399, 20)])
-def test_with_probabilities_from_ten_per_class_the_default_adds_tau_lr_and_the_clip(budget, classes):
-    """Tenth pass: probability answers from 10 per class train at tau 2, peak lr 0.05, gradients clipped at 5; the
-    name says so; everything else is the ninth pass's default."""
+def test_with_probabilities_from_ten_per_class_the_default_adds_tau_lr_the_clip_and_the_step_floor(budget, classes):
+    """Tenth pass: probability answers from 10 per class train at tau 2, peak lr 0.05, gradients clipped at 5;
+    eleventh pass: for at least 3,000 steps; the name says so; everything else is the ninth pass's default."""
+    assert STUDENT_MIN_STEPS == 3000
     name, settings = resolve_preset(DEFAULT_PRESET, budget, classes, mode="probs")
-    assert name == "plain+batching=equal+tau=2+lr=0.05+grad_clip=5"
-    assert settings == {**SIXTH_PASS_DEFAULT, "batching": "equal", "tau": 2.0, "lr": 0.05, "grad_clip": 5.0}
+    assert name == "plain+batching=equal+tau=2+lr=0.05+grad_clip=5+min_steps=3000"
+    assert settings == {**SIXTH_PASS_DEFAULT, "batching": "equal", "tau": 2.0, "lr": 0.05, "grad_clip": 5.0,
+                        "min_steps": 3000}
     settings["tau"] = 9.0  # a fresh dict: the next resolution is untouched
     assert resolve_preset(DEFAULT_PRESET, budget, classes, mode="probs")[1]["tau"] == 2.0
 
@@ -60,6 +63,7 @@ def test_below_ten_answers_per_class_the_default_is_semi_with_smoothing(budget, 
     assert settings == {**PRESETS["semi"], "label_smoothing": 0.1}
     assert "label_smoothing_min_per_class" not in settings  # smooths at every budget it applies to
     assert "batching" not in settings  # the ragged last batch, as before (equal was not adopted below 10 per class)
+    assert "min_steps" not in settings  # FixMatch's epochs run over the pool (no floor below 10 per class)
 
 
 @pytest.mark.parametrize("mode", ["label", "probs"])
@@ -67,7 +71,7 @@ def test_below_ten_answers_per_class_the_default_is_semi_with_smoothing(budget, 
 def test_named_presets_keep_their_meaning_at_every_budget(name, mode):
     for budget in (10, 50, 100, 10_000):
         assert resolve_preset(name, budget, 10, mode=mode) == (name, PRESETS[name])
-    assert all(key not in PRESETS[name] for key in ("tau", "lr", "grad_clip"))
+    assert all(key not in PRESETS[name] for key in ("tau", "lr", "grad_clip", "min_steps"))
     settings = resolve_preset(name, 50, 10, mode=mode)[1]
     settings["ssl"] = "changed"  # a fresh dict: the table itself is untouched
     assert PRESETS[name]["ssl"] != "changed"

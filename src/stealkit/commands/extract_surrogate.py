@@ -102,7 +102,9 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
               help="Train on shifted/flipped copies of queried images with their cached answers (no queries).")
 @click.option("--student", default="conv2", show_default=True, help="Student architecture.")
 @click.option("--student-arg", "student_args", multiple=True, metavar="KEY=VALUE")
-@click.option("--epochs", type=int, default=30, show_default=True)
+@click.option("--epochs", type=int, default=30, show_default=True,
+              help="Student epochs; with probability answers from 10 per class the default raises them to at least "
+                   "3,000 steps (--set min_steps=0 keeps them as given).")
 @click.option("--batch-size", type=int, default=128, show_default=True)
 @click.option("--eval-every", type=int, default=5, show_default=True, help="Score the student every N epochs.")
 @set_option("knockoff.alpha=0.2")

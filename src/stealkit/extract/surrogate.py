@@ -162,6 +162,10 @@ class SurrogateConfig:
     ``equal`` (as many batches, sizes within one of each other; :func:`stealkit.train.epoch_batches`).
     ``grad_clip``: every such training rescales each step's gradient to at most this norm (Pascanu et al. ICML
     2013 Sec. 3.2, :mod:`stealkit.grad_clip`; 0: off, bitwise the loop without it; costs no query).
+    ``min_steps``: the student (not the round substitutes) trains at least this many optimiser steps: its
+    epochs are raised to ``ceil(min_steps / batches per epoch)`` (:meth:`student_epochs`; 0: off, ``epochs``
+    as given). Queries are the budget's either way: a small budget's 30 epochs are a few dozen steps (100
+    answers at batch 64: 60), and the student is then limited by its training, not by its answers.
     ``eval_every``: score the student every so many epochs.
     ``select``: ``random`` (one shuffle) or an active strategy queried in rounds (``active``). ``ssl``:
     ``fixmatch`` adds the consistency loss on the whole pool (``fixmatch``); ``soft`` the same with soft,
@@ -177,6 +181,7 @@ class SurrogateConfig:
     loss: StudentLoss = "auto"
     tau: float = 1.0
     epochs: int = 30
+    min_steps: int = 0
     batch_size: int = 128
     batching: Batching = "ragged"
     grad_clip: float = 0.0
@@ -254,11 +259,25 @@ class SurrogateConfig:
             raise InputError(f"unknown student loss {self.loss!r}; expected auto, kl, ce or l1")
         if self.epochs < 1 or self.batch_size < 1 or self.peak_lr <= 0 or self.query_batch < 1 or self.eval_every < 0:
             raise InputError("epochs, batch_size and query_batch must be >= 1, lr > 0, eval_every >= 0")
+        if self.min_steps < 0:
+            raise InputError(f"min_steps must be >= 0 optimiser steps (0: off), got {self.min_steps}")
 
     @property
     def peak_lr(self) -> float:
         """The (maximum) learning rate: ``lr``, or the optimiser's default."""
         return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
+
+    def student_epochs(self, answers: int, pool_size: int) -> int:
+        """The student's epochs on ``answers`` answered images of a ``pool_size``-image pool: ``epochs``, raised
+        so that it takes at least ``min_steps`` steps. An epoch has ``ceil(images / batch_size)`` batches (with
+        either batching), its images being the answered ones, cycled over the pool with FixMatch
+        (:func:`epoch_indices`)."""
+        if self.min_steps == 0 or answers == 0:
+            return self.epochs
+        images = answers
+        if self.ssl in ("fixmatch", "soft"):
+            images = epoch_indices(torch.arange(answers), pool_size, self.fixmatch).numel()
+        return max(self.epochs, math.ceil(self.min_steps / math.ceil(images / self.batch_size)))
 
     def train_config(self) -> TrainConfig:
         return TrainConfig(epochs=self.epochs, batch_size=self.batch_size, optimizer=self.optimizer,  # type: ignore[arg-type]
@@ -391,6 +410,10 @@ def extract_surrogate(
                              "pass without active rounds or a checkpoint; run it again without --resume")
         config = replace(config, select="random")
         extra["select_skipped"] = "the budget answers the whole pool"
+    if config.min_steps:  # the student's epochs for this budget (the round substitutes keep theirs) and as many
+        epochs = config.student_epochs(n, pool.shape[0])  # points on its curve as without the floor
+        every = config.eval_every * math.ceil(epochs / config.epochs)
+        config, extra["epochs"], extra["eval_every"] = replace(config, epochs=epochs, eval_every=every), epochs, every
     if config.label_smoothing and (n < config.label_smoothing_min_per_class * oracle.num_classes
                                    or resolve_loss(config.loss, oracle.mode) != "ce"):
         config = replace(config, label_smoothing=0.0)  # too few answers per class, or no cross entropy

@@ -29,7 +29,11 @@ class the default also chooses what it asks: half the budget at random, the rest
 substitute's smallest top-2 margins (``select="margin"``, ``active.initial=0.5``; ActiveThief, Pal et al. AAAI 2020
 Sec. 3, :mod:`stealkit.extract.active`), chosen on the validation split at Fashion-MNIST 1k and confirmed on fresh
 seeds, then its threshold lowered from 100 to 20 per class by a second screen and confirmation (digits 200,
-Fashion-MNIST 300; at 10 per class it lost) (docs/surrogate-active.md, "Tenth pass: margin selection"). A setting may name a field of a group
+Fashion-MNIST 300; at 10 per class it lost) (docs/surrogate-active.md, "Tenth pass: margin selection"). Since the
+eleventh pass the student trained on probability answers from 10 per class takes at least ``STUDENT_MIN_STEPS``
+optimiser steps (``min_steps``: its epochs raised at small budgets, where 30 epochs are a few dozen steps; the
+round substitutes keep theirs; label answers, level or worse on Fashion-MNIST, keep 30 epochs), chosen on the
+validation split and confirmed on fresh seeds (docs/surrogate-active.md, "Eleventh pass: a step floor"). A setting may name a field of a group
 (``"active.initial"``): apply the whole dict with :func:`stealkit.settings.apply_settings`. A default must not be
 worse on any validated setting than the attack it replaces.
 """
@@ -54,6 +58,9 @@ _SMALL_BUDGET: dict[str, Any] = {**PRESETS["semi"], "label_smoothing": 0.1}
 _LARGE_BUDGET: dict[str, Any] = {**PRESETS["plain"], "batching": "equal"}
 #: with probability answers from ``SMALL_BUDGET_PER_CLASS`` answers per class, also these (tenth pass, validation split)
 _PROBS_TRAINING: dict[str, Any] = {"tau": 2.0, "lr": 0.05, "grad_clip": 5.0}
+#: with probability answers from ``SMALL_BUDGET_PER_CLASS`` per class the student trains at least this many steps
+#: (eleventh pass, validation split)
+STUDENT_MIN_STEPS = 3000
 #: from this many answers per class the default selects by margin (tenth pass, validation split)
 ACTIVE_BUDGET_PER_CLASS = 20
 _MARGIN_SELECTION: dict[str, Any] = {"select": "margin", "active.initial": 0.5}
@@ -65,7 +72,8 @@ def resolve_preset(name: str, answers: int, num_classes: int, *, mode: str) -> t
     oracle mode ``mode`` (``label``, ``topk``, ``probs``, ``logits``): the preset itself, except ``auto`` (the
     default), which is ``semi`` with label smoothing 0.1 (the cross entropy only; probability answers train with
     FixMatch as ``semi``) below ``SMALL_BUDGET_PER_CLASS`` answers per class and ``plain`` with equal-sized batches
-    from there, with ``tau=2``, ``lr=0.05`` and ``grad_clip=5`` when ``mode`` is ``probs``, and margin selection
+    from there, with ``tau=2``, ``lr=0.05``, ``grad_clip=5`` and ``min_steps=STUDENT_MIN_STEPS`` when ``mode``
+    is ``probs``, and margin selection
     from ``ACTIVE_BUDGET_PER_CLASS`` answers per class. Returns the name of what it resolved to and its settings (a
     fresh dict; apply it with :func:`stealkit.settings.apply_settings`, which takes ``"active.initial"``-style keys)."""
     if name == DEFAULT_PRESET:
@@ -73,7 +81,8 @@ def resolve_preset(name: str, answers: int, num_classes: int, *, mode: str) -> t
             return "semi+label_smoothing=0.1", dict(_SMALL_BUDGET)
         resolved, chosen = "plain+batching=equal", dict(_LARGE_BUDGET)
         if mode == "probs":
-            resolved, chosen = resolved + "+tau=2+lr=0.05+grad_clip=5", {**chosen, **_PROBS_TRAINING}
+            resolved = resolved + f"+tau=2+lr=0.05+grad_clip=5+min_steps={STUDENT_MIN_STEPS}"
+            chosen = {**chosen, **_PROBS_TRAINING, "min_steps": STUDENT_MIN_STEPS}
         if answers >= ACTIVE_BUDGET_PER_CLASS * num_classes:
             resolved, chosen = resolved + "+select=margin+active.initial=0.5", {**chosen, **_MARGIN_SELECTION}
         return resolved, chosen
