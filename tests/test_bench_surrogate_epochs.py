@@ -27,7 +27,8 @@ def test_art_gets_the_epochs_the_default_raises_its_student_to(budget):
 
 def test_below_ten_per_class_and_with_the_floor_off_art_keeps_the_given_epochs():
     bench = load_benchmark("surrogate_extraction")
-    assert bench.default_epochs(_args(), 50, 10, "probs", 10_000) == 30  # FixMatch: no floor
+    assert bench.default_epochs(_args(), 50, 10, "label", 10_000) == 30  # FixMatch on labels: no floor
+    assert bench.default_epochs(_args(), 50, 10, "probs", 10_000) == 3000  # probabilities: the floor, 1 batch
     assert bench.default_epochs(_args("min_steps=0"), 100, 10, "probs", 10_000) == 30  # --set reaches ART too
     assert bench.default_epochs(_args("min_steps=500"), 100, 10, "probs", 10_000) == 250
     assert bench.default_epochs(_args(), 100, 10, "probs", 60) == STUDENT_MIN_STEPS  # 60 answered: 1 batch

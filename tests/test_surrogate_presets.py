@@ -55,7 +55,16 @@ def test_from_a_hundred_answers_per_class_the_default_also_selects_by_margin(bud
     assert below["select"] == "random" and "active.initial" not in below
 
 
-@pytest.mark.parametrize("mode", ["label", "topk", "probs", "logits"])
+@pytest.mark.parametrize("budget,classes", [(50, 10), (99, 10), (9, 1), (1, 1), (199, 20)])
+def test_with_probabilities_below_ten_per_class_the_default_is_the_same_recipe_without_margin(budget, classes):
+    """Eleventh pass: probability answers train as from 10 per class (tau 2, lr 0.05, clip 5, the step floor) at
+    every budget; FixMatch is no longer the default for them."""
+    assert resolve_preset(DEFAULT_PRESET, budget, classes, mode="probs") == (
+        "plain+batching=equal+tau=2+lr=0.05+grad_clip=5+min_steps=3000",
+        {**SIXTH_PASS_DEFAULT, "batching": "equal", "tau": 2.0, "lr": 0.05, "grad_clip": 5.0, "min_steps": 3000})
+
+
+@pytest.mark.parametrize("mode", ["label", "topk", "logits"])
 @pytest.mark.parametrize("budget,classes", [(50, 10), (99, 10), (9, 1), (199, 20)])
 def test_below_ten_answers_per_class_the_default_is_semi_with_smoothing(budget, classes, mode):
     name, settings = resolve_preset(DEFAULT_PRESET, budget, classes, mode=mode)

@@ -61,13 +61,13 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
               help="auto: tau^2 KL for probs/topk/logits, cross entropy for labels; l1 on (recovered) logits.")
 @click.option("--tau", type=float, default=None,
               help="Temperature of the KL loss (A.1). Default: the preset's (1; the default preset with probability "
-                   "answers from 10 queries per class: 2).")
+                   "answers: 2).")
 @click.option("--schedule", type=click.Choice(["cyclic", "step", "constant"]), default="cyclic", show_default=True,
               help="Learning-rate schedule of A.2: one-cycle, or x0.2 at 30/60/80%; or constant.")
 @click.option("--lr", type=float, default=None,
               help="Maximum learning rate of the student's optimiser (--set optimizer=sgd|adam). "
-                   "Default: the preset's (the default preset with probability answers from 10 queries per class: "
-                   "0.05 with SGD), else 0.1 with SGD, 1e-3 with Adam.")
+                   "Default: the preset's (the default preset with probability answers: 0.05 with SGD), else 0.1 "
+                   "with SGD, 1e-3 with Adam.")
 @click.option("--strategy", type=click.Choice(["random", "knockoff"]), default="random", show_default=True,
               help="Which images to query: a random shuffle, or Knockoff Nets' adaptive policy.")
 @click.option("--select", type=click.Choice(["random", "entropy", "margin", "kcenter", "mix"]), default=None,
@@ -87,11 +87,12 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
                    "k-means clusters) or k-center, in the pretrained features (pixels without --pretrain). "
                    "Default: the preset's.")
 @click.option("--preset", type=click.Choice(list(PRESET_NAMES)), default=DEFAULT_PRESET, show_default=True,
-              help="auto: semi with label smoothing 0.1 below 10 queries per class, plain with equal-sized batches "
-                   "from 10 per class (--set batching=ragged: a small last batch, as before), with probability "
-                   "answers (--mode probs) also tau 2, lr 0.05 and --set grad_clip=5, and from 20 per class half the "
-                   "queries chosen by margin (--select margin, --set active.initial=0.5) (config.json records what "
-                   "it resolved to); paper: random queries, no SSL (DFME appendix A); "
+              help="auto: with probability answers (--mode probs) plain with equal-sized batches, tau 2, lr 0.05, "
+                   "--set grad_clip=5 and at least --set min_steps=3000 training steps at every budget; with other "
+                   "answers semi with label smoothing 0.1 below 10 queries per class, plain with equal-sized batches "
+                   "from 10 per class (--set batching=ragged: a small last batch, as before); from 20 per class half "
+                   "the queries chosen by margin (--select margin, --set active.initial=0.5) (config.json records "
+                   "what it resolved to); paper: random queries, no SSL (DFME appendix A); "
                    "plain: the same with label smoothing 0.1 on label answers from 10 queries per class (probabilities train as paper); semi: random queries + FixMatch on the "
                    "unqueried pool (warm-up, mean teacher, distribution alignment); active: k-center selection + "
                    "FixMatch; typiclust: rotation pretraining on the pool + TypiClust for the first "
@@ -103,8 +104,8 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
 @click.option("--student", default="conv2", show_default=True, help="Student architecture.")
 @click.option("--student-arg", "student_args", multiple=True, metavar="KEY=VALUE")
 @click.option("--epochs", type=int, default=30, show_default=True,
-              help="Student epochs; with probability answers from 10 per class the default raises them to at least "
-                   "3,000 steps (--set min_steps=0 keeps them as given).")
+              help="Student epochs; with probability answers the default raises them to at least 3,000 steps "
+                   "(--set min_steps=0 keeps them as given).")
 @click.option("--batch-size", type=int, default=128, show_default=True)
 @click.option("--eval-every", type=int, default=5, show_default=True, help="Score the student every N epochs.")
 @set_option("knockoff.alpha=0.2")

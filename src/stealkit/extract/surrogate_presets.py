@@ -33,7 +33,8 @@ Fashion-MNIST 300; at 10 per class it lost) (docs/surrogate-active.md, "Tenth pa
 eleventh pass the student trained on probability answers from 10 per class takes at least ``STUDENT_MIN_STEPS``
 optimiser steps (``min_steps``: its epochs raised at small budgets, where 30 epochs are a few dozen steps; the
 round substitutes keep theirs; label answers, level or worse on Fashion-MNIST, keep 30 epochs), chosen on the
-validation split and confirmed on fresh seeds (docs/surrogate-active.md, "Eleventh pass: a step floor"). A setting may name a field of a group
+validation split and confirmed on fresh seeds (docs/surrogate-active.md, "Eleventh pass: a step floor"); the same recipe then replaced FixMatch for probability
+answers below 10 per class too (validation screen and fresh seeds at digits 50 and Fashion-MNIST 50). A setting may name a field of a group
 (``"active.initial"``): apply the whole dict with :func:`stealkit.settings.apply_settings`. A default must not be
 worse on any validated setting than the attack it replaces.
 """
@@ -51,15 +52,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     "paper": _PLAIN,
 }
 DEFAULT_PRESET = "auto"
-#: below this many answers per class the default is semi-supervised (seventh pass, validation split)
+#: below this many answers per class the default is semi-supervised with label, top-k and logit answers (seventh
+#: pass, validation split); with probability answers it is not since the eleventh pass
 SMALL_BUDGET_PER_CLASS = 10
 _SMALL_BUDGET: dict[str, Any] = {**PRESETS["semi"], "label_smoothing": 0.1}
 #: from ``SMALL_BUDGET_PER_CLASS`` answers per class: ``plain`` with equal-sized batches (ninth pass, validation split)
 _LARGE_BUDGET: dict[str, Any] = {**PRESETS["plain"], "batching": "equal"}
-#: with probability answers from ``SMALL_BUDGET_PER_CLASS`` answers per class, also these (tenth pass, validation split)
+#: with probability answers, also these (tenth pass from 10 answers per class; eleventh pass at every budget)
 _PROBS_TRAINING: dict[str, Any] = {"tau": 2.0, "lr": 0.05, "grad_clip": 5.0}
-#: with probability answers from ``SMALL_BUDGET_PER_CLASS`` per class the student trains at least this many steps
-#: (eleventh pass, validation split)
+#: with probability answers the student trains at least this many steps (eleventh pass, validation split)
 STUDENT_MIN_STEPS = 3000
 #: from this many answers per class the default selects by margin (tenth pass, validation split)
 ACTIVE_BUDGET_PER_CLASS = 20
@@ -70,14 +71,14 @@ PRESET_NAMES = (DEFAULT_PRESET, *PRESETS)
 def resolve_preset(name: str, answers: int, num_classes: int, *, mode: str) -> tuple[str, dict[str, Any]]:
     """The preset ``name`` means for a budget of ``answers`` distinct images of ``num_classes`` classes answered in
     oracle mode ``mode`` (``label``, ``topk``, ``probs``, ``logits``): the preset itself, except ``auto`` (the
-    default), which is ``semi`` with label smoothing 0.1 (the cross entropy only; probability answers train with
-    FixMatch as ``semi``) below ``SMALL_BUDGET_PER_CLASS`` answers per class and ``plain`` with equal-sized batches
-    from there, with ``tau=2``, ``lr=0.05``, ``grad_clip=5`` and ``min_steps=STUDENT_MIN_STEPS`` when ``mode``
-    is ``probs``, and margin selection
+    default), which is ``semi`` with label smoothing 0.1 below ``SMALL_BUDGET_PER_CLASS`` answers per class and
+    ``plain`` with equal-sized batches from there, except with probability answers (``mode`` ``probs``): ``plain``
+    with equal-sized batches, ``tau=2``, ``lr=0.05``, ``grad_clip=5`` and ``min_steps=STUDENT_MIN_STEPS`` at every
+    budget; and margin selection
     from ``ACTIVE_BUDGET_PER_CLASS`` answers per class. Returns the name of what it resolved to and its settings (a
     fresh dict; apply it with :func:`stealkit.settings.apply_settings`, which takes ``"active.initial"``-style keys)."""
     if name == DEFAULT_PRESET:
-        if answers < SMALL_BUDGET_PER_CLASS * num_classes:
+        if answers < SMALL_BUDGET_PER_CLASS * num_classes and mode != "probs":
             return "semi+label_smoothing=0.1", dict(_SMALL_BUDGET)
         resolved, chosen = "plain+batching=equal", dict(_LARGE_BUDGET)
         if mode == "probs":
