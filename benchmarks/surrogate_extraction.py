@@ -263,12 +263,19 @@ def default_epochs(args: argparse.Namespace, budget: int, num_classes: int, mode
     """The epochs ``ours-default``'s student trains at ``budget`` (``--epochs``, raised by the default's
     ``min_steps`` at small budgets, after ``--set``): ART's thief trains as many, so both take the same steps on
     the same number of answered images with the same batch (equal training)."""
-    from stealkit.settings import apply_settings, parse_value
+    from stealkit.settings import apply_settings
 
     config = SurrogateConfig(max_distinct=budget, epochs=args.epochs, batch_size=args.batch_size)
-    given = {k: parse_value(x) for k, _, x in (s.partition("=") for s in args.set)}
-    config = apply_settings(config, {**row_combo("ours-default", budget, num_classes, mode), **given}, who="benchmark")
+    config = apply_settings(config, {**row_combo("ours-default", budget, num_classes, mode), **_given(args)},
+                            who="benchmark")
     return config.student_epochs(min(budget, pool_size), pool_size)
+
+
+def _given(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--set KEY=VALUE`` settings of an ours row (the command's and the row's own), parsed."""
+    from stealkit.settings import parse_value
+
+    return {k: parse_value(x) for k, _, x in (s.partition("=") for s in args.set)}
 
 
 def _setting(config: Any, key: str) -> Any:
@@ -286,12 +293,11 @@ def ours_variant(name: str, victim_dir: str, mode: str, pool: torch.Tensor, budg
     from stealkit.extract.semi_supervised import FixMatchConfig
 
     v = open_victim(victim_dir, mode=mode, budget=budget)
-    from stealkit.settings import apply_settings, parse_value
+    from stealkit.settings import apply_settings
 
     config = SurrogateConfig(max_distinct=budget, epochs=args.epochs, batch_size=args.batch_size,
                              fixmatch=FixMatchConfig(flip=flip), seed=args.seed)
-    config = apply_settings(config, {**combo, **{k: parse_value(x) for k, _, x in (s.partition("=") for s in args.set)}},
-                            who="benchmark")  # the combination may name group fields ("active.initial")
+    config = apply_settings(config, {**combo, **_given(args)}, who="benchmark")  # combo may name "active.initial"
     cache = None
     if config.pretrain != "none":
         import hashlib

@@ -14,15 +14,12 @@ from stealkit.extract.semi_supervised import FixMatchConfig
 from stealkit.extract.surrogate import SurrogateConfig, epoch_indices, extract_surrogate
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet
+from tests.test_surrogate_batching import _params
 
 
 @pytest.fixture(autouse=True)
 def _one_thread() -> None:
     torch.set_num_threads(1)
-
-
-def _params(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
 @pytest.mark.parametrize(("answers", "batch", "floor", "epochs"), [

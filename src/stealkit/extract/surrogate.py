@@ -410,10 +410,11 @@ def extract_surrogate(
                              "pass without active rounds or a checkpoint; run it again without --resume")
         config = replace(config, select="random")
         extra["select_skipped"] = "the budget answers the whole pool"
-    if config.min_steps:  # the student's epochs for this budget (the round substitutes keep theirs) and as many
-        epochs = config.student_epochs(n, pool.shape[0])  # points on its curve as without the floor
-        every = config.eval_every * math.ceil(epochs / config.epochs)
-        config, extra["epochs"], extra["eval_every"] = replace(config, epochs=epochs, eval_every=every), epochs, every
+    if config.min_steps:  # the student's epochs for this budget (the round substitutes keep theirs)
+        epochs = config.student_epochs(n, pool.shape[0])
+        every = config.eval_every * math.ceil(epochs / config.epochs)  # as many curve points as without the floor
+        config = replace(config, epochs=epochs, eval_every=every)
+        extra["epochs"], extra["eval_every"] = epochs, every
     if config.label_smoothing and (n < config.label_smoothing_min_per_class * oracle.num_classes
                                    or resolve_loss(config.loss, oracle.mode) != "ce"):
         config = replace(config, label_smoothing=0.0)  # too few answers per class, or no cross entropy
