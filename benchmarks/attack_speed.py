@@ -42,7 +42,7 @@ def labelled(model: nn.Module, x_adv: torch.Tensor, batch: int) -> Result:
 
 
 def run_stealkit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> Result:
-    from stealkit.evade.gradient import pgd
+    from stealkit.evade.gradient_based.gradient import pgd
 
     r = pgd(model, x, y, eps=0.1, step=0.01, steps=20, random_start=True, seed=seed, batch_size=batch)
     return r.x_adv, r.labels  # stealkit's result already carries the labels (and per-example success, norms)

@@ -44,8 +44,8 @@ def run_one(victim_name: str, method: str, mode: str, budget: int, marks: list[i
             device: str, seed: int, overrides: dict[str, Any], save_dir: Path | None = None,
             recipe: str = "paper", split: str = "test", points: Path | None = None) -> dict[str, Any]:
     from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
-    from stealkit.extract.datafree_loop import LoopConfig
-    from stealkit.extract.recipes import recipe_settings
+    from stealkit.extract.datafree.datafree_loop import LoopConfig
+    from stealkit.extract.datafree.recipes import recipe_settings
     from stealkit.extract.registry import METHODS
     from stealkit.victims import standard_victim
 
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (overrides --seed), e.g. 0,1,2")
     ap.add_argument("--recipe", default="paper",
-                    help="settings recipe of stealkit.extract.recipes (paper, labelonly-v1/v2/v3); --set overrides it")
+                    help="settings recipe of stealkit.extract.datafree.recipes (paper, labelonly-v1/v2/v3); --set overrides it")
     ap.add_argument("--split", choices=["test", "validation"], default="test",
                     help="score on the test split (report) or the attacker split (validation, to choose settings)")
     ap.add_argument("--jsonl", type=Path, default=None, help="also append each finished run here")

@@ -8,11 +8,11 @@ ones). Rows:
 
 * ``stealkit-hsj`` / ``stealkit-hsj-sub`` / ``stealkit-boundary`` / ``stealkit-boundary-sub``: one run per
   per-image budget (``--budgets``, ``--max-queries`` of the CLI), queries from the ledger; HopSkipJump with
-  the validated settings of ``attack hopskipjump --preset tuned`` (:func:`stealkit.evade.hopskipjump.tuned_settings`).
+  the validated settings of ``attack hopskipjump --preset tuned`` (:func:`stealkit.evade.decision_based.hopskipjump.tuned_settings`).
 * ``stealkit-hsj-prev``: the tuned settings before the third round (``start_tries=100, semicircle=True``, the
   second round's preset); ``stealkit-hsj-r3``: the third round's preset (before the Triangle Attack opening).
-* ``stealkit-ta``: the Triangle Attack (:mod:`stealkit.evade.triangle`, Wang et al. ECCV 2022) with the
-  settings chosen on the validation images (:data:`stealkit.evade.triangle.TUNED`); ``stealkit-ta-paper``:
+* ``stealkit-ta``: the Triangle Attack (:mod:`stealkit.evade.decision_based.triangle`, Wang et al. ECCV 2022) with the
+  settings chosen on the validation images (:data:`stealkit.evade.decision_based.triangle.TUNED`); ``stealkit-ta-paper``:
   with the reference code's (HopSkipJump with the Triangle Attack as its opening is the HopSkipJump setting
   ``opening``).
 * ``stealkit-hsj-paper`` / ``stealkit-hsj-paper-sub``: the same with the paper's settings (``--preset paper``).
@@ -123,8 +123,8 @@ def steal(victim_dir: str, pool_size: int, epochs: int, log: Any, cache: Path | 
     """A substitute stolen by stealkit's baseline extraction (kept in ``cache`` so a rerun spends nothing)."""
     from safetensors.torch import load_file, save_file
 
-    from stealkit.extract.baseline import BaselineConfig, extract_baseline
     from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
+    from stealkit.extract.surrogate_data.baseline import BaselineConfig, extract_baseline
     from stealkit.train import TrainConfig
 
     v = open_victim(victim_dir, mode="label")
@@ -195,18 +195,18 @@ def run_stealkit(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, 
                  ) -> tuple[list[float], list[int], float]:
     """One stealkit run; ``pool``: the attacker's images for HopSkipJump's ``start_pool``; ``starts`` (a list)
     receives HopSkipJump's per-image L2 when its rounds begin."""
-    from stealkit.evade.boundary import boundary_attack
-    from stealkit.evade.hopskipjump import hopskipjump
+    from stealkit.evade.decision_based.boundary import boundary_attack
+    from stealkit.evade.decision_based.hopskipjump import hopskipjump
     from stealkit.oracle import LocalOracle
 
     oracle = LocalOracle(model, tuple(x.shape[1:]), mode="label", batch_size=CHUNKS["oracle_chunk"])
     t0 = time.perf_counter()
     if isinstance(cfg, TriangleRun):
-        from stealkit.evade.triangle import TriangleConfig, triangle
+        from stealkit.evade.decision_based.triangle import TriangleConfig, triangle
 
         r = triangle(oracle, x, y, max_queries=budget, config=TriangleConfig(**cfg.triangle))
     elif isinstance(cfg, SurFreeRun):
-        from stealkit.evade.surfree import SurFreeConfig, hopskipjump_surfree, surfree
+        from stealkit.evade.decision_based.surfree import SurFreeConfig, hopskipjump_surfree, surfree
 
         sf = SurFreeConfig(**cfg.surfree)
         if cfg.share:
@@ -215,7 +215,7 @@ def run_stealkit(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, 
         else:
             r = surfree(oracle, x, y, max_queries=budget, config=sf)
     elif isinstance(cfg, tuple):  # (HopSkipJumpConfig, {"arms": k, "share": s}): successive halving
-        from stealkit.evade.halving import successive_halving
+        from stealkit.evade.decision_based.halving import successive_halving
 
         r = successive_halving(oracle, x, y, max_queries=budget, config=cfg[0], **cfg[1])  # type: ignore[arg-type]
     else:
@@ -236,7 +236,7 @@ def pool_starts(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget: int,
                 ) -> tuple[torch.Tensor, list[int]]:
     """The pool starts alone (a noise start, its binary search, then :data:`TUNED_POOL`'s pool tries; no
     opening, no rounds), for ART's ``x_adv_init``: ``(points, stealkit ledger queries per image)``."""
-    from stealkit.evade.hopskipjump import TUNED_POOL, hopskipjump
+    from stealkit.evade.decision_based.hopskipjump import TUNED_POOL, hopskipjump
     from stealkit.oracle import LocalOracle
 
     oracle = LocalOracle(model, tuple(x.shape[1:]), mode="label", batch_size=CHUNKS["oracle_chunk"])
@@ -316,11 +316,11 @@ class TriangleRun:
 
 def hsj_config(seed: int, **kw: Any) -> Any:
     """HopSkipJump settings; with ``arms`` (and ``share``) a ``(config, halving settings)`` pair for
-    :func:`stealkit.evade.halving.successive_halving`; with ``surfree`` (SurFreeConfig fields) a
+    :func:`stealkit.evade.decision_based.halving.successive_halving`; with ``surfree`` (SurFreeConfig fields) a
     :class:`SurFreeRun` (SurFree alone, or after HopSkipJump for ``finish_share`` of the budget); with
     ``triangle`` (TriangleConfig fields) a :class:`TriangleRun` (the Triangle Attack alone; as HopSkipJump's
     opening it is the HopSkipJump setting ``opening``)."""
-    from stealkit.evade.hopskipjump import HopSkipJumpConfig
+    from stealkit.evade.decision_based.hopskipjump import HopSkipJumpConfig
 
     if "triangle" in kw:
         return TriangleRun(dict(kw.pop("triangle")) | {"seed": seed})
@@ -333,7 +333,7 @@ def hsj_config(seed: int, **kw: Any) -> Any:
 
 
 def boundary_config(seed: int, **kw: Any) -> Any:
-    from stealkit.evade.boundary import BoundaryConfig
+    from stealkit.evade.decision_based.boundary import BoundaryConfig
 
     return BoundaryConfig(**({"steps": 100_000, "seed": seed} | kw))
 
@@ -517,8 +517,8 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.jsonl, "a") as fh:
                 fh.write(json.dumps(row | {"dataset": args.dataset}) + "\n")
 
-    from stealkit.evade import triangle
-    from stealkit.evade.hopskipjump import tuned_settings
+    from stealkit.evade.decision_based import triangle
+    from stealkit.evade.decision_based.hopskipjump import tuned_settings
 
     for si, seed in enumerate(seeds):
         cfgs = {"hsj": hsj_config(seed, **tuned_settings(substitute=False, budgeted=True, shape=tuple(x.shape[1:]))),

@@ -64,7 +64,7 @@ def at_cosine(g: torch.Tensor, est: torch.Tensor, c: float) -> torch.Tensor:
 @contextlib.contextmanager
 def oracle_normal(model: nn.Module, variant: str) -> Iterator[None]:
     """Swap the round object's estimate (and, for ``free``, its probe counts) for the true normal."""
-    from stealkit.evade import hopskipjump as hsj
+    from stealkit.evade.decision_based import hopskipjump as hsj
 
     run_cls: Any = hsj._Run
     estimate, evals = run_cls._estimate, run_cls._evals
@@ -98,7 +98,7 @@ def oracle_normal(model: nn.Module, variant: str) -> Iterator[None]:
 def run_row(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget: int, seed: int, variant: str,
             rounds: int) -> dict[str, Any]:
     """One row: the preset (or an oracle variant) on ``x`` at ``budget`` per image, queries from the ledger."""
-    from stealkit.evade.hopskipjump import HopSkipJumpConfig, hopskipjump, tuned_settings
+    from stealkit.evade.decision_based.hopskipjump import HopSkipJumpConfig, hopskipjump, tuned_settings
     from stealkit.oracle import LocalOracle
 
     settings = tuned_settings(substitute=False, budgeted=True, shape=tuple(x.shape[1:]))

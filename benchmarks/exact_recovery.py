@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from stealkit.errors import StealkitError
-from stealkit.extract.exact import ExactConfig, recover_two_layer
-from stealkit.extract.exact_mq import recover_two_layer_mq
+from stealkit.extract.explanations.exact import ExactConfig, recover_two_layer
+from stealkit.extract.explanations.exact_mq import recover_two_layer_mq
 from stealkit.oracle.float64 import Float64ExplanationOracle, TwoLayerReLU
 
 GOAL = 1e-6

@@ -20,7 +20,7 @@ import argparse
 import json
 import logging
 
-from stealkit.extract.gradient_matching import GradMatchConfig
+from stealkit.extract.explanations.gradient_matching import GradMatchConfig
 from stealkit.studies.explanations import queries_to_reach, run_curve
 
 

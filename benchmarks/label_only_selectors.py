@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from stealkit.extract.codfe import CoDFeAttack, CoDFeConfig
 from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
-from stealkit.extract.datafree_loop import LoopConfig, run_datafree
-from stealkit.extract.recipes import recipe_settings
-from stealkit.extract.selection import HeldOutStore, StudentSelector
+from stealkit.extract.datafree.codfe import CoDFeAttack, CoDFeConfig
+from stealkit.extract.datafree.datafree_loop import LoopConfig, run_datafree
+from stealkit.extract.datafree.recipes import recipe_settings
+from stealkit.extract.datafree.selection import HeldOutStore, StudentSelector
 from stealkit.victims import standard_victim
 
 # name: (which rows the store(s) keep, capacity, margin in standard errors, margin at the end of the budget)

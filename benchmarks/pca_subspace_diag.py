@@ -41,7 +41,7 @@ def energy(basis: torch.Tensor, g: torch.Tensor) -> float:
 
 def dct_basis(h: int, w: int, k: int) -> torch.Tensor:
     """The ``k`` lowest 2-D DCT basis images of an ``h x w`` channel as orthonormal columns [h*w, k]."""
-    from stealkit.evade.subspace import dct_matrix
+    from stealkit.evade.decision_based.subspace import dct_matrix
 
     dh, dw = dct_matrix(h).double(), dct_matrix(w).double()
     order = sorted(((i, j) for i in range(h) for j in range(w)), key=lambda p: (p[0] + p[1], max(p), p[0]))[:k]
@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, "benchmarks")
     import decision_attacks as bench
     from stealkit.data import load_splits
-    from stealkit.evade import hopskipjump as hsj
-    from stealkit.evade.hopskipjump import tuned_settings
-    from stealkit.evade.pca_subspace import pca_basis
+    from stealkit.evade.decision_based import hopskipjump as hsj
+    from stealkit.evade.decision_based.hopskipjump import tuned_settings
+    from stealkit.evade.decision_based.pca_subspace import pca_basis
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_validation_arguments(p, val=40)

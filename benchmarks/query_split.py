@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from stealkit.evade import decision
+from stealkit.evade.decision_based import decision
 
 #: phases of the Triangle opening, by the function asking (inside ``triangle.py``'s call)
 OPENING = {"_iteration": "opening: triangle candidates", "find_starts": "opening: noise start",
@@ -53,7 +53,7 @@ def phase(stack: list[inspect.FrameInfo]) -> tuple[str, int | None]:
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, "benchmarks")
     import decision_attacks as bench
-    from stealkit.evade.hopskipjump import tuned_settings
+    from stealkit.evade.decision_based.hopskipjump import tuned_settings
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_validation_arguments(p, val=20)

@@ -1,14 +1,14 @@
 """Where the active selection step's time goes: the scoring forward and k-center greedy (issue 21, sixth pass).
 
-The selection step of a round (``stealkit.extract.active``) scores the candidates and the answered images with
+The selection step of a round (``stealkit.extract.surrogate_data.active``) scores the candidates and the answered images with
 the round's substitute (softmax + penultimate features) and runs k-center greedy. This times, interleaved in
 one process on the same inputs (a seeded conv2 student, random 28x28 images, the CPU forward chunk):
 
 * the scoring forward: plain (``fast=False``), ``fast=True`` (2x2 max-pooling as strided maxima,
-  :func:`stealkit.extract.active.max_2x2`) and, for reference only, the whole forward in channels-last memory
+  :func:`stealkit.extract.surrogate_data.active.max_2x2`) and, for reference only, the whole forward in channels-last memory
   layout (model and input converted; faster still but not bitwise equal, so not used);
 * k-center greedy picking ``--picks`` of ``--candidates`` candidates against ``--answered`` centres: plain
-  (one ``cdist`` per pick) and ``fast`` (:func:`stealkit.extract.active.distances_to_row`).
+  (one ``cdist`` per pick) and ``fast`` (:func:`stealkit.extract.surrogate_data.active.distances_to_row`).
 
 It also reports whether the fast outputs are bitwise equal to the plain ones and the largest difference of the
 channels-last forward.
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from stealkit.extract.active import kcenter_greedy, probs_and_features
+from stealkit.extract.surrogate_data.active import kcenter_greedy, probs_and_features
 from stealkit.models.zoo import conv2
 
 

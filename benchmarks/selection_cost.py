@@ -6,7 +6,7 @@ With the standard 10,000-image attacker pool a 10k budget queries everything and
 the pool here is the victim task's attacker pool *and* the victim's training split (Fashion-MNIST: 60,000
 images; the attacker never sees their labels, only the victim's answers through the ledger).
 
-One run of :func:`stealkit.extract.surrogate.extract_surrogate` per setting, with active rounds
+One run of :func:`stealkit.extract.surrogate_data.surrogate.extract_surrogate` per setting, with active rounds
 (``ActiveConfig``: 20 % random seed set, 4 rounds, round substitutes trained ``round_epochs`` epochs); the final
 student trains ``--epochs`` (1 by default: it is not part of a round and not what is timed). Per round the
 trace gives the seconds spent training the substitute, selecting, and querying; the share printed is
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from stealkit.extract.common import open_victim, student_factory, victim_splits
-from stealkit.extract.surrogate import SurrogateConfig, extract_surrogate
+from stealkit.extract.surrogate_data.surrogate import SurrogateConfig, extract_surrogate
 from stealkit.settings import apply_settings, parse_value
 from stealkit.victims import standard_victim
 

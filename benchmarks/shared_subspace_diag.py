@@ -44,7 +44,7 @@ def simulate(g: torch.Tensor, basis: torch.Tensor, m: int, shares: list[float], 
     HopSkipJump's estimator over all probes (``mix``) and, as an upper bound for any weighting of the two parts,
     the best combination of the subspace part's and the rest's estimates projected on span(basis) and its
     complement (``split_best``: the weights chosen knowing g)."""
-    from stealkit.evade.orthogonal import orthogonal_directions
+    from stealkit.evade.decision_based.orthogonal import orthogonal_directions
 
     d = g.numel()
     frame = orthogonal_directions(m, (d,), gen, "cpu")
@@ -68,8 +68,8 @@ def simulate(g: torch.Tensor, basis: torch.Tensor, m: int, shares: list[float], 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, "benchmarks")
     import decision_attacks as bench
-    from stealkit.evade import hopskipjump as hsj
-    from stealkit.evade.hopskipjump import tuned_settings
+    from stealkit.evade.decision_based import hopskipjump as hsj
+    from stealkit.evade.decision_based.hopskipjump import tuned_settings
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_validation_arguments(p, val=20)

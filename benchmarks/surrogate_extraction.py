@@ -41,8 +41,8 @@ from torch import nn
 
 from stealkit.data import load_query_source
 from stealkit.extract.common import make_evaluator, open_victim, pool_holdout, student_factory, victim_splits
-from stealkit.extract.knockoff import KnockoffConfig
-from stealkit.extract.surrogate import SurrogateConfig, extract_surrogate
+from stealkit.extract.surrogate_data.knockoff import KnockoffConfig
+from stealkit.extract.surrogate_data.surrogate import SurrogateConfig, extract_surrogate
 from stealkit.metrics import Evaluator
 from stealkit.victims import standard_victim
 
@@ -236,7 +236,7 @@ def row_combo(row_name: str, budget: int = 10**9, num_classes: int = 10, mode: s
     preset, resolved as the CLI does for ``budget`` answers of ``num_classes`` classes in oracle mode ``mode``:
     with probabilities it sets tau, lr and grad_clip), ``ours-preset-NAME`` (a named preset,
     e.g. ``ours-preset-plain``) or ``SELECT/SSL[/PRETRAIN[/COLD_START]]``; what is not given is plain."""
-    from stealkit.extract.surrogate_presets import DEFAULT_PRESET, resolve_preset
+    from stealkit.extract.surrogate_data.surrogate_presets import DEFAULT_PRESET, resolve_preset
 
     if row_name == "ours-default":  # the preset's combination and training settings (e.g. label smoothing)
         return resolve_preset(DEFAULT_PRESET, budget, num_classes, mode=mode)[1]
@@ -290,7 +290,7 @@ def ours_variant(name: str, victim_dir: str, mode: str, pool: torch.Tensor, budg
     """One run of ``extract_surrogate`` with a selection strategy, SSL method, pretraining and cold start
     (same student/epochs/batch). Rotation-pretrained weights are cached per (victim, split, seed, settings)
     under ``--pretrain-cache``, so the cells of a seed share one pretraining; its cost is reported apart."""
-    from stealkit.extract.semi_supervised import FixMatchConfig
+    from stealkit.extract.surrogate_data.semi_supervised import FixMatchConfig
 
     v = open_victim(victim_dir, mode=mode, budget=budget)
     from stealkit.settings import apply_settings
@@ -391,8 +391,8 @@ def active_main(argv: list[str] | None = None) -> int:
     """
     import os
 
-    from stealkit.extract.surrogate import DEFAULT_PRESET, FLIP_INVARIANT
-    from stealkit.extract.surrogate_presets import SMALL_BUDGET_PER_CLASS, resolve_preset
+    from stealkit.extract.surrogate_data.surrogate import DEFAULT_PRESET, FLIP_INVARIANT
+    from stealkit.extract.surrogate_data.surrogate_presets import SMALL_BUDGET_PER_CLASS, resolve_preset
 
     p = argparse.ArgumentParser(description=active_main.__doc__)
     p.add_argument("--active", action="store_true")

@@ -31,9 +31,9 @@ import torch
 from torch import nn
 
 from stealkit.extract.common import make_evaluator, open_victim, pool_holdout, student_factory, victim_splits
-from stealkit.extract.semi_supervised import FixMatchConfig
-from stealkit.extract.surrogate import FLIP_INVARIANT, SurrogateConfig, extract_surrogate
-from stealkit.extract.surrogate_presets import DEFAULT_PRESET, resolve_preset
+from stealkit.extract.surrogate_data.semi_supervised import FixMatchConfig
+from stealkit.extract.surrogate_data.surrogate import FLIP_INVARIANT, SurrogateConfig, extract_surrogate
+from stealkit.extract.surrogate_data.surrogate_presets import DEFAULT_PRESET, resolve_preset
 from stealkit.settings import apply_settings, parse_value
 from stealkit.victims import standard_victim
 

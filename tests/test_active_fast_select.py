@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stealkit.extract.active import (
+from stealkit.extract.surrogate_data.active import (
     ActiveConfig,
     distances_to_row,
     kcenter_greedy,
@@ -14,7 +14,7 @@ from stealkit.extract.active import (
     select_batch,
     strided_max_pooling,
 )
-from stealkit.extract.surrogate import SurrogateConfig, extract_surrogate
+from stealkit.extract.surrogate_data.surrogate import SurrogateConfig, extract_surrogate
 from stealkit.models.zoo import conv2
 from stealkit.oracle import LocalOracle
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from stealkit.extract.surrogate_presets import STUDENT_MIN_STEPS
+from stealkit.extract.surrogate_data.surrogate_presets import STUDENT_MIN_STEPS
 from tests.conftest import load_benchmark
 
 

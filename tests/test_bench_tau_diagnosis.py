@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import stealkit.train as train_mod
-from stealkit.extract.surrogate import SurrogateConfig, extract_surrogate
+from stealkit.extract.surrogate_data.surrogate import SurrogateConfig, extract_surrogate
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet, load_benchmark
 

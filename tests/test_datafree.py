@@ -13,14 +13,14 @@ from hypothesis import strategies as st
 from torch import nn
 
 from stealkit.errors import InputError, StealkitError
-from stealkit.extract.codfe import CoDFeConfig, codfe_cost, extract_codfe
-from stealkit.extract.dast import DaSTConfig, dast_cost, extract_dast
-from stealkit.extract.datafree_loop import LoopConfig
-from stealkit.extract.dfme import DFMEConfig, dfme_cost, extract_dfme
+from stealkit.extract.datafree.codfe import CoDFeConfig, codfe_cost, extract_codfe
+from stealkit.extract.datafree.dast import DaSTConfig, dast_cost, extract_dast
+from stealkit.extract.datafree.datafree_loop import LoopConfig
+from stealkit.extract.datafree.dfme import DFMEConfig, dfme_cost, extract_dfme
+from stealkit.extract.datafree.maze import MAZEConfig, extract_maze, maze_cost
+from stealkit.extract.datafree.zoo_grad import estimate_gradient
 from stealkit.extract.journal import read_journal
-from stealkit.extract.maze import MAZEConfig, extract_maze, maze_cost
 from stealkit.extract.targets import answer_logits
-from stealkit.extract.zoo_grad import estimate_gradient
 from stealkit.oracle import LocalOracle, OutputMode
 
 SHAPE = (1, 8, 8)

@@ -12,11 +12,11 @@ import torch
 from torch import nn
 
 from stealkit.errors import InputError
-from stealkit.extract.cabage import HardReplayBuffer, balanced_selection
-from stealkit.extract.codfe import CoDFeAttack, CoDFeConfig, codfe_cost, extract_codfe
-from stealkit.extract.datafree_loop import LoopConfig
-from stealkit.extract.disguide import class_diversity_loss, disagreement_loss, sample_disagreement
-from stealkit.extract.recipes import (
+from stealkit.extract.datafree.cabage import HardReplayBuffer, balanced_selection
+from stealkit.extract.datafree.codfe import CoDFeAttack, CoDFeConfig, codfe_cost, extract_codfe
+from stealkit.extract.datafree.datafree_loop import LoopConfig
+from stealkit.extract.datafree.disguide import class_diversity_loss, disagreement_loss, sample_disagreement
+from stealkit.extract.datafree.recipes import (
     PAPER,
     SMALL_SIZES,
     VALIDATED,
@@ -24,7 +24,7 @@ from stealkit.extract.recipes import (
     recipe_settings,
     recipe_sizes,
 )
-from stealkit.extract.selection import ExponentialAverage, HeldOutStore, StudentSelector, agreement
+from stealkit.extract.datafree.selection import ExponentialAverage, HeldOutStore, StudentSelector, agreement
 from stealkit.oracle import LocalOracle, OutputMode
 
 from .test_datafree import SHAPE, Victim, student, tiny_victim_dir
@@ -279,8 +279,8 @@ def test_cli_default_is_the_validated_recipe_and_names_it(tmp_path: Path) -> Non
 
 
 def test_disagreement_objective_costs_only_the_clone_steps_and_needs_no_smoothing() -> None:
-    from stealkit.extract.dfme import DFMEConfig, dfme_cost, extract_dfme
-    from stealkit.extract.maze import MAZEConfig, maze_cost
+    from stealkit.extract.datafree.dfme import DFMEConfig, dfme_cost, extract_dfme
+    from stealkit.extract.datafree.maze import MAZEConfig, maze_cost
 
     assert dfme_cost(DFMEConfig(objective="disagreement")) == 256 * 5
     assert maze_cost(MAZEConfig(objective="disagreement")) == 128 * 5

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import stealkit.extract.dfme as dfme_mod
-from stealkit.extract.dfme import DFMEAttack, DFMEConfig
+import stealkit.extract.datafree.dfme as dfme_mod
+from stealkit.extract.datafree.dfme import DFMEAttack, DFMEConfig
 from stealkit.oracle import LocalOracle, OutputMode
 
 SHAPE = (1, 4, 4)

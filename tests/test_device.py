@@ -218,7 +218,7 @@ def test_relative_error_feeds_each_model_on_its_own_device(tiny_model: torch.nn.
                                                            tiny_batch: torch.Tensor) -> None:
     import copy
 
-    from stealkit.extract.exact import relative_error
+    from stealkit.extract.explanations.exact import relative_error
 
     other = copy.deepcopy(tiny_model).double()
     with torch.no_grad():

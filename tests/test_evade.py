@@ -11,7 +11,7 @@ from torch import nn
 from stealkit.errors import InputError
 from stealkit.evade import EOTModel, bim, choose_targets, fgsm, mifgsm, pgd, project
 from stealkit.evade.base import flat_norms
-from stealkit.evade.cw import carlini_wagner_l2
+from stealkit.evade.gradient_based.cw import carlini_wagner_l2
 from tests.conftest import TinyNet
 
 ATTACKS = {

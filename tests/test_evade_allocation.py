@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from stealkit.errors import InputError
-from stealkit.evade.allocation import geoda_plan
-from stealkit.evade.hopskipjump import HopSkipJumpConfig, hopskipjump
+from stealkit.evade.decision_based.allocation import geoda_plan
+from stealkit.evade.decision_based.hopskipjump import HopSkipJumpConfig, hopskipjump
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet
 
@@ -84,7 +84,7 @@ def test_geoda_schedule_spends_the_budget_and_is_deterministic() -> None:
 
 
 def test_tuned_preset_plans_the_budget_only_when_there_is_one() -> None:
-    from stealkit.evade.hopskipjump import tuned_settings
+    from stealkit.evade.decision_based.hopskipjump import tuned_settings
 
     with_budget = tuned_settings(substitute=False, budgeted=True)
     assert with_budget["schedule"] == "geoda" and HopSkipJumpConfig(**with_budget).schedule == "geoda"  # type: ignore[arg-type]

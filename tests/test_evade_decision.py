@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 from stealkit.errors import InputError
-from stealkit.evade.boundary import BoundaryConfig, boundary_attack
-from stealkit.evade.hopskipjump import HopSkipJumpConfig, hopskipjump
+from stealkit.evade.decision_based.boundary import BoundaryConfig, boundary_attack
+from stealkit.evade.decision_based.hopskipjump import HopSkipJumpConfig, hopskipjump
 from stealkit.oracle import LocalOracle, QueryLedger
 from tests.conftest import TinyNet
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from stealkit.errors import InputError
-from stealkit.evade.halving import rung_caps, successive_halving
-from stealkit.evade.hopskipjump import HopSkipJumpConfig
+from stealkit.evade.decision_based.halving import rung_caps, successive_halving
+from stealkit.evade.decision_based.hopskipjump import HopSkipJumpConfig
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet
 

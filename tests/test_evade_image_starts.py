@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from stealkit.errors import InputError
-from stealkit.evade.decision import LabelAccess, binary_search, find_starts
-from stealkit.evade.hopskipjump import HopSkipJumpConfig, hopskipjump
-from stealkit.evade.image_starts import best_of_pool, check_pool, kmeans, nearest, spread
+from stealkit.evade.decision_based.decision import LabelAccess, binary_search, find_starts
+from stealkit.evade.decision_based.hopskipjump import HopSkipJumpConfig, hopskipjump
+from stealkit.evade.decision_based.image_starts import best_of_pool, check_pool, kmeans, nearest, spread
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet, labelled_tiny_batch
 
@@ -211,7 +211,7 @@ def test_cli_start_pool_from_the_attacker_split_or_a_file(tmp_path: Path, capsys
 
 
 def test_the_tuned_preset_adds_the_pool_settings_only_with_a_pool_and_no_substitute() -> None:
-    from stealkit.evade.hopskipjump import TUNED_POOL, tuned_settings
+    from stealkit.evade.decision_based.hopskipjump import TUNED_POOL, tuned_settings
 
     plain = tuned_settings(substitute=False, shape=(1, 28, 28), budgeted=True)
     pooled = tuned_settings(substitute=False, shape=(1, 28, 28), budgeted=True, pool=True)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from stealkit.errors import InputError
-from stealkit.evade.hopskipjump import HopSkipJumpConfig, hopskipjump
-from stealkit.evade.pca_subspace import pca_basis
+from stealkit.evade.decision_based.hopskipjump import HopSkipJumpConfig, hopskipjump
+from stealkit.evade.decision_based.pca_subspace import pca_basis
 from stealkit.oracle import LocalOracle
 from tests.conftest import labelled_tiny_batch
 

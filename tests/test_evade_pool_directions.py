@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from stealkit.errors import InputError
-from stealkit.evade.hopskipjump import HopSkipJumpConfig, hopskipjump
-from stealkit.evade.image_starts import kmeans, spread
-from stealkit.evade.pool_directions import PoolDirections
-from stealkit.evade.triangle import TriangleConfig, triangle
+from stealkit.evade.decision_based.hopskipjump import HopSkipJumpConfig, hopskipjump
+from stealkit.evade.decision_based.image_starts import kmeans, spread
+from stealkit.evade.decision_based.pool_directions import PoolDirections
+from stealkit.evade.decision_based.triangle import TriangleConfig, triangle
 from stealkit.oracle import LocalOracle
 from tests.conftest import labelled_tiny_batch
 from tests.test_evade_image_starts import _adversarial, _pool

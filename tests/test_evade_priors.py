@@ -1,4 +1,4 @@
-"""Substitute priors and subspace sampling of the decision-based attacks (stealkit.evade.priors / subspace)."""
+"""Substitute priors and subspace sampling of the decision-based attacks (stealkit.evade.decision_based.priors / subspace)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,18 @@ import pytest
 import torch
 from torch import nn
 
-from stealkit.evade.boundary import BoundaryConfig, boundary_attack
-from stealkit.evade.decision import LabelAccess
-from stealkit.evade.hopskipjump import HopSkipJumpConfig, hopskipjump
-from stealkit.evade.priors import SubstitutePrior, prior_estimate, prior_probes, tilt, transfer_starts, unit
-from stealkit.evade.subspace import random_directions, subspace_dim
+from stealkit.evade.decision_based.boundary import BoundaryConfig, boundary_attack
+from stealkit.evade.decision_based.decision import LabelAccess
+from stealkit.evade.decision_based.hopskipjump import HopSkipJumpConfig, hopskipjump
+from stealkit.evade.decision_based.priors import (
+    SubstitutePrior,
+    prior_estimate,
+    prior_probes,
+    tilt,
+    transfer_starts,
+    unit,
+)
+from stealkit.evade.decision_based.subspace import random_directions, subspace_dim
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from stealkit.errors import InputError
-from stealkit.evade.decision import LabelAccess, binary_search
-from stealkit.evade.hopskipjump import HopSkipJumpConfig, hopskipjump
-from stealkit.evade.semicircle import arc_points, semicircle_search
+from stealkit.evade.decision_based.decision import LabelAccess, binary_search
+from stealkit.evade.decision_based.hopskipjump import HopSkipJumpConfig, hopskipjump
+from stealkit.evade.decision_based.semicircle import arc_points, semicircle_search
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet
 

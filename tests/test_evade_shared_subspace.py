@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from stealkit.errors import InputError
-from stealkit.evade.hopskipjump import HopSkipJumpConfig, hopskipjump
-from stealkit.evade.shared_subspace import SharedSubspace, subspace_probes
+from stealkit.evade.decision_based.hopskipjump import HopSkipJumpConfig, hopskipjump
+from stealkit.evade.decision_based.shared_subspace import SharedSubspace, subspace_probes
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from stealkit.errors import InputError
-from stealkit.evade.decision import LabelAccess, binary_search, find_starts
-from stealkit.evade.hopskipjump import HopSkipJumpConfig, hopskipjump
-from stealkit.evade.semicircle import semicircle_search
-from stealkit.evade.starts import best_of_noise
-from stealkit.evade.tangent import tangent_points
+from stealkit.evade.decision_based.decision import LabelAccess, binary_search, find_starts
+from stealkit.evade.decision_based.hopskipjump import HopSkipJumpConfig, hopskipjump
+from stealkit.evade.decision_based.semicircle import semicircle_search
+from stealkit.evade.decision_based.starts import best_of_noise
+from stealkit.evade.decision_based.tangent import tangent_points
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet
 
@@ -86,21 +86,21 @@ def test_negative_start_tries_is_one_clear_error() -> None:
 
 @pytest.mark.parametrize("substitute", [False, True])
 def test_tuned_settings_are_valid_config_fields(substitute: bool) -> None:
-    from stealkit.evade.hopskipjump import tuned_settings
+    from stealkit.evade.decision_based.hopskipjump import tuned_settings
 
     cfg = HopSkipJumpConfig(**tuned_settings(substitute=substitute))  # type: ignore[arg-type]
     assert cfg != HopSkipJumpConfig()
 
 
 def test_tuned_settings_leave_out_the_image_subspace_for_flat_inputs() -> None:
-    from stealkit.evade.hopskipjump import tuned_settings
+    from stealkit.evade.decision_based.hopskipjump import tuned_settings
 
     assert "subspace" not in tuned_settings(substitute=True, shape=(30,))
     assert tuned_settings(substitute=True, shape=(1, 28, 28)) == tuned_settings(substitute=True)
 
 
 def test_tuned_budgeted_settings_open_with_the_triangle_attack_on_large_enough_images_only() -> None:
-    from stealkit.evade.hopskipjump import TUNED, tuned_settings
+    from stealkit.evade.decision_based.hopskipjump import TUNED, tuned_settings
 
     image = tuned_settings(substitute=False, shape=(1, 28, 28), budgeted=True)
     assert image["opening"] == 0.1 and HopSkipJumpConfig(**image).opening == 0.1  # type: ignore[arg-type]

@@ -7,9 +7,15 @@ import pytest
 import torch
 
 from stealkit.errors import InputError
-from stealkit.evade.decision import LabelAccess
-from stealkit.evade.hopskipjump import HopSkipJumpConfig
-from stealkit.evade.surfree import SurFreeConfig, _Search, dct_matrix, hopskipjump_surfree, surfree
+from stealkit.evade.decision_based.decision import LabelAccess
+from stealkit.evade.decision_based.hopskipjump import HopSkipJumpConfig
+from stealkit.evade.decision_based.surfree import (
+    SurFreeConfig,
+    _Search,
+    dct_matrix,
+    hopskipjump_surfree,
+    surfree,
+)
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet, labelled_tiny_batch
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from stealkit.errors import InputError
-from stealkit.evade.transfer import TransferConfig, transfer_attack
+from stealkit.evade.gradient_based.transfer import TransferConfig, transfer_attack
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet
 

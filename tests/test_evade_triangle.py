@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from stealkit.errors import InputError
-from stealkit.evade.decision import LabelAccess, binary_search
-from stealkit.evade.hopskipjump import HopSkipJumpConfig, hopskipjump
-from stealkit.evade.subspace import dct_directions, dct_matrix
-from stealkit.evade.triangle import TriangleConfig, triangle
+from stealkit.evade.decision_based.decision import LabelAccess, binary_search
+from stealkit.evade.decision_based.hopskipjump import HopSkipJumpConfig, hopskipjump
+from stealkit.evade.decision_based.subspace import dct_directions, dct_matrix
+from stealkit.evade.decision_based.triangle import TriangleConfig, triangle
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet, labelled_tiny_batch
 
@@ -99,7 +99,7 @@ def test_same_seed_same_result_and_points_only_move_nearer() -> None:
 
 
 def test_shrink_makes_smaller_turns_after_clean_iterations_and_is_deterministic() -> None:
-    import stealkit.evade.triangle as tri
+    import stealkit.evade.decision_based.triangle as tri
 
     victim, x, y = _batch(seed=7)
     seen: list[torch.Tensor] = []

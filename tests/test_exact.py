@@ -7,15 +7,15 @@ import pytest
 import torch
 
 from stealkit.errors import InputError
-from stealkit.extract.exact import (
+from stealkit.extract.explanations.exact import (
     ExactConfig,
     RecoveryFailure,
     recover_two_layer,
     relative_error,
     search_line,
 )
-from stealkit.extract.exact_mq import recover_two_layer_mq
-from stealkit.extract.logistic_exact import identify_logistic
+from stealkit.extract.explanations.exact_mq import recover_two_layer_mq
+from stealkit.extract.explanations.logistic_exact import identify_logistic
 from stealkit.models import build_model
 from stealkit.oracle import LocalExplanationOracle, LocalOracle
 from stealkit.oracle.float64 import Float64ExplanationOracle, TwoLayerReLU
@@ -116,7 +116,7 @@ def test_failure_when_paper_algorithm_meets_a_biased_network() -> None:
 
 
 def test_search_line_finds_every_crossing_exactly() -> None:
-    from stealkit.extract.exact import GradientAccess
+    from stealkit.extract.explanations.exact import GradientAccess
 
     net, oracle = _oracle(6, 3, 1, bias=True, seed=7)
     access = GradientAccess(oracle)

@@ -7,8 +7,13 @@ import torch
 from torch import nn
 
 from stealkit.errors import InputError
-from stealkit.extract.semi_supervised import DistributionAlignment, FixMatchConfig, MeanTeacher, with_fixmatch
-from stealkit.extract.surrogate import SurrogateConfig, extract_surrogate
+from stealkit.extract.surrogate_data.semi_supervised import (
+    DistributionAlignment,
+    FixMatchConfig,
+    MeanTeacher,
+    with_fixmatch,
+)
+from stealkit.extract.surrogate_data.surrogate import SurrogateConfig, extract_surrogate
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet
 

@@ -10,7 +10,7 @@ from torch import nn
 
 import stealkit.train as train_mod
 from stealkit.errors import InputError
-from stealkit.extract.surrogate import SurrogateConfig, extract_surrogate
+from stealkit.extract.surrogate_data.surrogate import SurrogateConfig, extract_surrogate
 from stealkit.grad_clip import clip_gradients
 from stealkit.oracle import LocalOracle
 from stealkit.train import TrainConfig, fit

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from stealkit.errors import InputError
-from stealkit.extract.gradient_matching import (
+from stealkit.extract.explanations.gradient_matching import (
     GradMatchConfig,
     extract_gradient_matching,
     query_answers,

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from stealkit.extract.kl_gradients import input_gradient_norms, kl_per_sample, l1_per_sample, measure
-from stealkit.extract.surrogate import tau_kl
+from stealkit.extract.surrogate_data.surrogate import tau_kl
 from stealkit.extract.targets import victim_log_probs
+from stealkit.studies.kl_gradients import input_gradient_norms, kl_per_sample, l1_per_sample, measure
 
 
 @settings(max_examples=30, deadline=None)

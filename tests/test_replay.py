@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from stealkit.extract.replay import ReplayBuffer
+from stealkit.extract.datafree.replay import ReplayBuffer
 
 
 def rows(start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from stealkit.errors import InputError
-from stealkit.evade.transfer import TransferConfig
-from stealkit.extract.baseline import BaselineConfig
-from stealkit.extract.surrogate import SurrogateConfig
+from stealkit.evade.gradient_based.transfer import TransferConfig
+from stealkit.extract.surrogate_data.baseline import BaselineConfig
+from stealkit.extract.surrogate_data.surrogate import SurrogateConfig
 from stealkit.settings import apply_settings, parse_value
 
 

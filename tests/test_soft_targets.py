@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from stealkit.errors import InputError
-from stealkit.extract.semi_supervised import FixMatchConfig
-from stealkit.extract.soft_targets import guess_targets, sharpen, soft_unlabelled_loss
-from stealkit.extract.surrogate import SurrogateConfig, extract_surrogate
+from stealkit.extract.surrogate_data.semi_supervised import FixMatchConfig
+from stealkit.extract.surrogate_data.soft_targets import guess_targets, sharpen, soft_unlabelled_loss
+from stealkit.extract.surrogate_data.surrogate import SurrogateConfig, extract_surrogate
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet
 

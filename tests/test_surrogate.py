@@ -8,8 +8,8 @@ from torch import nn
 
 from stealkit.errors import InputError
 from stealkit.extract.answer_cache import AnswerCache
-from stealkit.extract.knockoff import KnockoffConfig
-from stealkit.extract.surrogate import (
+from stealkit.extract.surrogate_data.knockoff import KnockoffConfig
+from stealkit.extract.surrogate_data.surrogate import (
     SurrogateConfig,
     augment_batch,
     extract_surrogate,

@@ -10,15 +10,20 @@ from click.testing import CliRunner
 from torch import nn
 
 from stealkit.errors import InputError
-from stealkit.extract.active import (
+from stealkit.extract.surrogate_data.active import (
     ActiveConfig,
     kcenter_greedy,
     probs_and_features,
     score_subset,
     select_batch,
 )
-from stealkit.extract.semi_supervised import FixMatchConfig, strong_view, weak_view
-from stealkit.extract.surrogate import PRESETS, SurrogateConfig, epoch_indices, extract_surrogate
+from stealkit.extract.surrogate_data.semi_supervised import FixMatchConfig, strong_view, weak_view
+from stealkit.extract.surrogate_data.surrogate import (
+    PRESETS,
+    SurrogateConfig,
+    epoch_indices,
+    extract_surrogate,
+)
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet
 
@@ -216,7 +221,7 @@ def test_candidate_subset_scores_only_its_rows_and_spends_the_budget():
 
 def _default_config(budget: int, classes: int, mode: str, **changes: object) -> SurrogateConfig:
     """The command's default for ``budget`` answers, applied as the CLI applies it (group keys included)."""
-    from stealkit.extract.surrogate_presets import DEFAULT_PRESET, resolve_preset
+    from stealkit.extract.surrogate_data.surrogate_presets import DEFAULT_PRESET, resolve_preset
     from stealkit.settings import apply_settings
 
     chosen = resolve_preset(DEFAULT_PRESET, budget, classes, mode=mode)[1]

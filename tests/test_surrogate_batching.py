@@ -10,10 +10,10 @@ from torch import nn
 
 import stealkit.train as train_mod
 from stealkit.errors import InputError
-from stealkit.extract.active import ActiveConfig
-from stealkit.extract.noisy_student import NoisyStudentConfig
-from stealkit.extract.semi_supervised import FixMatchConfig
-from stealkit.extract.surrogate import SurrogateConfig, extract_surrogate
+from stealkit.extract.surrogate_data.active import ActiveConfig
+from stealkit.extract.surrogate_data.noisy_student import NoisyStudentConfig
+from stealkit.extract.surrogate_data.semi_supervised import FixMatchConfig
+from stealkit.extract.surrogate_data.surrogate import SurrogateConfig, extract_surrogate
 from stealkit.oracle import LocalOracle
 from stealkit.train import TrainConfig, epoch_batches, fit, make_optimizer, make_scheduler
 from tests.conftest import TinyNet

@@ -7,8 +7,8 @@ import torch
 
 from stealkit.errors import InputError
 from stealkit.extract.answer_cache import AnswerCache
-from stealkit.extract.knockoff import KnockoffConfig, kmeans_actions, knockoff_select
-from stealkit.extract.surrogate import make_student_loss
+from stealkit.extract.surrogate_data.knockoff import KnockoffConfig, kmeans_actions, knockoff_select
+from stealkit.extract.surrogate_data.surrogate import make_student_loss
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet
 

@@ -9,9 +9,9 @@ import torch
 
 import stealkit.train as train_mod
 from stealkit.errors import InputError
-from stealkit.extract.active import ActiveConfig
-from stealkit.extract.semi_supervised import FixMatchConfig
-from stealkit.extract.surrogate import SurrogateConfig, epoch_indices, extract_surrogate
+from stealkit.extract.surrogate_data.active import ActiveConfig
+from stealkit.extract.surrogate_data.semi_supervised import FixMatchConfig
+from stealkit.extract.surrogate_data.surrogate import SurrogateConfig, epoch_indices, extract_surrogate
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet
 from tests.test_surrogate_batching import _params
@@ -77,7 +77,7 @@ def test_the_floor_counts_steps_of_the_student_only_not_of_the_round_substitutes
         steps.append(config.epochs * math.ceil(x.shape[0] / config.batch_size))
         return inner(model, x, target, config, **kw)
 
-    monkeypatch.setattr("stealkit.extract.surrogate.fit", counting_fit)
+    monkeypatch.setattr("stealkit.extract.surrogate_data.surrogate.fit", counting_fit)
     pool = torch.rand(80, 1, 4, 4, generator=torch.Generator().manual_seed(0))
     oracle = LocalOracle(tiny_model, (1, 4, 4), mode="probs", budget=40)
     config = SurrogateConfig(max_distinct=40, epochs=2, batch_size=8, seed=1, min_steps=50, select="margin",

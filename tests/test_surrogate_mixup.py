@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from stealkit.errors import InputError
-from stealkit.extract.mixup import mix_weight, mixup_loss
-from stealkit.extract.surrogate import SurrogateConfig, extract_surrogate, make_student_loss
+from stealkit.extract.surrogate_data.mixup import mix_weight, mixup_loss
+from stealkit.extract.surrogate_data.surrogate import SurrogateConfig, extract_surrogate, make_student_loss
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet
 

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from stealkit.errors import InputError
-from stealkit.extract.noisy_student import NoisyStudentConfig, PoolDistillLoss, teacher_targets
-from stealkit.extract.semi_supervised import FixMatchConfig
-from stealkit.extract.surrogate import SurrogateConfig, extract_surrogate
+from stealkit.extract.surrogate_data.noisy_student import NoisyStudentConfig, PoolDistillLoss, teacher_targets
+from stealkit.extract.surrogate_data.semi_supervised import FixMatchConfig
+from stealkit.extract.surrogate_data.surrogate import SurrogateConfig, extract_surrogate
 from stealkit.metrics import Evaluator
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from stealkit.errors import InputError
-from stealkit.extract.surrogate import SurrogateConfig, extract_surrogate
+from stealkit.extract.surrogate_data.surrogate import SurrogateConfig, extract_surrogate
 from stealkit.oracle import LocalOracle
 from stealkit.settings import apply_settings
 from stealkit.train import TrainConfig

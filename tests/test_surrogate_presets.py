@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stealkit.extract.surrogate_presets import (
+from stealkit.extract.surrogate_data.surrogate_presets import (
     ACTIVE_BUDGET_PER_CLASS,
     DEFAULT_PRESET,
     PRESETS,

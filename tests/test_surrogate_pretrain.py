@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from stealkit.errors import InputError
-from stealkit.extract import pretrained_weights as weights
-from stealkit.extract.pretrain import PretrainConfig
-from stealkit.extract.pretrained_weights import from_pretrained, pretrained_weights
-from stealkit.extract.rotation_pretrain import rotations
-from stealkit.extract.simclr_pretrain import nt_xent
-from stealkit.extract.surrogate import PRESETS, SurrogateConfig, extract_surrogate
-from stealkit.extract.typiclust import cold_start, typicality, typiclust
+from stealkit.extract.surrogate_data import pretrained_weights as weights
+from stealkit.extract.surrogate_data.pretrain import PretrainConfig
+from stealkit.extract.surrogate_data.pretrained_weights import from_pretrained, pretrained_weights
+from stealkit.extract.surrogate_data.rotation_pretrain import rotations
+from stealkit.extract.surrogate_data.simclr_pretrain import nt_xent
+from stealkit.extract.surrogate_data.surrogate import PRESETS, SurrogateConfig, extract_surrogate
+from stealkit.extract.surrogate_data.typiclust import cold_start, typicality, typiclust
 from stealkit.kmeans import kmeans
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet
@@ -113,7 +113,7 @@ def test_nt_xent_rewards_matching_pairs_and_simclr_learns_them():
     matched = nt_xent(z, z.clone(), 0.5)
     shuffled = nt_xent(z, z[torch.tensor([1, 2, 3, 4, 5, 0])], 0.5)
     assert float(matched) < float(shuffled)
-    from stealkit.extract.simclr_pretrain import pretrain_simclr
+    from stealkit.extract.surrogate_data.simclr_pretrain import pretrain_simclr
 
     pool = torch.rand(64, 1, 4, 4, generator=torch.Generator().manual_seed(0))
     rec = pretrain_simclr(TinyNet(seed=5), pool, PretrainConfig(epochs=20, batch_size=16, min_steps=0), seed=0)
@@ -207,7 +207,7 @@ def test_checkpointed_random_queries_are_the_plain_paths_images(tmp_path: Path):
 
 
 def test_budget_aware_cold_start_chooses_only_the_first_queries_the_rest_are_the_plain_images():
-    from stealkit.extract.typiclust import budget_aware_start
+    from stealkit.extract.surrogate_data.typiclust import budget_aware_start
 
     x, _ = _blobs(per=12)
     picked = budget_aware_start("typiclust", x, 10, 3, torch.Generator().manual_seed(0))
@@ -234,7 +234,7 @@ def test_budget_aware_cold_start_and_finetune_lr_spend_exactly_the_budget(mode, 
 
 
 def test_resume_with_a_budget_aware_cold_start_pays_nothing_twice_and_refuses_other_sizes(tmp_path: Path):
-    from stealkit.extract.active import ActiveConfig
+    from stealkit.extract.surrogate_data.active import ActiveConfig
 
     def run(resume: bool, size: int, lr: float | None = 0.05) -> tuple[object, CountingNet]:
         config = SurrogateConfig(epochs=1, batch_size=8, select="entropy", cold_start="typiclust",

@@ -24,7 +24,7 @@ def run_demo(out: str | Path, *, seed: int = 0, budgets: tuple[int, ...] = DEFAU
              victim_epochs: int = 40, student_epochs: int = 60, arch: str = "conv2",
              device: str = "cpu") -> dict[str, Any]:
     from stealkit.data import load_splits
-    from stealkit.extract.baseline import BaselineConfig, extract_baseline
+    from stealkit.extract.surrogate_data.baseline import BaselineConfig, extract_baseline
     from stealkit.metrics import Evaluator, predict_labels
     from stealkit.models import build_model
     from stealkit.oracle import LocalOracle

@@ -147,7 +147,7 @@ def empirical_robust_accuracy(
             rows.append({"eps": e, "accuracy": float((labels == y_cpu).float().mean())})
         return rows
     if attack == "cw-l2":
-        from stealkit.evade.cw import carlini_wagner_l2
+        from stealkit.evade.gradient_based.cw import carlini_wagner_l2
 
         target = EOTModel(model, sigma, eot_samples, seed=seed) if sigma > 0 else model
         res = carlini_wagner_l2(target, x, y, steps=cw_steps, binary_search_steps=5, initial_const=1.0,
@@ -155,7 +155,7 @@ def empirical_robust_accuracy(
         adv_labels = _smoothed_labels(model, res.x_adv, sigma, n_predict, seed + 2)
         norms = res.norms.cpu()
     else:
-        from stealkit.evade.boundary import BoundaryConfig, boundary_attack
+        from stealkit.evade.decision_based.boundary import BoundaryConfig, boundary_attack
         from stealkit.oracle import LocalOracle
 
         k = int(getattr(model, "num_classes", 0) or model(x[:1]).shape[1])

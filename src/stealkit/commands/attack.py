@@ -166,13 +166,13 @@ def _make_decision(method: str) -> click.Command:
                                      "triangle": {"steps": iterations or 100_000}}.get(
                                          method, {"iterations": iterations or 40})
         if method == "hopskipjump" and preset == "tuned":
-            from stealkit.evade.hopskipjump import tuned_settings
+            from stealkit.evade.decision_based.hopskipjump import tuned_settings
 
             tuned = tuned_settings(substitute=sub is not None, shape=tuple(v.oracle.input_shape),
                                    budgeted=True, pool=pool is not None)  # --max-queries: a per-image budget
             rounds = rounds | tuned
         elif method == "triangle" and preset == "tuned":
-            from stealkit.evade.triangle import TUNED
+            from stealkit.evade.decision_based.triangle import TUNED
 
             rounds = rounds | TUNED
         config = apply_settings(spec.config(seed=seed, **rounds), parse_kv(settings), who=method)  # type: ignore[misc]

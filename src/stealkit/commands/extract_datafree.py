@@ -16,7 +16,7 @@ import click
 
 from stealkit.commands.common import device_option, parse_kv, run_options, set_option, victim_options
 from stealkit.errors import InputError
-from stealkit.extract.recipes import DEFAULT, PAPER, VALIDATED, VALIDATED_V1, VALIDATED_V2
+from stealkit.extract.datafree.recipes import DEFAULT, PAPER, VALIDATED, VALIDATED_V1, VALIDATED_V2
 from stealkit.extract.registry import DATAFREE, METHODS
 from stealkit.rundir import RunDir
 from stealkit.settings import typed_settings
@@ -24,7 +24,7 @@ from stealkit.settings import typed_settings
 
 def build_config(method: str, settings: dict[str, Any], loop: dict[str, Any]) -> Any:
     """The method's frozen config from ``--set`` style settings; unknown names are a clear error."""
-    from stealkit.extract.datafree_loop import LoopConfig
+    from stealkit.extract.datafree.datafree_loop import LoopConfig
 
     cls = METHODS[method].config
     assert cls is not None
@@ -71,7 +71,7 @@ def run_method(method: str, *, victim: str, key: str | None, mode: str, temperat
         student_factory,
         victim_splits,
     )
-    from stealkit.extract.recipes import recipe_settings, recipe_sizes
+    from stealkit.extract.datafree.recipes import recipe_settings, recipe_sizes
 
     recipe = recipe_settings(preset, method, mode)
     v = open_victim(victim, mode=mode, budget=budget, temperature=temperature, top_k=top_k, key=key,

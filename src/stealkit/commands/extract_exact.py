@@ -47,7 +47,7 @@ def exact_cmd(victim: str, key: str | None, variant: str, hidden: int | None, bu
         save_extraction,
         victim_splits,
     )
-    from stealkit.extract.exact import relative_error
+    from stealkit.extract.explanations.exact import relative_error
     from stealkit.extract.registry import METHODS
     from stealkit.rundir import RunDir
     from stealkit.settings import apply_settings

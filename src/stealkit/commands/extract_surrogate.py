@@ -1,6 +1,6 @@
 """``stealkit extract surrogate``: surrogate-data extraction (DFME appendix A; Knockoff Nets' adaptive policy;
 ActiveThief's active selection and FixMatch on the unqueried pool). ``--preset`` picks the combination; its
-default is ``stealkit.extract.surrogate_presets.DEFAULT_PRESET``, chosen on the validation split (docs/surrogate-active.md)."""
+default is ``stealkit.extract.surrogate_data.surrogate_presets.DEFAULT_PRESET``, chosen on the validation split (docs/surrogate-active.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import click
 
 from stealkit.commands.common import device_option, parse_kv, run_options, set_option, victim_options
 from stealkit.errors import InputError
-from stealkit.extract.surrogate_presets import DEFAULT_PRESET, PRESET_NAMES, resolve_preset
+from stealkit.extract.surrogate_data.surrogate_presets import DEFAULT_PRESET, PRESET_NAMES, resolve_preset
 from stealkit.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
         victim_splits,
     )
     from stealkit.extract.registry import METHODS
-    from stealkit.extract.surrogate import FLIP_INVARIANT, resolve_loss
+    from stealkit.extract.surrogate_data.surrogate import FLIP_INVARIANT, resolve_loss
     from stealkit.settings import apply_settings
 
     resolve_loss(loss, mode)  # type: ignore[arg-type]  # refuse e.g. KL on labels before any work

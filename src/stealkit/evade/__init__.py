@@ -9,8 +9,8 @@ from typing import Any
 #: public name -> its module; imported on first use, so ``import stealkit.evade`` (and the CLI) stays cheap
 _EXPORTS = {
     "AttackResult": "base", "Norm": "base", "TargetPolicy": "base", "choose_targets": "base", "flat_norms": "base",
-    "project": "base", "EOTModel": "eot", "GradientAttackConfig": "gradient", "bim": "gradient", "fgsm": "gradient",
-    "gradient_attack": "gradient", "mifgsm": "gradient", "pgd": "gradient",
+    "project": "base", "EOTModel": "gradient_based.eot", "GradientAttackConfig": "gradient_based.gradient", "bim": "gradient_based.gradient", "fgsm": "gradient_based.gradient",
+    "gradient_attack": "gradient_based.gradient", "mifgsm": "gradient_based.gradient", "pgd": "gradient_based.gradient",
 }
 
 __all__ = [

@@ -9,6 +9,8 @@ box), so it can only shrink the perturbation.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -196,3 +198,19 @@ def model_labels(model: nn.Module, x: torch.Tensor, *, batch_size: int = 1024) -
     """The model's labels on ``x`` (no gradients, in chunks)."""
     with torch.no_grad():
         return torch.cat([model(x[i : i + batch_size]).argmax(1) for i in range(0, x.shape[0], batch_size)])
+
+
+@contextlib.contextmanager
+def frozen(model: nn.Module) -> Iterator[nn.Module]:
+    """Eval mode and no parameter gradients for the duration; the model's state is restored after."""
+    was_training = model.training
+    flags = [p.requires_grad for p in model.parameters()]
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    try:
+        yield model
+    finally:
+        for p, f in zip(model.parameters(), flags, strict=True):
+            p.requires_grad_(f)
+        model.train(was_training)

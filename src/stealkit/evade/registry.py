@@ -16,15 +16,15 @@ from stealkit.registry import Entry, Registry
 _E = "stealkit.evade"
 
 ATTACKS = Registry("attack", [
-    Entry("fgsm", f"{_E}.transfer", "transfer_attack", "TransferConfig", "transfer", "Goodfellow et al. 2015"),
-    Entry("bim", f"{_E}.transfer", "transfer_attack", "TransferConfig", "transfer", "Kurakin et al. 2017"),
-    Entry("pgd", f"{_E}.transfer", "transfer_attack", "TransferConfig", "transfer", "Madry et al. 2018"),
-    Entry("mifgsm", f"{_E}.transfer", "transfer_attack", "TransferConfig", "transfer", "Dong et al. 2018"),
-    Entry("cw", f"{_E}.transfer", "transfer_attack", "TransferConfig", "transfer", "Carlini & Wagner 2017"),
-    Entry("boundary", f"{_E}.boundary", "boundary_attack", "BoundaryConfig", "decision", "Brendel et al. 2018"),
-    Entry("hopskipjump", f"{_E}.hopskipjump", "hopskipjump", "HopSkipJumpConfig", "decision",
+    Entry("fgsm", f"{_E}.gradient_based.transfer", "transfer_attack", "TransferConfig", "transfer", "Goodfellow et al. 2015"),
+    Entry("bim", f"{_E}.gradient_based.transfer", "transfer_attack", "TransferConfig", "transfer", "Kurakin et al. 2017"),
+    Entry("pgd", f"{_E}.gradient_based.transfer", "transfer_attack", "TransferConfig", "transfer", "Madry et al. 2018"),
+    Entry("mifgsm", f"{_E}.gradient_based.transfer", "transfer_attack", "TransferConfig", "transfer", "Dong et al. 2018"),
+    Entry("cw", f"{_E}.gradient_based.transfer", "transfer_attack", "TransferConfig", "transfer", "Carlini & Wagner 2017"),
+    Entry("boundary", f"{_E}.decision_based.boundary", "boundary_attack", "BoundaryConfig", "decision", "Brendel et al. 2018"),
+    Entry("hopskipjump", f"{_E}.decision_based.hopskipjump", "hopskipjump", "HopSkipJumpConfig", "decision",
           "Chen et al. 2020"),
-    Entry("triangle", f"{_E}.triangle", "triangle", "TriangleConfig", "decision", "Wang et al. ECCV 2022"),
+    Entry("triangle", f"{_E}.decision_based.triangle", "triangle", "TriangleConfig", "decision", "Wang et al. ECCV 2022"),
 ])
 
 #: attacks crafted on a substitute and transferred to the victim

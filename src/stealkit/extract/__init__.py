@@ -19,14 +19,14 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "BaselineConfig": "baseline", "extract_baseline": "baseline",
+    "BaselineConfig": "surrogate_data.baseline", "extract_baseline": "surrogate_data.baseline",
     "ExtractionResult": "common", "Victim": "common", "open_victim": "common",
-    "SurrogateConfig": "surrogate", "KnockoffConfig": "knockoff", "extract_surrogate": "surrogate",
-    "DFMEConfig": "dfme", "extract_dfme": "dfme", "MAZEConfig": "maze", "extract_maze": "maze",
-    "DaSTConfig": "dast", "extract_dast": "dast", "CoDFeConfig": "codfe", "extract_codfe": "codfe",
-    "ExactConfig": "exact", "RecoveryFailure": "exact", "recover_two_layer": "exact",
-    "recover_two_layer_mq": "exact_mq", "identify_logistic": "logistic_exact",
-    "GradMatchConfig": "gradient_matching", "extract_gradient_matching": "gradient_matching",
+    "SurrogateConfig": "surrogate_data.surrogate", "KnockoffConfig": "surrogate_data.knockoff", "extract_surrogate": "surrogate_data.surrogate",
+    "DFMEConfig": "datafree.dfme", "extract_dfme": "datafree.dfme", "MAZEConfig": "datafree.maze", "extract_maze": "datafree.maze",
+    "DaSTConfig": "datafree.dast", "extract_dast": "datafree.dast", "CoDFeConfig": "datafree.codfe", "extract_codfe": "datafree.codfe",
+    "ExactConfig": "explanations.exact", "RecoveryFailure": "explanations.exact", "recover_two_layer": "explanations.exact",
+    "recover_two_layer_mq": "explanations.exact_mq", "identify_logistic": "explanations.logistic_exact",
+    "GradMatchConfig": "explanations.gradient_matching", "extract_gradient_matching": "explanations.gradient_matching",
     "recover_logits": "logit_recovery", "METHODS": "registry",
 }
 

@@ -1,7 +1,7 @@
 """The answer journal of a data-free run: every victim answer since the last checkpoint, replayed on resume.
 
 Between checkpoints every victim answer is appended to ``journal-<iteration>.bin`` (a JSON header per record
-plus raw bytes). A resumed run restores the checkpoint (:mod:`stealkit.extract.checkpoint`), then serves the
+plus raw bytes). A resumed run restores the checkpoint (:mod:`stealkit.extract.datafree.checkpoint`), then serves the
 journalled answers instead of querying the victim again (their inputs are checked by digest) and charges them
 to the ledger, so it ends with the same student and the same ledger counts as an uninterrupted run and never
 spends a query twice. The journal is flushed after each record: it survives a killed process, not a power cut.

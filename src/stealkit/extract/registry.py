@@ -18,20 +18,20 @@ from stealkit.registry import Entry, Registry
 _X = "stealkit.extract"
 
 METHODS = Registry("extraction method", [
-    Entry("baseline", f"{_X}.baseline", "extract_baseline", "BaselineConfig", "pool", "-"),
-    Entry("surrogate", f"{_X}.surrogate", "extract_surrogate", "SurrogateConfig", "pool",
+    Entry("baseline", f"{_X}.surrogate_data.baseline", "extract_baseline", "BaselineConfig", "pool", "-"),
+    Entry("surrogate", f"{_X}.surrogate_data.surrogate", "extract_surrogate", "SurrogateConfig", "pool",
           "Truong et al. 2021, appendix A; Knockoff Nets (Orekondy et al. 2019) with strategy=knockoff"),
-    Entry("gradient-matching", f"{_X}.gradient_matching", "extract_gradient_matching", "GradMatchConfig", "pool",
+    Entry("gradient-matching", f"{_X}.explanations.gradient_matching", "extract_gradient_matching", "GradMatchConfig", "pool",
           "Milli et al. 2019, Sec. 4"),
-    Entry("dfme", f"{_X}.dfme", "extract_dfme", "DFMEConfig", "datafree", "Truong et al. 2021"),
-    Entry("maze", f"{_X}.maze", "extract_maze", "MAZEConfig", "datafree", "Kariyappa et al. 2021"),
-    Entry("dast", f"{_X}.dast", "extract_dast", "DaSTConfig", "datafree", "Zhou et al. 2020"),
-    Entry("codfe", f"{_X}.codfe", "extract_codfe", "CoDFeConfig", "datafree", "CoDFe"),
-    Entry("exact-gradient", f"{_X}.exact", "recover_two_layer", "ExactConfig", "exact",
+    Entry("dfme", f"{_X}.datafree.dfme", "extract_dfme", "DFMEConfig", "datafree", "Truong et al. 2021"),
+    Entry("maze", f"{_X}.datafree.maze", "extract_maze", "MAZEConfig", "datafree", "Kariyappa et al. 2021"),
+    Entry("dast", f"{_X}.datafree.dast", "extract_dast", "DaSTConfig", "datafree", "Zhou et al. 2020"),
+    Entry("codfe", f"{_X}.datafree.codfe", "extract_codfe", "CoDFeConfig", "datafree", "CoDFe"),
+    Entry("exact-gradient", f"{_X}.explanations.exact", "recover_two_layer", "ExactConfig", "exact",
           "Milli et al. 2019, Sec. 3, Algorithm 1"),
-    Entry("exact-mq", f"{_X}.exact_mq", "recover_two_layer_mq", "ExactConfig", "exact",
+    Entry("exact-mq", f"{_X}.explanations.exact_mq", "recover_two_layer_mq", "ExactConfig", "exact",
           "Milli et al. 2019, App. C (membership queries only)"),
-    Entry("exact-logistic", f"{_X}.logistic_exact", "identify_logistic", None, "exact",
+    Entry("exact-logistic", f"{_X}.explanations.logistic_exact", "identify_logistic", None, "exact",
           "Milli et al. 2019, footnote 2"),
 ])
 

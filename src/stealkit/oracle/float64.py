@@ -1,4 +1,4 @@
-"""The float64 explanation oracle (and the two-layer ReLU networks it answers for) of exact recovery (:mod:`stealkit.extract.exact`).
+"""The float64 explanation oracle (and the two-layer ReLU networks it answers for) of exact recovery (:mod:`stealkit.extract.explanations.exact`).
 
 Milli et al. (FAT* 2019, Sec. 2) study ``f(x) = sum_i w_i ReLU(<A_i, x>)`` over all of ``R^d``. Two things the
 stock :class:`~stealkit.oracle.LocalExplanationOracle` does stand between that setting and exactness to 1e-6:

@@ -12,7 +12,7 @@ eps 0.25 (0.26 for FGSM there; 0.25 here for all three), BIM 120 steps of 0.02, 
 random start (11 steps targeted). Architectures as CoDFe Sec. 4.1 where they exist here: a 3-conv substitute
 (``cnn3``) against the target (digits: ``digits-conv2``; Fashion-MNIST: the 4-conv ``fmnist-cnn4``).
 
-Substitutes come from three places: ``real`` (trained here: :func:`~stealkit.extract.baseline.extract_baseline`
+Substitutes come from three places: ``real`` (trained here: :func:`~stealkit.extract.surrogate_data.baseline.extract_baseline`
 on the attacker pool, the whole pool by default), the data-free methods in :mod:`stealkit.extract` that exist
 at run time (trained here at a CPU-scale budget), and model directories given by the user (e.g. from
 ``stealkit extract codfe ... --out DIR``, label ``NAME=DIR/student``). The victim queries each substitute cost
@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from stealkit.errors import InputError
-from stealkit.evade.transfer import TransferConfig, transfer_attack
+from stealkit.evade.gradient_based.transfer import TransferConfig, transfer_attack
 from stealkit.report.html import Section
 from stealkit.rundir import RunDir
 
@@ -138,9 +138,9 @@ def _mode_suffix(mode: str) -> str:
 def train_substitutes(cfg: StudyConfig, victim: Any, splits: Any, *, device: str = "cpu",
                       on_note: Callable[[str], None] = log.info) -> list[Substitute]:
     """Steal the victim with the real-data baseline and the available data-free methods, in both modes."""
-    from stealkit.extract.baseline import BaselineConfig, extract_baseline
     from stealkit.extract.common import Victim, make_evaluator, student_factory
-    from stealkit.extract.recipes import PAPER, recipe_settings
+    from stealkit.extract.datafree.recipes import PAPER, recipe_settings
+    from stealkit.extract.surrogate_data.baseline import BaselineConfig, extract_baseline
     from stealkit.oracle import LocalOracle
     from stealkit.train import TrainConfig
 
@@ -164,7 +164,7 @@ def train_substitutes(cfg: StudyConfig, victim: Any, splits: Any, *, device: str
     for method in cfg.datafree:
         cls_name, nice = DATAFREE[method]
         try:
-            module = importlib.import_module(f"stealkit.extract.{method}")
+            module = importlib.import_module(f"stealkit.extract.datafree.{method}")
             config_cls = getattr(module, cls_name)
             extract = getattr(module, f"extract_{method}")
         except (ImportError, AttributeError) as exc:

@@ -2,7 +2,7 @@
 
 For each defence (none, rounding, top-1, label only, reverse sigmoid, Gaussian noise): the victim's test
 accuracy as served (the top-1 of the defended answer), and the accuracy and fidelity of the plain baseline
-extraction (:mod:`stealkit.extract.baseline`) at a fixed budget through a ``probs`` oracle wearing the defence,
+extraction (:mod:`stealkit.extract.surrogate_data.baseline`) at a fixed budget through a ``probs`` oracle wearing the defence,
 over several attack seeds. The query stream is also run through PRADA to show whether the detector would have
 flagged it. Run with ``stealkit defences``.
 """
@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from stealkit.extract.baseline import BaselineConfig, extract_baseline
 from stealkit.extract.common import Victim, make_evaluator, student_factory
+from stealkit.extract.surrogate_data.baseline import BaselineConfig, extract_baseline
 from stealkit.oracle import LocalOracle
 from stealkit.report.html import Section
 from stealkit.rundir import RunDir

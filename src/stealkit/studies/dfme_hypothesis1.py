@@ -16,11 +16,11 @@ import torch
 
 from stealkit.errors import InputError
 from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
-from stealkit.extract.kl_gradients import measure
-from stealkit.extract.surrogate import SurrogateConfig, extract_surrogate
+from stealkit.extract.surrogate_data.surrogate import SurrogateConfig, extract_surrogate
 from stealkit.report.html import Figure, Section
 from stealkit.report.plots import line_plot
 from stealkit.rundir import RunDir
+from stealkit.studies.kl_gradients import measure
 
 log = logging.getLogger(__name__)
 

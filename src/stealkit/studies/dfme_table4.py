@@ -22,7 +22,7 @@ from typing import Any
 
 from stealkit.errors import InputError
 from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
-from stealkit.extract.surrogate import SurrogateConfig, extract_surrogate
+from stealkit.extract.surrogate_data.surrogate import SurrogateConfig, extract_surrogate
 from stealkit.report.html import Section
 from stealkit.rundir import RunDir
 

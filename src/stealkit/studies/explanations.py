@@ -5,7 +5,7 @@
 * Figure 4 (Sec. 5.3): unknown data distribution: Gaussian-noise queries; membership vs gradients.
 
 Victims are the cached standard victims (``digits-*``, ``fmnist-*``). Each point trains a fresh
-reconstruction with :func:`~stealkit.extract.gradient_matching.extract_gradient_matching`; query counts come
+reconstruction with :func:`~stealkit.extract.explanations.gradient_matching.extract_gradient_matching`; query counts come
 from the ledger. ``stealkit study explanations --out runs/study-explanations`` writes ``config.json``,
 ``records.jsonl``, ``summary.json`` and ``report.html``; ``--quick`` runs a small grid.
 """
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from stealkit.errors import InputError
-from stealkit.extract.gradient_matching import GradMatchConfig, extract_gradient_matching
+from stealkit.extract.explanations.gradient_matching import GradMatchConfig, extract_gradient_matching
 from stealkit.report import Section
 from stealkit.rundir import RunDir
 
