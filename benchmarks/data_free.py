@@ -89,6 +89,7 @@ def run_one(victim_name: str, method: str, mode: str, budget: int, marks: list[i
             "queries": pts[0]["queries"], "accuracy": pts[0]["accuracy"], "fidelity": pts[0]["fidelity"],
             "seconds": pts[0]["seconds"], "best_in_hindsight": pts[0].get("best_in_hindsight", pts[0]["accuracy"]),
             "selection_gap_points": pts[0].get("selection_gap_points", 0.0)}
+    record = _per_image(ev, result) if ev is not None and result.accuracy is not None else {}
     best = max(result.curve, key=lambda p: p["accuracy"]) if result.curve else None
     accs = [p["accuracy"] for p in result.curve]
     # the largest fall of the reported student's test accuracy below an earlier point of the curve (points)
@@ -102,8 +103,20 @@ def run_one(victim_name: str, method: str, mode: str, budget: int, marks: list[i
         "max_drop_points": round(max_drop, 2), "wall_seconds": round(wall, 1), "queries_per_second": round(result.queries["predict"] / wall, 1),
         "iterations": result.extra["iterations"], "cost_per_iteration": result.extra["cost_per_iteration"],
         "config": cfg_json, "student_dir": student_dir,
-        "curve": result.curve,
+        "curve": result.curve, **record,
     }
+
+
+def _per_image(ev: Any, result: Any) -> dict[str, Any]:
+    """Which test images the reported student got right (``benchmarks/evidence.py``), for the paired intervals.
+    The student is scored again here (unmetered: the evaluator holds the victim's labels)."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from evidence import per_image
+
+    ev(result.student)
+    return per_image(ev, result.accuracy)
 
 
 def goals(runs: list[dict[str, Any]], budget: int) -> dict[str, Any]:

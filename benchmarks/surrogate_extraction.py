@@ -342,6 +342,16 @@ def _write_comparison_run(path: str, out: dict[str, Any]) -> None:
     run.write_report(build_report(run))
 
 
+def _per_image(evaluator: Evaluator, accuracy: float) -> dict[str, Any]:
+    """Which test images the row's model got right (``benchmarks/evidence.py``), for the paired intervals."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from evidence import per_image
+
+    return per_image(evaluator, accuracy)
+
+
 def _append_jsonl(path: str | None, row: dict[str, Any]) -> None:
     if path:
         with open(path, "a", encoding="utf-8") as fh:
@@ -450,6 +460,7 @@ def active_main(argv: list[str] | None = None) -> int:
                         for art_name in art_rows(row_name, mode):
                             row = {**art(art_name, trained.model, pool, labels, budget, evaluator, a,
                                          tuple(v.input_shape), v.num_classes), "mode": mode, "seed": seed}
+                            row.update(_per_image(evaluator, row["accuracy"]))
                             rows.append(row)
                             log.info("%s", row)
                             _append_jsonl(args.jsonl, row)
@@ -458,6 +469,7 @@ def active_main(argv: list[str] | None = None) -> int:
                     a.set = [*args.set, *row_sets]
                     row = ours_variant(row_name, str(trained.path), mode, pool, budget, evaluator, a,
                                        row_combo(base, budget, v.num_classes, mode), flip)
+                    row.update(_per_image(evaluator, row["accuracy"]))
                     rows.append(row)
                     log.info("%s", row)
                     _append_jsonl(args.jsonl, row)

@@ -60,6 +60,8 @@ class Evaluator:
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, victim_labels: torch.Tensor | None, *, device: str = "cpu"):
         self.x, self.y, self.victim_labels, self.device = x, y, victim_labels, device
+        #: the labels of the last model scored, in test order: a benchmark keeps them as its per-image record
+        self.last_pred: torch.Tensor | None = None
 
     @property
     def victim_accuracy(self) -> float | None:
@@ -67,5 +69,6 @@ class Evaluator:
 
     def __call__(self, model: nn.Module) -> dict[str, float | None]:
         pred = predict_labels(model, self.x, device=self.device)
+        self.last_pred = pred
         fid = None if self.victim_labels is None else agreement(pred, self.victim_labels)
         return {"accuracy": agreement(pred, self.y), "fidelity": fid}
