@@ -55,18 +55,20 @@ def paired_interval(stat: Callable[[np.ndarray, np.ndarray], float], a: np.ndarr
                     resamples: int = RESAMPLES, level: float = 0.95, seed: int = SEED) -> tuple[float, float, float]:
     """Point estimate and percentile interval of ``stat(a, b)`` under a paired bootstrap.
 
-    ``a`` and ``b`` are ``(seeds, images)`` arrays of the two tools, row ``s`` of each from the same seed (or the
-    same repeat index) and column ``i`` the same image. Each resample draws seeds with replacement and, inside,
-    images with replacement, the same draws for both tools.
+    ``a`` and ``b`` are ``(seeds, images)`` arrays of the two tools, column ``i`` of each the same image. Each
+    resample draws images with replacement, the same draw for both tools, and rows (seeds) with replacement:
+    the same draw for both where they have as many rows (row ``s`` of each from the same seed), independent
+    draws where they do not (e.g. three stealkit seeds against four ART repeats).
     """
     if a.shape[1] != b.shape[1]:
         raise ValueError("the two tools must be scored on the same images")
     rng = np.random.default_rng(seed)
+    paired_rows = a.shape[0] == b.shape[0]
     est = stat(a, b)
     vals = np.empty(resamples)
     for k in range(resamples):
         sa = rng.integers(0, a.shape[0], a.shape[0])
-        sb = rng.integers(0, b.shape[0], b.shape[0])
+        sb = sa if paired_rows else rng.integers(0, b.shape[0], b.shape[0])
         cols = rng.integers(0, a.shape[1], a.shape[1])
         vals[k] = stat(a[np.ix_(sa, cols)], b[np.ix_(sb, cols)])
     lo, hi = np.quantile(vals, [(1 - level) / 2, (1 + level) / 2])
