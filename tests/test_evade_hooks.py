@@ -9,7 +9,12 @@ import torch
 
 from stealkit.errors import InputError
 from stealkit.evade.decision_based.decision import LabelAccess
-from stealkit.evade.decision_based.hopskipjump import HopSkipJumpConfig, default_starts, hopskipjump, tuned_settings
+from stealkit.evade.decision_based.hopskipjump import (
+    HopSkipJumpConfig,
+    default_starts,
+    hopskipjump,
+    tuned_settings,
+)
 from stealkit.evade.decision_based.image_starts import PoolStarts
 from stealkit.evade.decision_based.probes import ProbeRound, RandomProbes
 from stealkit.evade.decision_based.starts import NoiseStarts
