@@ -205,19 +205,6 @@ def run_stealkit(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, 
         from stealkit.evade.decision_based.triangle import TriangleConfig, triangle
 
         r = triangle(oracle, x, y, max_queries=budget, config=TriangleConfig(**cfg.triangle))
-    elif isinstance(cfg, SurFreeRun):
-        from stealkit.evade.decision_based.surfree import SurFreeConfig, hopskipjump_surfree, surfree
-
-        sf = SurFreeConfig(**cfg.surfree)
-        if cfg.share:
-            r = hopskipjump_surfree(oracle, x, y, max_queries=budget, share=cfg.share,  # type: ignore[arg-type]
-                                    hsj=cfg.hsj, config=sf)
-        else:
-            r = surfree(oracle, x, y, max_queries=budget, config=sf)
-    elif isinstance(cfg, tuple):  # (HopSkipJumpConfig, {"arms": k, "share": s}): successive halving
-        from stealkit.evade.decision_based.halving import successive_halving
-
-        r = successive_halving(oracle, x, y, max_queries=budget, config=cfg[0], **cfg[1])  # type: ignore[arg-type]
     else:
         if kind == "hsj":
             r = hopskipjump(oracle, x, y, max_queries=budget, config=cfg, substitute=sub, start_pool=pool)
@@ -299,15 +286,6 @@ def seeded_start_draws(seed: int) -> Iterator[None]:
 
 
 @dataclass(frozen=True)
-class SurFreeRun:
-    """SurFree settings (``surfree``, SurFreeConfig fields) alone or, with ``share``, after HopSkipJump."""
-
-    surfree: dict[str, Any]
-    share: float
-    hsj: Any
-
-
-@dataclass(frozen=True)
 class TriangleRun:
     """Triangle Attack settings (``triangle``: TriangleConfig fields)."""
 
@@ -315,21 +293,13 @@ class TriangleRun:
 
 
 def hsj_config(seed: int, **kw: Any) -> Any:
-    """HopSkipJump settings; with ``arms`` (and ``share``) a ``(config, halving settings)`` pair for
-    :func:`stealkit.evade.decision_based.halving.successive_halving`; with ``surfree`` (SurFreeConfig fields) a
-    :class:`SurFreeRun` (SurFree alone, or after HopSkipJump for ``finish_share`` of the budget); with
-    ``triangle`` (TriangleConfig fields) a :class:`TriangleRun` (the Triangle Attack alone; as HopSkipJump's
-    opening it is the HopSkipJump setting ``opening``)."""
+    """HopSkipJump settings; with ``triangle`` (TriangleConfig fields) a :class:`TriangleRun` (the Triangle Attack
+    alone; as HopSkipJump's opening it is the HopSkipJump setting ``opening``)."""
     from stealkit.evade.decision_based.hopskipjump import HopSkipJumpConfig
 
     if "triangle" in kw:
         return TriangleRun(dict(kw.pop("triangle")) | {"seed": seed})
-    if "surfree" in kw:
-        sf, share = dict(kw.pop("surfree")) | {"seed": seed}, float(kw.pop("finish_share", 0.0))
-        return SurFreeRun(sf, share, hsj_config(seed, **kw) if share else None)
-    halving = {k: kw.pop(k) for k in ("arms", "share") if k in kw}
-    cfg = HopSkipJumpConfig(**({"iterations": 10_000, "max_evals": 1000, "seed": seed} | kw))
-    return (cfg, halving) if halving else cfg
+    return HopSkipJumpConfig(**({"iterations": 10_000, "max_evals": 1000, "seed": seed} | kw))
 
 
 def boundary_config(seed: int, **kw: Any) -> Any:

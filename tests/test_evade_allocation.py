@@ -1,4 +1,4 @@
-"""GeoDA's query allocation over iterations and the accumulated estimate as HopSkipJump options: plans that fit
+"""GeoDA's query allocation over iterations as a HopSkipJump option: plans that fit
 the budget and grow geometrically, budgets honoured exactly, deterministic, one clear error without a budget."""
 
 from __future__ import annotations
@@ -40,8 +40,6 @@ def test_plan_is_empty_when_not_even_one_iteration_fits_and_bad_eta_is_one_clear
         HopSkipJumpConfig(eta=0)
     with pytest.raises(InputError, match="schedule"):
         HopSkipJumpConfig(schedule="linear")
-    with pytest.raises(InputError, match="accumulate"):
-        HopSkipJumpConfig(accumulate=2)
 
 
 def test_geoda_schedule_needs_a_per_image_budget() -> None:
@@ -53,8 +51,7 @@ def test_geoda_schedule_needs_a_per_image_budget() -> None:
 
 
 @pytest.mark.parametrize("max_queries", [5, 40, 250, 1000])
-@pytest.mark.parametrize("extra", [{"schedule": "geoda"}, {"schedule": "geoda", "accumulate": 1.0},
-                                   {"accumulate": 0.5}, {"schedule": "geoda", "start_tries": 30, "eta": 0.8}])
+@pytest.mark.parametrize("extra", [{"schedule": "geoda"}, {"schedule": "geoda", "start_tries": 30, "eta": 0.8}])
 def test_allocation_honours_the_per_image_cap_and_the_ledger(max_queries: int, extra: dict[str, object]) -> None:
     victim = TinyNet(seed=0).eval()
     x = torch.rand(5, *SHAPE, generator=torch.Generator().manual_seed(3))
@@ -72,8 +69,7 @@ def test_geoda_schedule_spends_the_budget_and_is_deterministic() -> None:
     victim = TinyNet(seed=1).eval()
     x = torch.rand(4, *SHAPE, generator=torch.Generator().manual_seed(5))
     y = victim(x).argmax(1)
-    cfg = HopSkipJumpConfig(iterations=1000, init_evals=20, semicircle=True, schedule="geoda", accumulate=1.0,
-                            seed=2)
+    cfg = HopSkipJumpConfig(iterations=1000, init_evals=20, semicircle=True, schedule="geoda", seed=2)
     runs = [hopskipjump(LocalOracle(victim, SHAPE, mode="label"), x, y, max_queries=600, config=cfg)
             for _ in range(2)]
     assert torch.equal(runs[0].x_adv, runs[1].x_adv)

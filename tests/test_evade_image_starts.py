@@ -1,4 +1,4 @@
-"""Starts from the attacker's natural images (``start_pool``, ``pool_tries``, ``pool_at``): the nearest pool
+"""Starts from the attacker's natural images (``start_pool``, ``pool_tries``, ``pool_spread``): the nearest pool
 images found without a query, points only move nearer and stay adversarial, per-image caps and the ledger
 honoured exactly, same seed same result, bitwise as before without a pool, clear errors for a bad pool."""
 
@@ -90,9 +90,7 @@ def test_a_near_other_class_image_in_the_pool_becomes_the_start() -> None:
 
 
 @pytest.mark.parametrize("max_queries", [5, 40, 250])
-@pytest.mark.parametrize("extra", [{"pool_tries": 30}, {"pool_tries": 30, "pool_at": "before"},
-                                   {"pool_tries": 100, "start_tries": 0},
-                                   {"pool_tries": 30, "pool_at": "opening", "opening": 0.3, "opening_freq": 1.0},
+@pytest.mark.parametrize("extra", [{"pool_tries": 30}, {"pool_tries": 100, "start_tries": 0},
                                    {"pool_tries": 30, "opening": 0.3, "opening_freq": 1.0},
                                    {"pool_tries": 8, "pool_spread": 10}])
 def test_pool_starts_honour_the_per_image_cap_and_the_ledger(max_queries: int, extra: dict[str, object]) -> None:
@@ -135,7 +133,7 @@ def test_without_a_pool_the_attack_is_bitwise_as_before(opening: float) -> None:
     victim, x, y = labelled_tiny_batch(seed=3)
     base = BASE | {"opening": opening, "opening_freq": 1.0}
     out = []
-    for extra in ({}, {"pool_tries": 30}, {"pool_tries": 30, "pool_at": "before"}):
+    for extra in ({}, {"pool_tries": 30}):
         oracle = LocalOracle(victim, SHAPE, mode="label")
         r = hopskipjump(oracle, x, y, max_queries=200, config=HopSkipJumpConfig(**(base | extra)))  # type: ignore[arg-type]
         out.append((r.x_adv, r.extra["queries_per_example"].tolist(), oracle.ledger.total))
@@ -162,10 +160,6 @@ def test_pool_settings_are_checked() -> None:
         HopSkipJumpConfig(pool_tries=-1)
     with pytest.raises(InputError, match="pool_spread"):
         HopSkipJumpConfig(pool_spread=-2)
-    with pytest.raises(InputError, match="pool_at"):
-        HopSkipJumpConfig(pool_tries=3, pool_at="middle")
-    with pytest.raises(InputError, match="opening"):
-        HopSkipJumpConfig(pool_tries=3, pool_at="opening")
     victim, x, y = labelled_tiny_batch(seed=3)
     with pytest.raises(InputError, match="pool_tries"):
         hopskipjump(LocalOracle(victim, SHAPE, mode="label"), x, y, max_queries=50, start_pool=_pool())

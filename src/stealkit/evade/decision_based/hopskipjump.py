@@ -13,60 +13,42 @@ Algorithm 2 of the paper, with the reference code's constants: from an adversari
 3. geometric step-size search (Sec. 4.2): ``xi = ||x_t - x|| / sqrt(t)``, halved until ``x_t + xi v`` is
    adversarial; then clip to [0, 1].
 
-Optional additions, all off by default (then the attack is the paper's):
+Optional additions, all off by default (then the attack is the paper's, ``--preset paper``):
 
 * ``substitute=`` a stolen model: the transfer adversarial example is the starting point and its input
   gradient the prior of step 2 (:mod:`stealkit.evade.decision_based.priors`: Suya et al. 2020; Cheng et al. 2019, P-RGF).
 * ``config.subspace = s``: the random directions of step 2 are drawn on an ``s x s`` grid and upsampled
   (:mod:`stealkit.evade.decision_based.subspace`: Li et al. 2020, QEBA-S, Sec. 3.3).
+* ``config.orthogonal``: the probe directions of step 2 are orthonormal in blocks of ``d`` instead of i.i.d.
+  (:mod:`stealkit.evade.decision_based.orthogonal`: Choromanski et al. ICML 2018, Sec. 3), one random frame per
+  round shared by the batch's examples (each takes its first ``n_t`` rows); full pixel space only.
 * ``config.start_tries = k``: after the first binary search, ``k`` more uniform-noise directions, one query
   each, replace the start when nearer (:mod:`stealkit.evade.decision_based.starts`: Cheng et al. 2019, OPT-attack).
-* ``config.tangent``: step 3 goes to the tangent point of a hemisphere of radius ``xi`` instead of along the
-  normal (:mod:`stealkit.evade.decision_based.tangent`: Ma et al. 2021, Tangent Attack, Sec. 3.2-3.3).
+* ``start_pool=`` natural images the attacker owns (never the attacked ones) with ``config.pool_tries = k``:
+  after the noise tries, the ``k`` pool images nearest to each attacked image (pixel L2, no query; with
+  ``pool_spread = c`` the nearest image of each of ``c`` k-means clusters) are tried as start directions, one
+  query each at the best distance so far (:mod:`stealkit.evade.decision_based.image_starts`: Brendel et al. 2018,
+  Sec. 3; Chen et al. 2020, Sec. 4; Cheng et al. 2019, Sec. 3.1). Without a pool the attack is as before.
 * ``config.semicircle``: steps 3 and 1 are replaced by CGBA's search along the semicircle with diameter
   ``[x, x_t]`` in the plane of ``x_t - x`` and the estimate, bisected to ``arc_tol`` radians
   (:mod:`stealkit.evade.decision_based.semicircle`: Reza et al. 2023, CGBA, Sec. 3.2-3.3).
-* ``config.history``: without a substitute, the previous round's estimate is the prior of step 2 (the
-  P-RGF estimator of :mod:`stealkit.evade.decision_based.priors` with a time-dependent prior, Ilyas et al., "Prior
-  Convictions", ICLR 2019, Sec. 3.1).
 * ``config.schedule = "geoda"``: the evaluations per round follow GeoDA's allocation of the per-image budget
-  (geometric growth ``eta^(-2t/3)``, the first round at least ``init_evals``; :mod:`stealkit.evade.decision_based.allocation`,
-  Rahmati et al. CVPR 2020, Sec. 3.3) instead of ``init_evals * t^evals_power``; needs ``max_queries``.
-* ``config.accumulate = r``: the normal used is the running sum of the (unnormalised) estimates, older ones
-  weighted ``r`` per round (1: GeoDA's plain sum over iterations, Rahmati et al. 2020, Sec. 3 and their
-  reference code), instead of this round's estimate alone.
-* ``config.orthogonal``: the probe directions of step 2 are orthonormal in blocks of ``d`` instead of i.i.d.
-  (:mod:`stealkit.evade.decision_based.orthogonal`: Choromanski et al. ICML 2018, Sec. 3), one random frame per round shared
-  by the batch's examples (each takes its first ``n_t`` rows); full pixel space only.
-* ``config.probe_freq = f``: the probe directions of step 2 are Gaussian on the lowest ``f`` share of the
-  orthonormal 2-D DCT's frequencies per side (:func:`~stealkit.evade.decision_based.subspace.dct_directions`; the setting of
-  CGBA's reference code, Reza et al. ICCV 2023, ``dim_reduc_factor = 1/f``), in every round or, with
-  ``probe_rounds = k``, in rounds ``1..k`` only (full space after); [C, H, W] images only.
-* ``config.shared_k = k``: a share ``shared_w`` of each image's probes in rounds ``2..shared_rounds`` (0: all)
-  is drawn in the top-``k`` subspace of the estimates the run has made for its images over the last
-  ``shared_window`` rounds (one per label with ``shared_class``); no model, only the attack's own label
-  queries (:mod:`stealkit.evade.decision_based.shared_subspace`: Moosavi-Dezfooli et al. CVPR 2017, Sec. 4; Yan et al.
-  NeurIPS 2019; Maheswaranathan et al. ICML 2019); a no-op with a single image. ``shared_prior``: instead,
-  the previous estimate projected on that subspace is the P-RGF prior of :mod:`stealkit.evade.decision_based.priors`.
-* ``config.opening = s``: the Triangle Attack (:mod:`stealkit.evade.decision_based.triangle`, Wang et al. ECCV 2022; its
-  low-frequency DCT directions: ``opening_freq``, ``opening_coords``) spends a share ``s`` of the per-image
+  (geometric growth ``eta^(-2t/3)``, the first round at least ``init_evals``;
+  :mod:`stealkit.evade.decision_based.allocation`, Rahmati et al. CVPR 2020, Sec. 3.3) instead of
+  ``init_evals * sqrt(t)``; needs ``max_queries``.
+* ``config.opening = s``: the Triangle Attack (:mod:`stealkit.evade.decision_based.triangle`, Wang et al. ECCV 2022;
+  its low-frequency DCT directions: ``opening_freq``, ``opening_coords``) spends a share ``s`` of the per-image
   budget first, and its points are the starts (one query re-checks each); needs ``max_queries``, and neither
-  ``starting_points`` nor a substitute. ``opening_shrink``: its ``shrink`` (smaller turns after clean
-  iterations, an extension of the paper; 1: off). ``opening_pool = p`` (with ``start_pool``): a share ``p`` of
-  the opening's directions is ``x' - x`` for the attacker's images (:mod:`stealkit.evade.decision_based.pool_directions`,
-  the nearest of each of ``opening_pool_dirs`` k-means clusters; 0: off, bitwise as before).
-* ``start_pool=`` natural images the attacker owns (never the attacked ones) with ``config.pool_tries = k``:
-  the ``k`` pool images nearest to each attacked image (pixel L2, no query) are tried as start directions, one
-  query each at the best distance so far (:mod:`stealkit.evade.decision_based.image_starts`: Brendel et al. 2018, Sec. 3;
-  Chen et al. 2020, Sec. 4; Cheng et al. 2019, Sec. 3.1); ``pool_at``: ``"after"`` (default) or ``"before"``
-  the noise tries, or ``"opening"``: before the Triangle opening, which then starts from them;
-  ``pool_spread = c``: the candidates are the nearest image of each of ``c`` k-means clusters. Without a pool
-  the attack is as before, bit for bit.
-* ``config.pca_k = k`` (with ``start_pool``): a share ``pca_w`` of each image's probes in rounds
-  ``1..pca_rounds`` (0: all) is drawn in the span of the pool's top-``k`` principal components, computed once
-  before the first query (:mod:`stealkit.evade.decision_based.pca_subspace`: Li et al. CVPR 2020, QEBA-I, Sec. 3.3).
+  ``starting_points`` nor a substitute.
 
 :data:`TUNED` holds the additions chosen on validation images (the CLI's default ``--preset tuned``).
+
+Two hooks let research variants plug in from the caller's code without config fields (as Foolbox's
+``init_attack``): ``starts=`` a sequence of :class:`~stealkit.evade.decision_based.starts.StartFinder` that
+replaces the start phase after the first binary search (default: ``NoiseStarts(start_tries)`` then
+``PoolStarts(start_pool, pool_tries, pool_spread)``, each only when set), and ``probes=`` a
+:data:`~stealkit.evade.decision_based.probes.ProbeSampler` that draws the directions of step 2 (default:
+``RandomProbes(subspace, orthogonal)``).
 
 Every image goes through the oracle via :class:`~stealkit.evade.decision_based.decision.LabelAccess`, never past
 ``max_queries`` per example or the ledger's budget; when the caps bind, the last verified point is kept.
@@ -78,6 +60,7 @@ as are the step-size and binary searches (no per-query Python round trip).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -92,9 +75,7 @@ from stealkit.evade.decision_based.decision import (
     binary_search,
     decision_result,
 )
-from stealkit.evade.decision_based.image_starts import best_of_pool, check_pool
-from stealkit.evade.decision_based.orthogonal import orthogonal_directions
-from stealkit.evade.decision_based.pca_subspace import pca_basis
+from stealkit.evade.decision_based.image_starts import PoolStarts, check_pool
 from stealkit.evade.decision_based.priors import (
     SubstitutePrior,
     first_points,
@@ -103,11 +84,10 @@ from stealkit.evade.decision_based.priors import (
     tilt,
     unit,
 )
+from stealkit.evade.decision_based.probes import ProbeRound, ProbeSampler, RandomProbes
 from stealkit.evade.decision_based.semicircle import search_cost, semicircle_search
-from stealkit.evade.decision_based.shared_subspace import SharedSubspace, subspace_probes
-from stealkit.evade.decision_based.starts import best_of_noise
-from stealkit.evade.decision_based.subspace import check_side, dct_directions, random_directions, subspace_dim
-from stealkit.evade.decision_based.tangent import tangent_points
+from stealkit.evade.decision_based.starts import NoiseStarts, StartFinder
+from stealkit.evade.decision_based.subspace import check_side, subspace_dim
 from stealkit.evade.decision_based.triangle import TriangleConfig, triangle
 from stealkit.oracle import Oracle
 
@@ -117,49 +97,31 @@ MIN_EVALS = 10
 
 @dataclass(frozen=True)
 class HopSkipJumpConfig:
-    """``subspace``: grid side of low-frequency probe directions (0: full space). ``prior_spread``: how far
-    from 50/50 the prior-tilted probes aim (see :func:`~stealkit.evade.decision_based.priors.tilt`); ``prior_agreement``:
-    the agreement assumed before any was measured."""
+    """The paper's settings (``iterations``, ``init_evals``, ``max_evals``, ``gamma``, ``init_trials``; Chen et al.
+    2020, Sec. 4 and their reference code) and the validated additions of the module docstring. ``subspace``:
+    grid side of low-frequency probe directions (0: full space). ``prior_spread``: how far from 50/50 the
+    prior-tilted probes aim (see :func:`~stealkit.evade.decision_based.priors.tilt`); ``prior_agreement``: the
+    agreement assumed before any was measured."""
 
     iterations: int = 40
     init_evals: int = 100
     max_evals: int = 10_000
-    evals_power: float = 0.5
     gamma: float = 1.0
     init_trials: int = 100
     subspace: int = 0
     prior_spread: float = 0.5
     prior_agreement: float = 0.3
     start_tries: int = 0
-    history: bool = False
-    tangent: bool = False
     semicircle: bool = False
     arc_tol: float = 1e-4
     schedule: str = "power"
     eta: float = 0.6
-    accumulate: float = 0.0
     orthogonal: bool = False
     opening: float = 0.0
     opening_freq: float = 0.3
     opening_coords: int = 3
-    opening_shrink: float = 1.0
-    opening_pool: float = 0.0
-    opening_pool_dirs: int = 100
-    probe_freq: float = 0.0
-    probe_rounds: int = 0
-    shared_k: int = 0
-    shared_w: float = 0.5
-    shared_window: int = 3
-    shared_class: bool = False
-    shared_rounds: int = 0
-    shared_prior: bool = False
     pool_tries: int = 0
-    pool_at: str = "after"
     pool_spread: int = 0
-    pca_k: int = 0
-    pca_w: float = 0.5
-    pca_rounds: int = 0
-    start_round: int = 1
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -167,52 +129,20 @@ class HopSkipJumpConfig:
             raise InputError("iterations must be >= 0; init_evals, max_evals and init_trials positive")
         if not (self.gamma > 0 and math.isfinite(self.gamma)):
             raise InputError(f"gamma must be a positive number, got {self.gamma!r}")
-        if not (0 <= self.evals_power <= 2):
-            raise InputError(f"evals_power must be in [0, 2], got {self.evals_power!r}")
-        if self.start_round < 1:
-            raise InputError(f"start_round must be >= 1, got {self.start_round}")
         if self.start_tries < 0:
             raise InputError(f"start_tries must be >= 0, got {self.start_tries}")
         if self.schedule not in ("power", "geoda"):
             raise InputError(f"schedule must be 'power' or 'geoda', got {self.schedule!r}")
-        if not (0 < self.eta < 1 and 0 <= self.accumulate <= 1):
-            raise InputError(f"eta must be in (0, 1) and accumulate in [0, 1], got {self.eta!r}, {self.accumulate!r}")
+        if not (0 < self.eta < 1):
+            raise InputError(f"eta must be in (0, 1), got {self.eta!r}")
         if not (0 < self.arc_tol < 1):
             raise InputError(f"arc_tol must be in (0, 1) (radians), got {self.arc_tol!r}")
         if self.subspace < 0:
             raise InputError(f"subspace must be 0 (full space) or a positive grid side, got {self.subspace}")
-        if not (0 <= self.probe_freq <= 1 and self.probe_rounds >= 0):
-            raise InputError(f"probe_freq must be in [0, 1] and probe_rounds >= 0, got {self.probe_freq!r}, "
-                             f"{self.probe_rounds!r}")
-        if self.probe_freq and self.subspace:
-            raise InputError("probe_freq and subspace both choose the probe directions: set one")
-        if self.shared_k < 0 or self.shared_window < 1 or self.shared_rounds < 0 or not 0 < self.shared_w < 1:
-            raise InputError(f"shared_k must be >= 0, shared_w in (0, 1), shared_window >= 1 and shared_rounds >= 0; "
-                             f"got {self.shared_k!r}, {self.shared_w!r}, {self.shared_window!r}, {self.shared_rounds!r}")
-        if self.shared_prior and (not self.shared_k or self.history):
-            raise InputError("shared_prior projects the previous estimate on the shared subspace: set shared_k, "
-                             "not history")
-        if self.shared_k and (self.subspace or self.probe_freq):
-            raise InputError("shared_k draws probes in the pixel space: drop subspace / probe_freq")
-        if self.pca_k < 0 or self.pca_rounds < 0 or not 0 < self.pca_w <= 1:
-            raise InputError(f"pca_k and pca_rounds must be >= 0 and pca_w in (0, 1], got {self.pca_k!r}, "
-                             f"{self.pca_rounds!r}, {self.pca_w!r}")
-        if self.pca_k and (self.subspace or self.probe_freq or self.shared_k):
-            raise InputError("pca_k draws probes in the pool's principal subspace: drop subspace / probe_freq / shared_k")
         if self.pool_spread < 0:
             raise InputError(f"pool_spread must be >= 0 (k-means clusters; 0: the nearest images), got {self.pool_spread!r}")
-        if self.pool_tries < 0 or self.pool_at not in ("after", "before", "opening"):
-            raise InputError(f"pool_tries must be >= 0 and pool_at 'after', 'before' or 'opening', got "
-                             f"{self.pool_tries!r}, {self.pool_at!r}")
-        if self.pool_at == "opening" and self.pool_tries and not self.opening:
-            raise InputError("pool_at='opening' makes the Triangle opening's starts: set opening too")
-        if not (0 <= self.opening_pool <= 1 and self.opening_pool_dirs >= 1):
-            raise InputError(f"opening_pool must be in [0, 1] and opening_pool_dirs >= 1, got {self.opening_pool!r}, "
-                             f"{self.opening_pool_dirs!r}")
-        if self.opening_pool and not self.opening:
-            raise InputError("opening_pool draws the Triangle opening's directions from the pool: set opening too")
-        if not (0 < self.opening_shrink <= 1):
-            raise InputError(f"opening_shrink must be in (0, 1], got {self.opening_shrink!r}")
+        if self.pool_tries < 0:
+            raise InputError(f"pool_tries must be >= 0, got {self.pool_tries!r}")
         if not (0 <= self.opening < 1):
             raise InputError(f"opening must be a share of the per-image budget in [0, 1), got {self.opening!r}")
         if not (0 < self.prior_spread < 10 and 0 < self.prior_agreement < 1):
@@ -257,48 +187,51 @@ def tuned_settings(*, substitute: bool, shape: tuple[int, ...] | None = None, bu
     return out
 
 
+
+def default_starts(cfg: HopSkipJumpConfig, pool: torch.Tensor | None = None) -> list[StartFinder]:
+    """The start phase the config asks for: ``start_tries`` noise directions, then (with the attacker's images
+    ``pool``) its ``pool_tries`` images; what ``hopskipjump(starts=None)`` runs."""
+    out: list[StartFinder] = []
+    if cfg.start_tries:
+        out.append(NoiseStarts(cfg.start_tries))
+    if pool is not None and cfg.pool_tries:
+        out.append(PoolStarts(pool, cfg.pool_tries, cfg.pool_spread))
+    return out
+
+
 def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool = False,
                 target: torch.Tensor | int | None = None, starting_points: torch.Tensor | None = None,
                 max_queries: int | None = None, config: HopSkipJumpConfig | None = None,
                 batch_size: int = 256, substitute: nn.Module | None = None,
-                used: torch.Tensor | None = None, start_pool: torch.Tensor | None = None) -> AttackResult:
+                used: torch.Tensor | None = None, start_pool: torch.Tensor | None = None,
+                starts: Sequence[StartFinder] | None = None, probes: ProbeSampler | None = None) -> AttackResult:
     """Minimise ``||x_adv - x||_2`` with HopSkipJump using only labels (see the module docstring).
 
     Arguments as :func:`~stealkit.evade.decision_based.boundary.boundary_attack`; ``substitute``: a stolen model for the
     prior and the starting points (its gradients are free; only victim queries are counted); ``used``:
     queries each example already spent under the same ``max_queries`` (a later phase); ``start_pool``: the
-    attacker's own natural images [N, *shape] in [0, 1] for ``config.pool_tries`` (ignored without it: then
-    the attack is as without a pool). ``queries`` is the ledger's count; ``extra["start_norms"]``: each
-    example's L2 distance when the rounds begin (after every start phase; ``inf`` where none was found).
+    attacker's own natural images [N, *shape] in [0, 1] for ``config.pool_tries``. ``starts``: the start
+    phase after the first binary search, run in order (None: :func:`default_starts`); ``probes``: the sampler
+    of step 2's directions (None: ``RandomProbes(config.subspace, config.orthogonal)``). ``queries`` is the
+    ledger's count; ``extra["start_norms"]``: each example's L2 distance when the rounds begin (after every
+    start phase; ``inf`` where none was found).
     """
     cfg = config or HopSkipJumpConfig()
     x, y = check_batch(x, y)
     if tuple(x.shape[1:]) != tuple(oracle.input_shape):
         raise InputError(f"x has images of shape {list(x.shape[1:])}; the oracle takes {list(oracle.input_shape)}")
     if start_pool is not None:
-        if not cfg.pool_tries and not cfg.opening_pool and not cfg.pca_k:
-            raise InputError("a start pool is used only with pool_tries > 0, opening_pool > 0 or pca_k > 0 "
-                             "(--set pool_tries=K)")
+        if not cfg.pool_tries:
+            raise InputError("a start pool is used only with pool_tries > 0 (--set pool_tries=K)")
         start_pool = check_pool(start_pool, tuple(x.shape[1:]))
-    elif cfg.opening_pool:
-        raise InputError("opening_pool draws directions from the attacker's images: give start_pool (--start-pool)")
-    if cfg.pca_k and (start_pool is None or not cfg.pca_k <= x[0].numel()):
-        raise InputError(f"pca_k needs a start pool (the attacker's images: --start-pool pool|FILE) and at most "
-                         f"{x[0].numel()} components")
-    if cfg.pca_k and start_pool is not None and start_pool.shape[0] < 2:
-        raise InputError("pca_k needs a start pool of at least two images for principal components")
     check_side(cfg.subspace, tuple(x.shape[1:]))
-    if cfg.probe_freq and x.dim() != 4:
-        raise InputError(f"probe_freq draws 2-D DCT directions of [C, H, W] images; got {list(x.shape[1:])}")
     if cfg.schedule == "geoda" and max_queries is None:
         raise InputError("schedule='geoda' plans a per-image budget: give max_queries (--max-queries)")
     if cfg.opening:
         return _opened(oracle, x, y, targeted=targeted, target=target, max_queries=max_queries, cfg=cfg,
                        batch_size=batch_size, substitute=substitute, starting_points=starting_points, used=used,
-                       start_pool=start_pool)
+                       start_pool=start_pool, starts=starts, probes=probes)
     tgt = check_target(target, y, targeted, oracle.num_classes)
-    # the pool's principal components before any query (a pool they cannot come from is an error, not a spend)
-    pca = pca_basis(start_pool, cfg.pca_k) if cfg.pca_k and start_pool is not None else None
     access = LabelAccess(oracle, y, tgt, max_queries=max_queries, batch_size=batch_size)
     if used is not None:
         access.used += used.long().cpu()
@@ -307,7 +240,9 @@ def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: b
     best, found = first_points(access, x, y, tgt, starting_points=starting_points, prior=prior,
                                trials=cfg.init_trials, gen=gen)
     idx = found.nonzero().squeeze(1)
-    run = _Run(access, x, y, tgt, cfg, gen, prior, start_pool, pca)
+    run = _Run(access, x, y, tgt, cfg, gen, prior,
+               default_starts(cfg, start_pool) if starts is None else list(starts),
+               probes if probes is not None else RandomProbes(cfg.subspace, cfg.orthogonal))
     if idx.numel():
         run.attack(best, idx)
     res = decision_result(access, x, y, tgt, best, found)
@@ -319,7 +254,8 @@ def hopskipjump(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: b
 def _opened(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool,
             target: torch.Tensor | int | None, max_queries: int | None, cfg: HopSkipJumpConfig, batch_size: int,
             substitute: nn.Module | None, starting_points: torch.Tensor | None, used: torch.Tensor | None,
-            start_pool: torch.Tensor | None) -> AttackResult:
+            start_pool: torch.Tensor | None, starts: Sequence[StartFinder] | None,
+            probes: ProbeSampler | None) -> AttackResult:
     """``config.opening``: the Triangle Attack for that share of the per-image budget, then HopSkipJump from
     its points (the per-image total never passes ``max_queries``; ``queries`` counts both phases)."""
     if max_queries is None or max_queries < 2:
@@ -328,44 +264,17 @@ def _opened(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool,
         raise InputError("opening= makes the starting points: drop the substitute / starting_points")
     start = oracle.ledger.as_dict()
     share = max(1, int(cfg.opening * max_queries))
-    pooled = start_pool is not None and cfg.pool_at == "opening"
-    pre = _pool_opening(oracle, x, y, targeted=targeted, target=target, max_queries=share, cfg=cfg,
-                        batch_size=batch_size, pool=start_pool) if pooled and start_pool is not None else None
     first = triangle(oracle, x, y, targeted=targeted, target=target, max_queries=share,
                      config=TriangleConfig(freq=cfg.opening_freq, coords=cfg.opening_coords, seed=cfg.seed,
-                                           init_trials=cfg.init_trials, shrink=cfg.opening_shrink,
-                                           pool_share=cfg.opening_pool, pool_dirs=cfg.opening_pool_dirs),
-                     batch_size=batch_size, starting_points=None if pre is None else pre[0],
-                     used=None if pre is None else pre[1], pool=start_pool if cfg.opening_pool else None)
-    tries = 0 if pooled else cfg.pool_tries
+                                           init_trials=cfg.init_trials),
+                     batch_size=batch_size)
     rest = hopskipjump(oracle, x, y, targeted=targeted, target=target, starting_points=first.x_adv,
-                       max_queries=max_queries, config=replace(cfg, opening=0.0, opening_pool=0.0, pool_tries=tries),
-                       batch_size=batch_size, used=first.extra["queries_per_example"],
-                       start_pool=start_pool if tries or cfg.pca_k else None)
+                       max_queries=max_queries, config=replace(cfg, opening=0.0), batch_size=batch_size,
+                       used=first.extra["queries_per_example"], start_pool=start_pool, starts=starts, probes=probes)
     # an image the opening found no start for has x itself as its start: HopSkipJump's check fails, as it should
     now = oracle.ledger.as_dict()
     rest.queries = {k: now.get(k, 0) - start.get(k, 0) for k in now}
     return rest
-
-
-def _pool_opening(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool,
-                  target: torch.Tensor | int | None, max_queries: int, cfg: HopSkipJumpConfig, batch_size: int,
-                  pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``pool_at="opening"``: noise starts, their binary search and the pool tries, inside the opening's share
-    of the budget; ``(points, queries per example)`` for the Triangle opening to start from (an image with no
-    start keeps ``x``, which the opening's check finds clean)."""
-    tgt = check_target(target, y, targeted, oracle.num_classes)
-    access = LabelAccess(oracle, y, tgt, max_queries=max_queries, batch_size=batch_size)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    best, found = first_points(access, x, y, tgt, starting_points=None, prior=None, trials=cfg.init_trials, gen=gen)
-    idx = found.nonzero().squeeze(1)
-    if idx.numel():
-        d = idx.to(x.device)
-        tol = cfg.gamma / (x[0].numel() ** 1.5)
-        best[d] = binary_search(access, x[d], best[d], idx, tol)
-        best[d] = best_of_pool(access, x[d], best[d], idx, pool, tries=cfg.pool_tries, tol=tol,
-                               clusters=cfg.pool_spread)
-    return torch.where(found.to(x.device).view(-1, *([1] * (x.dim() - 1))), best, x), access.used.clone()
 
 
 class _Run:
@@ -373,12 +282,9 @@ class _Run:
 
     def __init__(self, access: LabelAccess, x: torch.Tensor, y: torch.Tensor, tgt: torch.Tensor | None,
                  cfg: HopSkipJumpConfig, gen: torch.Generator, prior: SubstitutePrior | None,
-                 pool: torch.Tensor | None = None, pca: torch.Tensor | None = None) -> None:
+                 starts: list[StartFinder], probes: ProbeSampler) -> None:
         self.access, self.x, self.y, self.tgt, self.cfg, self.gen, self.prior = access, x, y, tgt, cfg, gen, prior
-        #: the attacker's natural images for ``pool_tries`` (None: no pool starts)
-        self.pool = pool if pool is not None and cfg.pool_tries else None
-        #: with ``pca_k``: the pool's principal subspace [d, k] for a share of the probes
-        self.pca = pca
+        self.starts, self.probes = starts, probes
         #: each example's distance when the rounds begin (inf: no start)
         self.start_norms = torch.full((x.shape[0],), math.inf)
         self.shape = tuple(x.shape[1:])
@@ -388,39 +294,27 @@ class _Run:
         #: queries a binary search to tolerance theta needs, plus a few step-size halvings
         self.reserve = search_cost(cfg.arc_tol) if cfg.semicircle else math.ceil(math.log2(1 / self.theta)) + 3
         self.agree = torch.full((x.shape[0],), cfg.prior_agreement)
-        #: each example's last estimate, the prior of the next one with ``history`` (zero: none yet)
+        #: each example's last unit estimate (zero: none yet), for the probe sampler
         self.last = torch.zeros_like(x)
-        #: rounds each example has estimated a normal in (a continued run starts at ``start_round``)
+        #: rounds each example has estimated a normal in
         self.rounds = torch.zeros(x.shape[0], dtype=torch.long)
-        #: the running (decayed) sum of unnormalised estimates, with ``accumulate``
-        self.acc = torch.zeros_like(x)
         #: with ``schedule="geoda"``: each example's evaluations per round (planned after its starts)
         self.plan: dict[int, list[int]] = {}
-        #: with ``shared_k``: the run's recent estimates and their shared subspace (none with a substitute)
-        self.shared = SharedSubspace(y, k=cfg.shared_k, window=cfg.shared_window, per_class=cfg.shared_class) \
-            if cfg.shared_k and prior is None else None
 
     def attack(self, best: torch.Tensor, idx: torch.Tensor) -> None:
         """Improve ``best[idx]`` (verified adversarial) in place."""
         x = self.x
         best[idx] = binary_search(self.access, x[idx], best[idx], idx, self.theta)
         d = idx.to(x.device)
-        if self.pool is not None and self.cfg.pool_at == "before":
-            best[d] = best_of_pool(self.access, x[d], best[d], idx, self.pool, tries=self.cfg.pool_tries,
-                                   tol=self.theta, clusters=self.cfg.pool_spread)
-        if self.cfg.start_tries:
-            best[d] = best_of_noise(self.access, x[d], best[d], idx, tries=self.cfg.start_tries, tol=self.theta,
-                                    gen=self.gen)
-        if self.pool is not None and self.cfg.pool_at == "after":
-            best[d] = best_of_pool(self.access, x[d], best[d], idx, self.pool, tries=self.cfg.pool_tries,
-                                   tol=self.theta, clusters=self.cfg.pool_spread)
+        for find in self.starts:
+            best[d] = find(self.access, x[d], best[d], idx, tol=self.theta, gen=self.gen)
         self.start_norms[idx] = (best[d] - x[d]).flatten(1).norm(dim=1).cpu()
         if self.cfg.schedule == "geoda":
             for i, left in zip(idx.tolist(), self.access.left(idx).tolist(), strict=True):
                 self.plan[i] = geoda_plan(int(left), self.reserve, eta=self.cfg.eta, first=self.cfg.init_evals)
         active = torch.zeros(x.shape[0], dtype=torch.bool)
         active[idx] = True
-        for t in range(self.cfg.start_round, self.cfg.start_round + self.cfg.iterations):
+        for t in range(1, 1 + self.cfg.iterations):
             idx = active.nonzero().squeeze(1)
             if idx.numel() == 0:
                 break
@@ -446,7 +340,7 @@ class _Run:
 
     def _evals(self, idx: torch.Tensor, t: int) -> torch.Tensor:
         """Probes per example this round: the schedule, cut to what each can pay and leave the searches."""
-        want = torch.full((idx.numel(),), int(self.cfg.init_evals * t**self.cfg.evals_power), dtype=torch.long)
+        want = torch.full((idx.numel(),), int(self.cfg.init_evals * t**0.5), dtype=torch.long)
         if self.cfg.schedule == "geoda":  # the planned size; the last planned round takes all that is left
             plans = [self.plan[i] for i in idx.tolist()]
             k = self.rounds[idx].tolist()
@@ -462,6 +356,16 @@ class _Run:
             n = torch.where(torch.cumsum(n, 0) <= budget, n, torch.zeros_like(n))
         return n
 
+    def _directions(self, best: torch.Tensor, idx: torch.Tensor, evals: list[int], t: int) -> list[torch.Tensor]:
+        """Each example's raw probe directions from the sampler, checked: ``[evals[j], *shape]``."""
+        d_all = idx.to(self.x.device)
+        raw = self.probes(ProbeRound(t=t, idx=idx, points=best[d_all], counts=evals, previous=self.last[d_all],
+                                     gen=self.gen))
+        if len(raw) != len(evals) or any(tuple(r.shape) != (n, *self.shape) for r, n in zip(raw, evals, strict=False)):
+            raise InputError(f"the probe sampler must return one tensor [n_j, {', '.join(map(str, self.shape))}] per "
+                             f"example, n_j = {evals}; got {[list(r.shape) for r in raw]}")
+        return [r.to(self.x.device) for r in raw]
+
     def _estimate(self, best: torch.Tensor, idx: torch.Tensor, evals: torch.Tensor, t: int
                   ) -> torch.Tensor | None:
         """Unit boundary-normal estimates at ``best[idx]`` from one batch of probes (None: out of queries)."""
@@ -471,32 +375,9 @@ class _Run:
         delta = torch.full_like(dist, 0.1) if t == 1 else math.sqrt(x[0].numel()) * self.theta * dist
         priors = self.prior.direction(best[d_all], self.y[d_all], None if self.tgt is None else self.tgt[d_all]) \
             if self.prior is not None else None
-        if priors is None and cfg.history and t > 1:
-            priors = self.last[d_all]
-        if priors is None and self.shared is not None and cfg.shared_prior and t > 1:
-            priors = self.shared.project(idx, self.last[d_all])
+        counts = evals.tolist()
         probes: list[torch.Tensor] = []
-        # orthogonal probes: one Haar-random frame per round; every example takes its first n rows (so each
-        # estimate is distributed as with a frame of its own, at the cost of one QR per round)
-        low = bool(cfg.probe_freq) and (cfg.probe_rounds == 0 or t <= cfg.probe_rounds)
-        frame = orthogonal_directions(int(evals.max()), self.shape, self.gen, x.device) \
-            if cfg.orthogonal and not cfg.subspace and not low else None
-        bases = self.shared.bases(idx) if self.shared is not None and t > 1 and priors is None and \
-            (cfg.shared_rounds == 0 or t <= cfg.shared_rounds) else [None] * idx.numel()
-        share = cfg.shared_w
-        if self.pca is not None and priors is None and (cfg.pca_rounds == 0 or t <= cfg.pca_rounds):
-            bases, share = [self.pca] * idx.numel(), cfg.pca_w
-        for j, n in enumerate(evals.tolist()):
-            basis = bases[j]
-            ms = round(share * n) if basis is not None else 0
-            if low:
-                r = dct_directions(n, self.shape, cfg.probe_freq, self.gen, x.device)
-            elif frame is not None:
-                r = frame[: n - ms]
-            else:
-                r = random_directions(n - ms, self.shape, cfg.subspace, self.gen, x.device)
-            if ms and basis is not None:
-                r = torch.cat([subspace_probes(basis, ms, self.shape, self.gen).to(x.device), unit(r)])
+        for j, (n, r) in enumerate(zip(counts, self._directions(best, idx, counts, t), strict=True)):
             if priors is not None:
                 c = tilt(float(self.agree[idx[j]]), self.dim, cfg.prior_spread)
                 u = prior_probes(priors[j : j + 1], torch.cat([r, r[:1]]) if n % 2 else r, c)[:n]
@@ -508,7 +389,7 @@ class _Run:
         except OutOfQueries:
             return None
         out = []
-        for j, part in enumerate(phi.split(evals.tolist())):
+        for j, part in enumerate(phi.split(counts)):
             u = (probes[j] - best[d_all[j]]) / delta[j]
             if priors is not None:
                 est = prior_estimate(part, u, priors[j : j + 1], self.dim)
@@ -518,15 +399,9 @@ class _Run:
             mean = float(part.mean())
             w = (part - mean) if abs(mean) < 1.0 else torch.full_like(part, mean)
             g = (w.view(-1, *([1] * (x.dim() - 1))) * u).mean(0, keepdim=True)
-            if cfg.accumulate:
-                i = int(d_all[j])
-                self.acc[i] = cfg.accumulate * self.acc[i] + g[0]
-                g = self.acc[i : i + 1]
             out.append(g / g.norm().clamp_min(TINY))
         grads = torch.cat(out)
         self.last[d_all] = grads
-        if self.shared is not None:
-            self.shared.add(idx, grads)
         return grads
 
     def _step(self, best: torch.Tensor, idx: torch.Tensor, grads: torch.Tensor, t: int
@@ -546,10 +421,7 @@ class _Run:
             if sel.numel() == 0:
                 break
             s = sel.to(x.device)
-            if self.cfg.tangent:
-                cand = clip_box(tangent_points(best[d_all[s]], x[d_all[s]], grads[s], xi[s]))
-            else:
-                cand = clip_box(best[d_all[s]] + xi[s].view(-1, *([1] * (x.dim() - 1))) * grads[s])
+            cand = clip_box(best[d_all[s]] + xi[s].view(-1, *([1] * (x.dim() - 1))) * grads[s])
             ok = self.access.is_adv(cand, idx[sel]).cpu()
             stepped[s[ok.to(x.device)]] = cand[ok.to(x.device)]
             moved[sel[ok]] = True
@@ -559,4 +431,5 @@ class _Run:
         return stepped, moved
 
 
-__all__ = ["TUNED", "TUNED_BUDGETED", "TUNED_POOL", "HopSkipJumpConfig", "hopskipjump", "tuned_settings"]
+__all__ = ["TUNED", "TUNED_BUDGETED", "TUNED_POOL", "HopSkipJumpConfig", "default_starts", "hopskipjump",
+           "tuned_settings"]

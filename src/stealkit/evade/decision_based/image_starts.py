@@ -22,6 +22,7 @@ All images move in lock-step: each try is one batch of oracle calls, the winners
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -95,10 +96,24 @@ def best_of_pool(access: LabelAccess, x: torch.Tensor, best: torch.Tensor, idx: 
     return improve_along(access, x, best, idx, tries=cand.shape[1], tol=tol, ends=images)
 
 
+@dataclass(frozen=True, eq=False)
+class PoolStarts:
+    """:func:`best_of_pool` on the attacker's images ``pool`` (checked by :func:`check_pool`) as a
+    :class:`~stealkit.evade.decision_based.starts.StartFinder`; HopSkipJump's ``pool_tries`` / ``pool_spread``."""
+
+    pool: torch.Tensor
+    tries: int
+    spread: int = 0
+
+    def __call__(self, access: LabelAccess, x: torch.Tensor, best: torch.Tensor, idx: torch.Tensor, *,
+                 tol: float, gen: torch.Generator) -> torch.Tensor:
+        return best_of_pool(access, x, best, idx, self.pool, tries=self.tries, tol=tol, clusters=self.spread)
+
+
 def start_norms(x: torch.Tensor, best: torch.Tensor, found: torch.Tensor) -> list[float]:
     """Each example's L2 distance of its start (``inf`` where none was found): what the study logs."""
     d = (best - x).flatten(1).norm(dim=1).tolist()
     return [v if bool(f) else math.inf for v, f in zip(d, found.tolist(), strict=True)]
 
 
-__all__ = ["best_of_pool", "check_pool", "kmeans", "nearest", "spread", "start_norms"]
+__all__ = ["PoolStarts", "best_of_pool", "check_pool", "kmeans", "nearest", "spread", "start_norms"]

@@ -18,6 +18,8 @@ starts is a cheap way to land in a better one.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -65,4 +67,27 @@ def best_of_noise(access: LabelAccess, x: torch.Tensor, best: torch.Tensor, idx:
     return improve_along(access, x, best, idx, tries=tries, tol=tol, ends=noise)
 
 
-__all__ = ["best_of_noise", "improve_along"]
+class StartFinder(Protocol):
+    """A start phase of :func:`~stealkit.evade.decision_based.hopskipjump.hopskipjump` (its ``starts=`` hook, in
+    the spirit of Foolbox's ``init_attack``), run after the first binary search: improve the verified boundary
+    points ``best`` of the examples ``idx`` (rows aligned with ``x``) and return the new points, every one
+    verified adversarial. Every query goes through ``access`` (so the caps and the ledger hold); ``tol`` is the
+    attack's binary-search tolerance and ``gen`` its seeded generator."""
+
+    def __call__(self, access: LabelAccess, x: torch.Tensor, best: torch.Tensor, idx: torch.Tensor, *,
+                 tol: float, gen: torch.Generator) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class NoiseStarts:
+    """:func:`best_of_noise` with ``tries`` uniform-noise directions (OPT-attack's initialisation) as a
+    :class:`StartFinder`; HopSkipJump's ``start_tries``."""
+
+    tries: int
+
+    def __call__(self, access: LabelAccess, x: torch.Tensor, best: torch.Tensor, idx: torch.Tensor, *,
+                 tol: float, gen: torch.Generator) -> torch.Tensor:
+        return best_of_noise(access, x, best, idx, tries=self.tries, tol=tol, gen=gen)
+
+
+__all__ = ["NoiseStarts", "StartFinder", "best_of_noise", "improve_along"]

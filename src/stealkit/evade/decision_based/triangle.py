@@ -55,8 +55,6 @@ from torch import nn
 from stealkit.errors import InputError
 from stealkit.evade.base import TINY, AttackResult, check_batch, check_target, clip_box
 from stealkit.evade.decision_based.decision import LabelAccess, binary_search, decision_result, lockstep
-from stealkit.evade.decision_based.image_starts import check_pool
-from stealkit.evade.decision_based.pool_directions import PoolDirections
 from stealkit.evade.decision_based.priors import SubstitutePrior, first_points
 from stealkit.evade.decision_based.starts import best_of_noise
 from stealkit.evade.decision_based.subspace import dct_directions
@@ -67,13 +65,7 @@ from stealkit.oracle import Oracle
 class TriangleConfig:
     """Angles in radians. ``freq``: share of the DCT frequencies per side the directions live on (the
     reference code's ``ratio_mask``); ``coords``: coefficients per channel and direction (``dim_num``; 0: all
-    of the block); ``search_steps``: the reference's ``max_iter_num_in_2d``. ``shrink`` (an extension, not in
-    the paper; 1: off): after an iteration whose two first candidates were both clean, the image's angle
-    offsets (``min(pi/16, alpha/2)`` of ``beta_0``, ``pi/64`` of the other side) are multiplied by ``shrink``,
-    down to ``min_scale`` of the paper's; after a successful one divided by it, up to the paper's.
-    ``pool_share`` (0: off, the paper's directions only): that share of the directions is ``x' - x`` for the
-    attacker's pool images ``x'`` (the nearest of each of ``pool_dirs`` k-means clusters;
-    :mod:`~stealkit.evade.decision_based.pool_directions`), the rest DCT; needs ``pool=`` images."""
+    of the block); ``search_steps``: the reference's ``max_iter_num_in_2d``."""
 
     steps: int = 100_000
     freq: float = 0.1
@@ -85,22 +77,13 @@ class TriangleConfig:
     half_range: float = 0.1
     start_tries: int = 0
     init_trials: int = 100
-    shrink: float = 1.0
-    min_scale: float = 0.01
-    pool_share: float = 0.0
-    pool_dirs: int = 100
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not (0 < self.shrink <= 1 and 0 < self.min_scale <= 1):
-            raise InputError(f"shrink and min_scale must be in (0, 1], got {self.shrink!r}, {self.min_scale!r}")
         if self.steps < 0 or self.search_steps < 0 or self.coords < 0 or self.start_tries < 0:
             raise InputError("steps, search_steps, coords and start_tries must be >= 0")
         if self.init_trials < 1:
             raise InputError(f"init_trials must be positive, got {self.init_trials}")
-        if not (0 <= self.pool_share <= 1 and self.pool_dirs >= 1):
-            raise InputError(f"pool_share must be in [0, 1] and pool_dirs >= 1, got {self.pool_share!r}, "
-                             f"{self.pool_dirs!r}")
         if not (0 < self.freq <= 1):
             raise InputError(f"freq must be in (0, 1], got {self.freq!r}")
         if not (0 < self.half_range < math.pi / 4 and abs(self.init_alpha - math.pi / 2) <= self.half_range):
@@ -116,14 +99,12 @@ TUNED: dict[str, object] = {"freq": 0.3, "coords": 3}
 def triangle(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool = False,
              target: torch.Tensor | int | None = None, starting_points: torch.Tensor | None = None,
              max_queries: int | None = None, config: TriangleConfig | None = None, batch_size: int = 256,
-             substitute: nn.Module | None = None, used: torch.Tensor | None = None,
-             pool: torch.Tensor | None = None) -> AttackResult:
+             substitute: nn.Module | None = None, used: torch.Tensor | None = None) -> AttackResult:
     """Minimise ``||x_adv - x||_2`` with the Triangle Attack using only labels (module docstring).
 
     ``substitute``: a stolen model whose transfer examples are the starting points (only victim queries are
-    counted); ``used``: queries each image already spent under the same ``max_queries``; ``pool``: the
-    attacker's natural images [N, *shape] in [0, 1] for ``config.pool_share`` (needed then, ignored
-    otherwise). ``queries`` is the ledger's count.
+    counted); ``used``: queries each image already spent under the same ``max_queries``. ``queries`` is the
+    ledger's count.
     """
     cfg = config or TriangleConfig()
     x, y = check_batch(x, y)
@@ -132,10 +113,6 @@ def triangle(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool
     if x.dim() != 4:
         raise InputError(f"the Triangle Attack searches the 2-D DCT of [C, H, W] images; got images of shape "
                          f"{list(x.shape[1:])}")
-    if cfg.pool_share:
-        if pool is None:
-            raise InputError("pool_share draws directions from the attacker's images: give pool= (--start-pool)")
-        pool = check_pool(pool, tuple(x.shape[1:]))
     tgt = check_target(target, y, targeted, oracle.num_classes)
     access = LabelAccess(oracle, y, tgt, max_queries=max_queries, batch_size=batch_size)
     if used is not None:
@@ -151,9 +128,7 @@ def triangle(oracle: Oracle, x: torch.Tensor, y: torch.Tensor, *, targeted: bool
         best[d] = binary_search(access, x[d], best[d], idx, tol)
         if cfg.start_tries:
             best[d] = best_of_noise(access, x[d], best[d], idx, tries=cfg.start_tries, tol=tol, gen=gen)
-        dirs = PoolDirections(pool, x[d], dirs=cfg.pool_dirs, share=cfg.pool_share) if pool is not None \
-            and cfg.pool_share else None
-        best[d] = _Triangles(access, x[d], idx, cfg, gen, dirs).run(best[d])
+        best[d] = _Triangles(access, x[d], idx, cfg, gen).run(best[d])
     return decision_result(access, x, y, tgt, best, found)
 
 
@@ -162,11 +137,9 @@ class _Triangles:
     ``x``; ``idx`` the images' indices in the access)."""
 
     def __init__(self, access: LabelAccess, x: torch.Tensor, idx: torch.Tensor, cfg: TriangleConfig,
-                 gen: torch.Generator, dirs: PoolDirections | None = None) -> None:
-        self.access, self.x, self.idx, self.cfg, self.gen, self.dirs = access, x, idx, cfg, gen, dirs
+                 gen: torch.Generator) -> None:
+        self.access, self.x, self.idx, self.cfg, self.gen = access, x, idx, cfg, gen
         self.alpha = torch.full((x.shape[0],), cfg.init_alpha, dtype=torch.float64)
-        #: each image's scale of the angle offsets (``shrink``; 1: the paper's)
-        self.scale = torch.ones(x.shape[0], dtype=torch.float64)
         self.lower, self.upper = math.pi / 2 - cfg.half_range, math.pi / 2 + cfg.half_range
 
     def run(self, best: torch.Tensor) -> torch.Tensor:
@@ -174,8 +147,8 @@ class _Triangles:
         return best
 
     @staticmethod
-    def _first_beta(alpha: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        return (math.pi - 2 * alpha).clamp_min(0) + (alpha / 2).clamp(max=math.pi / 16) * scale
+    def _first_beta(alpha: torch.Tensor) -> torch.Tensor:
+        return (math.pi - 2 * alpha).clamp_min(0) + (alpha / 2).clamp(max=math.pi / 16)
 
     def _iteration(self, best: torch.Tensor, sel: torch.Tensor) -> None:
         """One triangle search for the rows ``sel`` (in place: ``best`` and ``alpha``)."""
@@ -186,13 +159,10 @@ class _Triangles:
         dist = diff.norm(dim=1).clamp_min(TINY)
         u = diff / dist.unsqueeze(1)
         r = dct_directions(n, tuple(x.shape[1:]), cfg.freq, self.gen, x.device, coords=cfg.coords).flatten(1)
-        if self.dirs is not None:  # a share of the directions towards the attacker's images
-            r = self.dirs.mix(r, sel, self.gen)
         v = r - (r * u).sum(1, keepdim=True) * u
         v = v / v.norm(dim=1, keepdim=True).clamp_min(TINY)
         now = dist.clone()  # each row's best distance so far
         alpha = self.alpha[sel].clone()
-        scale = self.scale[sel].clone()
         live = torch.ones(n, dtype=torch.bool)  # rows that can still pay for this iteration
 
         def ask(mask: torch.Tensor, beta: torch.Tensor, side: torch.Tensor) -> torch.Tensor:
@@ -226,21 +196,17 @@ class _Triangles:
         def lower(mask: torch.Tensor) -> None:
             alpha[mask] = (alpha[mask] - cfg.alpha_down).clamp(min=self.lower)
 
-        beta = self._first_beta(alpha, scale)
+        beta = self._first_beta(alpha)
         side = torch.ones(n, dtype=torch.float64)
         won = ask(live.clone(), beta, side)
         fail = live & ~won
         lower(fail)
-        beta = torch.where(fail, torch.maximum(beta, math.pi - 2 * alpha + math.pi / 64 * scale), beta)
+        beta = torch.where(fail, torch.maximum(beta, math.pi - 2 * alpha + math.pi / 64), beta)
         side[fail] = -1.0
         second = ask(fail, beta, side)
         clean = fail & live & ~second
         lower(clean)
         won |= second
-        if cfg.shrink < 1:  # the extension: smaller turns after a clean iteration, back up after a won one
-            scale[clean] = (scale[clean] * cfg.shrink).clamp(min=cfg.min_scale)
-            scale[won] = (scale[won] / cfg.shrink).clamp(max=1.0)
-            self.scale[sel] = scale
         # the search for a larger beta on the rows whose first candidates found a nearer point
         searching = won & live
         hi = math.pi - alpha
@@ -251,13 +217,13 @@ class _Triangles:
             hit = ask(searching, beta, side)
             searching &= ~hit & live
             lower(searching)
-            beta = torch.where(searching, torch.maximum(beta, math.pi - 2 * alpha + math.pi / 64 * scale), beta)
+            beta = torch.where(searching, torch.maximum(beta, math.pi - 2 * alpha + math.pi / 64), beta)
             side = torch.where(searching, -side, side)
             hit = ask(searching, beta, side)
             searching &= ~hit & live
             lower(searching)
             hi = torch.where(searching, beta, hi)
-            beta = torch.where(searching, (self._first_beta(alpha, scale) + hi) / 2, beta)
+            beta = torch.where(searching, (self._first_beta(alpha) + hi) / 2, beta)
         alpha[won] = (alpha[won] + cfg.alpha_up).clamp(max=self.upper)
         self.alpha[sel] = alpha
 
