@@ -237,7 +237,8 @@ def test_holdout_rows_are_paid_for_but_never_trained_on(monkeypatch: pytest.Monk
     assert set(held) <= set(asked)  # paid for: the victim answered every held-out row
     assert len(trained) >= 3 * 4 * 8 and set(trained) <= set(asked)  # students learn from answered rows only
     assert len(trained) > 3 * 4 * 8  # replay was on (replayed rows joined later batches)
-    assert not set(held) & set(trained)  # ... and never from a held-out one, fresh or replayed
+    overlap = set(held) & set(trained)  # ... and never from a held-out one, fresh or replayed
+    assert not overlap, f"{len(overlap)} of {len(held)} held-out rows were trained on"
     assert result.extra["losses"][-1]["selected_agreement"] >= 0
 
 
