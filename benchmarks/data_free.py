@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (overrides --seed), e.g. 0,1,2")
     ap.add_argument("--recipe", default="paper",
-                    help="settings recipe of stealkit.extract.datafree.recipes (paper, labelonly-v1/v2/v3); --set overrides it")
+                    help="settings recipe of stealkit.extract.datafree.recipes (paper, or labelonly-v3: the default "
+                         "of the extract commands); --set overrides it")
     ap.add_argument("--split", choices=["test", "validation"], default="test",
                     help="score on the test split (report) or the attacker split (validation, to choose settings)")
     ap.add_argument("--jsonl", type=Path, default=None, help="also append each finished run here")

@@ -65,10 +65,9 @@ TINY = {
                                                 generator_iterations=2, nz=8, ngf=4, diversity=1.0,
                                                 replay_capacity=40, loop=LOOP)),
     # the label-only extensions (tests/test_datafree_labelonly.py tests their parts)
-    "codfe-disguide": (extract_codfe, CoDFeConfig(noise_set=24, batch_size=8, substitute_iterations=3,
-                                                  generator_iterations=2, nz=8, ngf=4, students=2, confidence=0.0,
-                                                  disagreement=1.0, diversity=1.0, fresh_noise=True,
-                                                  replay_capacity=40, loop=LOOP)),
+    "codfe-fresh": (extract_codfe, CoDFeConfig(noise_set=24, batch_size=8, substitute_iterations=3,
+                                               generator_iterations=2, nz=8, ngf=4, diversity=1.0, fresh_noise=True,
+                                               replay_capacity=40, loop=LOOP)),
     "codfe-cabage": (extract_codfe, CoDFeConfig(noise_set=24, batch_size=8, substitute_iterations=3,
                                                 generator_iterations=2, nz=8, ngf=4, candidates=3, hard_replay=0.5,
                                                 replay_capacity=40, loop=LOOP)),
@@ -76,29 +75,20 @@ TINY = {
                                                diversity=1.0, holdout=0.25, holdout_capacity=20, loop=LOOP)),
     "maze-disguide": (extract_maze, MAZEConfig(batch_size=8, nz=8, ngf=4, clone_steps=3, replay_steps=2,
                                                objective="disagreement", holdout=0.25, loop=LOOP)),
-    # DFME/MAZE with CoDFe's selector options: a reservoir store and a margin
-    "dfme-reservoir": (extract_dfme, DFMEConfig(batch_size=8, nz=8, ngf=4, student_steps=3, objective="disagreement",
-                                                holdout=0.25, holdout_capacity=10, holdout_keep="first+all",
-                                                selection_margin=1.0, selection_margin_end=2.0, loop=LOOP)),
     "codfe-selected": (extract_codfe, CoDFeConfig(noise_set=24, batch_size=8, substitute_iterations=3,
-                                                  generator_iterations=2, nz=8, ngf=4, students=2, disagreement=1.0,
-                                                  candidates=2, hard_replay=0.5, replay_capacity=40, ema=0.9,
-                                                  holdout=0.25, holdout_capacity=30, loop=LOOP)),
-    # labelonly-v2's selection: a reservoir over every round (full after two rounds here) and a margin
-    "codfe-reservoir": (extract_codfe, CoDFeConfig(noise_set=24, batch_size=8, substitute_iterations=3,
-                                                   generator_iterations=2, nz=8, ngf=4, ema=0.9, holdout=0.25,
-                                                   holdout_capacity=10, holdout_keep="all", selection_margin=1.0,
-                                                   loop=LOOP)),
-    # two held-out stores (a frozen first one and a reservoir), a margin that grows over the budget, and the
-    # clones' rate annealed over it
-    "codfe-judges": (extract_codfe, CoDFeConfig(noise_set=24, batch_size=8, substitute_iterations=3,
-                                                generator_iterations=2, nz=8, ngf=4, ema=0.9, holdout=0.25,
-                                                holdout_capacity=10, holdout_keep="first+all", selection_margin=1.0,
-                                                selection_margin_end=3.0, substitute_schedule="cosine",
-                                                loop=LOOP)),
+                                                  generator_iterations=2, nz=8, ngf=4, candidates=2, hard_replay=0.5,
+                                                  replay_capacity=40, ema=0.9, holdout=0.25, holdout_capacity=30,
+                                                  loop=LOOP)),
+    # the default recipe's shape: a reservoir over every round (full after two rounds here), a margin, the
+    # student's rate annealed over the budget, fresh noise, filtering and hard replay
+    "codfe-default": (extract_codfe, CoDFeConfig(noise_set=24, batch_size=8, substitute_iterations=3,
+                                                 generator_iterations=2, nz=8, ngf=4, diversity=1.0, ema=0.9,
+                                                 holdout=0.25, holdout_capacity=10, selection_margin=1.0,
+                                                 substitute_schedule="cosine", fresh_noise=True, candidates=2,
+                                                 hard_replay=0.5, replay_capacity=40, loop=LOOP)),
 }
 COST = {"dfme": dfme_cost, "maze": maze_cost, "dast": dast_cost, "dfme-disguide": dfme_cost,
-        "maze-disguide": maze_cost, "dfme-reservoir": dfme_cost, **{k: codfe_cost for k in TINY if "codfe" in k}}
+        "maze-disguide": maze_cost, **{k: codfe_cost for k in TINY if "codfe" in k}}
 
 
 def with_loop(config, **kw):  # noqa: ANN001, ANN201

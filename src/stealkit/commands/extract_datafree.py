@@ -16,7 +16,7 @@ import click
 
 from stealkit.commands.common import device_option, parse_kv, run_options, set_option, victim_options
 from stealkit.errors import InputError
-from stealkit.extract.datafree.recipes import DEFAULT, PAPER, VALIDATED, VALIDATED_V1, VALIDATED_V2
+from stealkit.extract.datafree.recipes import DEFAULT, PAPER, VALIDATED
 from stealkit.extract.registry import DATAFREE, METHODS
 from stealkit.rundir import RunDir
 from stealkit.settings import typed_settings
@@ -47,12 +47,11 @@ def datafree_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Iterations between checkpoints (0: only at the end)."),
         click.option("--max-iterations", type=int, default=None, help="Stop after N iterations (rounds)."),
         click.option("--resume", is_flag=True, help="Continue the stopped run in --out from its checkpoint."),
-        click.option("--preset", type=click.Choice([VALIDATED, VALIDATED_V2, VALIDATED_V1, PAPER]), default=DEFAULT,
-                     show_default=True,
-                     help=f"Settings recipe: {VALIDATED} was chosen on a validation split (docs/label-only.md), "
-                          "with the generator and conv2 student sizes it was validated at on small (8x8) inputs; "
-                          f"{VALIDATED_V2} and {VALIDATED_V1} are its earlier versions; {PAPER} is the paper's exact settings. --set, "
-                          "--ngf, --batch-size and --student-arg override it."),
+        click.option("--preset", type=click.Choice([VALIDATED, PAPER]), default=DEFAULT, show_default=True,
+                     help=f"Settings recipe: the default ({VALIDATED}) was chosen on a validation split "
+                          "(docs/label-only.md), with the generator and conv2 student sizes it was validated at "
+                          f"on small (8x8) inputs; {PAPER} is the paper's exact settings. --set, --ngf, "
+                          "--batch-size and --student-arg override it."),
     ]
     return functools.reduce(lambda f, o: o(f), reversed(opts), fn)
 

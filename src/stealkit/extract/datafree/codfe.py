@@ -18,20 +18,18 @@ bounded replay buffer (:mod:`stealkit.extract.datafree.replay`, MAZE's experienc
 batch is drawn from earlier rounds, which the generator has since moved away from. Replayed rows cost no
 queries. On Fashion-MNIST labels it raised CoDFe-L from 0.51 to 0.71 (``docs/benchmarks.md``).
 
-Label-only extensions (all off in the paper preset; the validated recipe, :mod:`stealkit.extract.datafree.recipes`,
-switches them on; ``docs/label-only.md``): ``students >= 2`` clones trained on the same batches, whose
-disagreement the generator maximises with weight ``disagreement`` (DisGUIDE, :mod:`stealkit.extract.datafree.disguide`;
-``confidence`` weights Eq. 2, so ``confidence=0`` is DisGUIDE's objective alone); ``fresh_noise`` draws a new
-noise batch every round instead of the fixed ``Z``; ``candidates > 1`` over-generates and queries a
-class-balanced, hardest-first selection of ``M`` rows, and ``hard_replay`` draws that share of each replay
-batch by hardness (CaBaGE-style, :mod:`stealkit.extract.datafree.cabage`); ``holdout`` sets that share of every round's
-answers aside to choose the reported student by held-out agreement (:mod:`stealkit.extract.datafree.selection`) among
-the clones and their exponential average (``ema`` decay), on a store of ``holdout_capacity`` rows that keeps
-the most recent rounds, a uniform sample of all of them or the first rows only (``holdout_keep``; several
-joined by ``+``: a candidate must win on each), replacing the reported student only when a candidate beats it
-by ``selection_margin`` standard errors (growing linearly to ``selection_margin_end`` over the budget).
-``substitute_schedule="cosine"`` anneals the clones' learning rate from ``lr_substitute`` to 0 over the planned
-budget (MAZE's schedule; the paper's Adam rate is constant). A round still costs exactly ``M`` queries.
+Label-only extensions (all off in the paper preset; the default recipe, :mod:`stealkit.extract.datafree.recipes`,
+switches them on; ``docs/label-only.md``): ``fresh_noise`` draws a new noise batch every round instead of the
+fixed ``Z``; ``candidates > 1`` over-generates and queries a class-balanced, hardest-first selection of ``M``
+rows (hardness: the student's entropy), and ``hard_replay`` draws that share of each replay batch by hardness
+(CaBaGE-style, :mod:`stealkit.extract.datafree.cabage`); ``holdout`` sets that share of every round's answers aside to
+choose the reported student by held-out agreement (:mod:`stealkit.extract.datafree.selection`) between the student and
+its exponential average (``ema`` decay), on a reservoir sample of ``holdout_capacity`` rows over every round,
+replacing the reported student only when a candidate beats it by ``selection_margin`` standard errors (another
+selection rule plugs in through ``make_selector``, a :class:`~stealkit.extract.datafree.selection.Selector`).
+``substitute_schedule="cosine"`` anneals the student's learning rate from ``lr_substitute`` to 0 over the
+planned budget (MAZE's schedule; the paper's Adam rate is constant). A round still costs exactly ``M``
+queries. One student only: DisGUIDE's second clone hurt CoDFe on the validation split (``docs/label-only.md``).
 """
 
 from __future__ import annotations
@@ -47,15 +45,10 @@ from torch import nn
 from stealkit.extract.datafree.cabage import HardReplayBuffer, balanced_selection
 from stealkit.extract.datafree.datafree_attack import DataFreeAttack, QueryFn, check_positive
 from stealkit.extract.datafree.datafree_loop import DataFreeResult, LoopConfig, run_datafree
-from stealkit.extract.datafree.disguide import (
-    Committee,
-    disagreement_loss,
-    ensemble_probs,
-    sample_disagreement,
-)
+from stealkit.extract.datafree.disguide import sample_disagreement
 from stealkit.extract.datafree.replay import ReplayBuffer
 from stealkit.extract.datafree.schedules import cosine_factor, set_lr
-from stealkit.extract.datafree.selection import ExponentialAverage, StudentSelector, keep_kinds
+from stealkit.extract.datafree.selection import ExponentialAverage, MakeSelector, Selector, StudentSelector
 from stealkit.extract.losses import soft_cross_entropy, soft_cross_entropy_rows
 from stealkit.extract.targets import answer_probs
 from stealkit.metrics import Evaluator
@@ -78,18 +71,13 @@ class CoDFeConfig:
     substitute_schedule: str = "constant"
     diversity: float = 0.0
     replay_capacity: int = 0
-    confidence: float = 1.0
-    students: int = 1
-    disagreement: float = 0.0
     fresh_noise: bool = False
     candidates: int = 1
     hard_replay: float = 0.0
     ema: float = 0.0
     holdout: float = 0.0
     holdout_capacity: int = 5000
-    holdout_keep: str = "recent"
     selection_margin: float = 0.0
-    selection_margin_end: float | None = None
     seed: int = 0
     loop: LoopConfig = field(default_factory=LoopConfig)
 
@@ -98,25 +86,18 @@ class CoDFeConfig:
 
         check_positive("CoDFe", noise_set=self.noise_set, batch_size=self.batch_size,
                        substitute_iterations=self.substitute_iterations, nz=self.nz, ngf=self.ngf,
-                       lr_substitute=self.lr_substitute, lr_generator=self.lr_generator, students=self.students,
+                       lr_substitute=self.lr_substitute, lr_generator=self.lr_generator,
                        candidates=self.candidates, holdout_capacity=self.holdout_capacity)
-        if min(self.generator_iterations, self.diversity, self.replay_capacity, self.confidence,
-               self.disagreement) < 0:
-            raise InputError("CoDFe: generator_iterations, diversity, replay_capacity, confidence and "
-                             "disagreement must be >= 0")
-        if self.disagreement > 0 and self.students < 2:
-            raise InputError("CoDFe: disagreement > 0 needs students >= 2 (the clones whose disagreement counts)")
+        if min(self.generator_iterations, self.diversity, self.replay_capacity) < 0:
+            raise InputError("CoDFe: generator_iterations, diversity and replay_capacity must be >= 0")
         for name in ("hard_replay", "ema", "holdout"):
             if not 0 <= getattr(self, name) < (1.0001 if name == "hard_replay" else 1):
                 raise InputError(f"CoDFe: {name} must be in [0, 1), got {getattr(self, name)}")
-        keep_kinds(self.holdout_keep)
         if self.substitute_schedule not in ("constant", "cosine"):
             raise InputError(f"CoDFe: substitute_schedule must be 'constant' or 'cosine', got "
                              f"{self.substitute_schedule!r}")
-        if min(self.selection_margin, self.selection_margin if self.selection_margin_end is None
-               else self.selection_margin_end) < 0:
-            raise InputError(f"CoDFe: selection_margin and selection_margin_end must be >= 0, got "
-                             f"{self.selection_margin} and {self.selection_margin_end}")
+        if self.selection_margin < 0:
+            raise InputError(f"CoDFe: selection_margin must be >= 0, got {self.selection_margin}")
         if self.holdout > 0 and int(self.noise_set * (1 - self.holdout)) < 1:
             raise InputError("CoDFe: holdout leaves no row of a round to train on; lower it or raise noise_set")
 
@@ -132,23 +113,21 @@ def confidence_loss(logits: torch.Tensor) -> torch.Tensor:
 
 
 class CoDFeAttack(DataFreeAttack):
+    """CoDFe (module docstring). ``make_selector`` replaces the built-in held-out selector (used when
+    ``holdout > 0``) by the caller's own :class:`~stealkit.extract.datafree.selection.Selector`."""
+
     name = "codfe"
 
     def __init__(self, *, input_shape: tuple[int, int, int], num_classes: int, mode: OutputMode,
-                 make_student: Callable[[], nn.Module], config: CoDFeConfig, device: str = "cpu") -> None:
+                 make_student: Callable[[], nn.Module], config: CoDFeConfig, device: str = "cpu",
+                 make_selector: MakeSelector | None = None) -> None:
         super().__init__(input_shape=input_shape, num_classes=num_classes, mode=mode, seed=config.seed,
                          device=device)
         self.config = config
         self.student = make_student().to(device).train()
-
-        def adam(m: nn.Module) -> torch.optim.Optimizer:
-            return torch.optim.Adam(m.parameters(), lr=config.lr_substitute)
-
-        committee = Committee(self.student, make_student, config.students, config.seed, adam, device)
-        self.clones = committee.clones  # DisGUIDE's clones (just the student when students=1)
         torch.manual_seed(config.seed + 1)
         self.generator = UpsampleGenerator(config.nz, input_shape, ngf=config.ngf).to(device).train()
-        self.optimizers = {"student": adam(self.student), **committee.optimizers,
+        self.optimizers = {"student": torch.optim.Adam(self.student.parameters(), lr=config.lr_substitute),
                            "generator": torch.optim.Adam(self.generator.parameters(), lr=config.lr_generator)}
         self.z = self.noise(config.noise_set, config.nz)  # the fixed noise set Z, drawn once
         self.replay: ReplayBuffer = (HardReplayBuffer(config.replay_capacity, input_shape, num_classes,
@@ -156,10 +135,11 @@ class CoDFeAttack(DataFreeAttack):
                                      else ReplayBuffer(config.replay_capacity, input_shape, num_classes))
         self.class_counts = torch.zeros(num_classes, dtype=torch.long)  # victim answers per class so far
         self.average = ExponentialAverage(self.student, config.ema) if config.ema > 0 else None
-        self.selector = (StudentSelector(make_student(), config.holdout_capacity, input_shape, num_classes, device,
-                                         keep=config.holdout_keep, margin=config.selection_margin,
-                                         seed=config.seed, margin_end=config.selection_margin_end)
-                         if config.holdout > 0 else None)
+        self.selector: Selector | None = None
+        if config.holdout > 0:
+            self.selector = (make_selector(make_student()) if make_selector is not None else
+                             StudentSelector(make_student(), config.holdout_capacity, input_shape, num_classes,
+                                             device, keep="all", margin=config.selection_margin, seed=config.seed))
 
     @property
     def variant(self) -> str:
@@ -175,8 +155,7 @@ class CoDFeAttack(DataFreeAttack):
                               for i in range(0, z.shape[0], self.config.batch_size)])
 
     def modules(self) -> dict[str, nn.Module]:
-        mods = {"student": self.student, "generator": self.generator,
-                **{f"student{i}": c for i, c in enumerate(self.clones) if i > 0}}
+        mods = {"student": self.student, "generator": self.generator}
         if self.average is not None:
             mods["ema"] = self.average.module
         if self.selector is not None:
@@ -184,8 +163,7 @@ class CoDFeAttack(DataFreeAttack):
         return mods
 
     def candidates(self) -> dict[str, nn.Module]:
-        named = {"student" if i == 0 else f"student{i}": c for i, c in enumerate(self.clones)}
-        return named | ({"ema": self.average.module} if self.average is not None else {})
+        return {"student": self.student} | ({"ema": self.average.module} if self.average is not None else {})
 
     def reported(self) -> nn.Module:
         return self.selector.snapshot if self.selector is not None and self.selector.source else self.student
@@ -200,68 +178,54 @@ class CoDFeAttack(DataFreeAttack):
         if cfg.candidates == 1:
             return x
         with torch.no_grad():
-            probs = ensemble_probs([c(x) for c in self.clones])
-        pick = balanced_selection(probs.mean(1).argmax(1), sample_disagreement(probs), self.class_counts,
+            probs = F.softmax(self.student(x), dim=1)
+        pick = balanced_selection(probs.argmax(1), sample_disagreement(probs.unsqueeze(1)), self.class_counts,
                                   cfg.noise_set)
         return x[pick.to(x.device)]
 
-    def _train_students(self, x: torch.Tensor, answer: torch.Tensor, soft: torch.Tensor) -> list[float]:
+    def _train_student(self, x: torch.Tensor, answer: torch.Tensor, soft: torch.Tensor) -> list[float]:
         cfg = self.config
         target = answer.long() if self.mode is OutputMode.LABEL else soft
         s_losses = []
         m = x.shape[0]
         replay = len(self.replay) >= cfg.batch_size  # option: half of each batch from earlier rounds
         hard = isinstance(self.replay, HardReplayBuffer)
-        names = ["student" if i == 0 else f"student{i}" for i in range(len(self.clones))]
         for _ in range(cfg.substitute_iterations):
             idx = torch.randint(m, (min(cfg.batch_size, m),), generator=self.rng)
             if replay:
                 rx, rp = self.replay.sample(idx.shape[0], self.rng, self.device)
                 bx, bp = torch.cat([x[idx], rx]), torch.cat([soft[idx], rp])
-            for name, clone in zip(names, self.clones, strict=True):
-                logits = clone(bx if replay else x[idx])
-                if replay:
-                    per_row = soft_cross_entropy_rows(logits, bp)
-                    loss = per_row.mean()
-                    if hard and name == "student":
-                        self.replay.update_hardness(per_row[idx.shape[0]:])  # type: ignore[attr-defined]
-                else:
-                    loss = F.cross_entropy(logits, target[idx]) if self.mode is OutputMode.LABEL \
-                        else soft_cross_entropy(logits, target[idx])
-                self.optimizers[name].zero_grad(set_to_none=True)
-                loss.backward()
-                self.optimizers[name].step()
-                if name == "student":
-                    s_losses.append(float(loss.detach()))
+            logits = self.student(bx if replay else x[idx])
+            if replay:
+                per_row = soft_cross_entropy_rows(logits, bp)
+                loss = per_row.mean()
+                if hard:
+                    self.replay.update_hardness(per_row[idx.shape[0]:])  # type: ignore[attr-defined]
+            else:
+                loss = F.cross_entropy(logits, target[idx]) if self.mode is OutputMode.LABEL \
+                    else soft_cross_entropy(logits, target[idx])
+            self.optimizers["student"].zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizers["student"].step()
+            s_losses.append(float(loss.detach()))
             if self.average is not None:
                 self.average.update(self.student)
         return s_losses
 
     def _generator_loss(self, z: torch.Tensor) -> torch.Tensor:
-        """Eq. 2 (weight ``confidence``) + DisGUIDE's disagreement + the class-balance term."""
+        """Eq. 2 + ``diversity`` times the class-balance term."""
         cfg = self.config
-        x = self.generator(z)
-        if len(self.clones) == 1:
-            logits = self.student(x)
-            loss = cfg.confidence * confidence_loss(logits)
-            mean_p = F.softmax(logits, 1).mean(0)
-        else:
-            probs = ensemble_probs([c(x) for c in self.clones])
-            pbar = probs.mean(1)
-            loss = -cfg.confidence * pbar.max(1).values.clamp_min(1e-12).log().mean()
-            if cfg.disagreement > 0:
-                loss = loss + cfg.disagreement * disagreement_loss(probs)
-            mean_p = pbar.mean(0)
+        logits = self.student(self.generator(z))
+        loss = confidence_loss(logits)
+        mean_p = F.softmax(logits, 1).mean(0)
         if cfg.diversity > 0:
             loss = loss + cfg.diversity * (mean_p * mean_p.clamp_min(1e-12).log()).sum()
         return loss
 
     def step(self, query: QueryFn, progress: float) -> dict[str, float]:
         cfg = self.config
-        if cfg.substitute_schedule == "cosine":  # the clones' rate anneals to 0 over the planned budget
-            for name, opt in self.optimizers.items():
-                if name != "generator":
-                    set_lr(opt, cfg.lr_substitute * cosine_factor(progress))
+        if cfg.substitute_schedule == "cosine":  # the student's rate anneals to 0 over the planned budget
+            set_lr(self.optimizers["student"], cfg.lr_substitute * cosine_factor(progress))
         x = self._queries()
         answer = query(x).to(self.device)
         soft = answer_probs(answer, self.mode, self.num_classes)  # one-hot rows for labels
@@ -271,10 +235,10 @@ class CoDFeAttack(DataFreeAttack):
             cut = x.shape[0] - int(x.shape[0] * (1 - cfg.holdout))
             self.selector.add(x[perm[:cut]], soft[perm[:cut]])
             x, answer, soft = x[perm[cut:]], answer[perm[cut:]], soft[perm[cut:]]
-        s_losses = self._train_students(x, answer, soft)
+        s_losses = self._train_student(x, answer, soft)
         self.replay.add(x, soft)
         g_losses = []
-        frozen = [p for c in self.clones for p in c.parameters()]
+        frozen = list(self.student.parameters())
         for p in frozen:
             p.requires_grad_(False)
         try:
@@ -294,7 +258,7 @@ class CoDFeAttack(DataFreeAttack):
         if g_losses:
             out["loss_generator"] = sum(g_losses) / len(g_losses)
         if self.selector is not None:
-            self.selector.consider(self.candidates(), progress)
+            self.selector.consider(self.candidates())
             out["selected_agreement"] = self.selector.score
         return out
 
@@ -334,10 +298,12 @@ def extract_codfe(
     resume: bool = False,
     on_point: Callable[[dict[str, Any]], None] | None = None,
     on_losses: Callable[[dict[str, Any]], None] | None = None,
+    make_selector: MakeSelector | None = None,
 ) -> DataFreeResult:
-    """Steal ``oracle`` with CoDFe (CoDFe-L on a label oracle, CoDFe-P otherwise) until the budget runs out."""
+    """Steal ``oracle`` with CoDFe (CoDFe-L on a label oracle, CoDFe-P otherwise) until the budget runs out;
+    ``make_selector``: the caller's own student selector (:class:`CoDFeAttack`)."""
     attack = CoDFeAttack(input_shape=oracle.input_shape, num_classes=oracle.num_classes, mode=oracle.mode,
-                         make_student=make_student, config=config, device=device)
+                         make_student=make_student, config=config, device=device, make_selector=make_selector)
     result = run_datafree(attack, oracle, evaluator=evaluator, loop=config.loop, checkpoint_dir=checkpoint_dir,
                           resume=resume, on_point=on_point, on_losses=on_losses, config=config)
     result.extra["variant"] = attack.variant

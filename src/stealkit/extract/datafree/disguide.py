@@ -24,10 +24,9 @@ Algorithm box (one round, as stealkit runs it inside the shared data-free loop):
    weighting of :mod:`stealkit.extract.datafree.cabage` as an option).
 
 DFME and MAZE take the objective with ``objective="disagreement"`` (:class:`Committee`): their generator then
-spends no query, so an iteration costs only the clone steps' queries. In CoDFe the terms are weights of its
-generator loss (:mod:`stealkit.extract.datafree.codfe`:
-``disagreement``, ``diversity``, ``students``), so DisGUIDE's objective can run alone (``confidence=0``) or
-together with CoDFe's confidence loss (Eq. 2 there).
+spends no query, so an iteration costs only the clone steps' queries. CoDFe does not take the second clone
+(it hurt CoDFe on the validation split, ``docs/label-only.md``); it uses :func:`sample_disagreement`'s one-clone
+hardness for CaBaGE-style filtering.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stealkit.extract.datafree.datafree_attack import DataFreeAttack
-from stealkit.extract.datafree.selection import StudentSelector, keep_kinds
+from stealkit.extract.datafree.selection import MakeSelector, Selector, StudentSelector
 
 
 def ensemble_probs(logits: list[torch.Tensor]) -> torch.Tensor:
@@ -87,10 +86,6 @@ def check_disguide(who: str, config: Any) -> None:
         raise InputError(f"{who}: the disagreement objective needs students >= 2")
     if not 0 <= config.holdout < 1 or config.diversity < 0 or config.holdout_capacity < 1:
         raise InputError(f"{who}: holdout must be in [0, 1), diversity >= 0 and holdout_capacity >= 1")
-    keep_kinds(config.holdout_keep)
-    end = config.selection_margin if config.selection_margin_end is None else config.selection_margin_end
-    if min(config.selection_margin, end) < 0:
-        raise InputError(f"{who}: selection_margin and selection_margin_end must be >= 0")
 
 
 class Committee:
@@ -122,13 +117,18 @@ class Committee:
 
 class CommitteeAttack(DataFreeAttack):
     """What DFME and MAZE share with the disagreement objective: a :class:`Committee` (``self.committee``),
-    an optional :class:`~stealkit.extract.datafree.selection.StudentSelector` (``self.selector``), and the checkpoint,
+    an optional :class:`~stealkit.extract.datafree.selection.Selector` (``self.selector``), and the checkpoint,
     candidate and reported-student plumbing for both."""
 
     committee: Committee
-    selector: StudentSelector | None = None
-    #: the share of the budget spent when the current iteration began (the selector's margin may grow with it)
-    progress: float = 0.0
+    selector: Selector | None = None
+
+    def held_out_selector(self, snapshot: nn.Module, make_selector: MakeSelector | None, capacity: int) -> Selector:
+        """The caller's selector around ``snapshot``, or the built-in one: the most recent ``capacity`` held-out
+        rows, a candidate at least as good replaces the snapshot."""
+        if make_selector is not None:
+            return make_selector(snapshot)
+        return StudentSelector(snapshot, capacity, self.input_shape, self.num_classes, self.device, keep="recent")
 
     def hold_out(self, x: torch.Tensor, probs: torch.Tensor, share: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Give the first ``share`` of an answered batch to the selector; return the rest to train on."""
@@ -152,7 +152,7 @@ class CommitteeAttack(DataFreeAttack):
     def select(self, out: dict[str, float]) -> dict[str, float]:
         """After an iteration: let the selector choose among the clones; ``out`` gains its agreement."""
         if self.selector is not None:
-            self.selector.consider(self.candidates(), self.progress)
+            self.selector.consider(self.candidates())
             out["selected_agreement"] = self.selector.score
         return out
 

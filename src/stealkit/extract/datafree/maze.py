@@ -21,8 +21,9 @@ clones; the generator maximises their disagreement (plus ``diversity`` times the
 victim query, so every clone step queries a fresh batch and one iteration costs ``B * n_C``; the clones learn
 by cross-entropy on labels (label mode) or the KL above, on answers and on replay. ``holdout`` sets that share
 of every answered batch aside to choose the reported clone by held-out agreement
-(:mod:`stealkit.extract.datafree.selection`; ``holdout_keep``, ``selection_margin`` and ``selection_margin_end`` as for
-CoDFe).
+(:mod:`stealkit.extract.datafree.selection`: the most recent ``holdout_capacity`` held-out rows, no margin; CoDFe's
+reservoir and margin made the reported clone lag here, ``docs/label-only.md``), or by the caller's own
+:class:`~stealkit.extract.datafree.selection.Selector` (``make_selector``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from stealkit.extract.datafree.datafree_loop import DataFreeResult, LoopConfig, 
 from stealkit.extract.datafree.disguide import Committee, CommitteeAttack, check_disguide
 from stealkit.extract.datafree.replay import ReplayBuffer
 from stealkit.extract.datafree.schedules import cosine_factor, set_lr
-from stealkit.extract.datafree.selection import StudentSelector
+from stealkit.extract.datafree.selection import MakeSelector
 from stealkit.extract.datafree.zoo_grad import estimate_gradient
 from stealkit.extract.targets import answer_probs
 from stealkit.metrics import Evaluator
@@ -71,9 +72,6 @@ class MAZEConfig:
     diversity: float = 0.0
     holdout: float = 0.0
     holdout_capacity: int = 5000
-    holdout_keep: str = "recent"
-    selection_margin: float = 0.0
-    selection_margin_end: float | None = None
     seed: int = 0
     loop: LoopConfig = field(default_factory=LoopConfig)
 
@@ -106,7 +104,8 @@ class MAZEAttack(CommitteeAttack):
     name = "maze"
 
     def __init__(self, *, input_shape: tuple[int, int, int], num_classes: int, mode: OutputMode,
-                 make_student: Callable[[], nn.Module], config: MAZEConfig, device: str = "cpu") -> None:
+                 make_student: Callable[[], nn.Module], config: MAZEConfig, device: str = "cpu",
+                 make_selector: MakeSelector | None = None) -> None:
         super().__init__(input_shape=input_shape, num_classes=num_classes, mode=mode, seed=config.seed,
                          device=device)
         if config.objective == "victim":
@@ -120,9 +119,7 @@ class MAZEAttack(CommitteeAttack):
 
         self.committee = Committee(self.student, make_student, config.students if config.objective ==
                                    "disagreement" else 1, config.seed, clone_sgd, device)
-        self.selector = (StudentSelector(make_student(), config.holdout_capacity, input_shape, num_classes, device,
-                                         keep=config.holdout_keep, margin=config.selection_margin,
-                                         seed=config.seed, margin_end=config.selection_margin_end)
+        self.selector = (self.held_out_selector(make_student(), make_selector, config.holdout_capacity)
                          if config.holdout > 0 else None)
         torch.manual_seed(config.seed + 1)
         self.generator = UpsampleGenerator(config.nz, input_shape, ngf=config.ngf).to(device).train()
@@ -180,7 +177,6 @@ class MAZEAttack(CommitteeAttack):
 
     def step(self, query: QueryFn, progress: float) -> dict[str, float]:
         cfg = self.config
-        self.progress = progress
         factor = cosine_factor(progress)
         for name in self.optimizers:
             set_lr(self.optimizers[name], (cfg.lr_generator if name == "generator" else cfg.lr_clone) * factor)
@@ -240,9 +236,11 @@ def extract_maze(
     resume: bool = False,
     on_point: Callable[[dict[str, Any]], None] | None = None,
     on_losses: Callable[[dict[str, Any]], None] | None = None,
+    make_selector: MakeSelector | None = None,
 ) -> DataFreeResult:
     """Steal ``oracle`` with MAZE until its budget cannot pay for another iteration (see the module doc)."""
     attack = MAZEAttack(input_shape=oracle.input_shape, num_classes=oracle.num_classes, mode=oracle.mode,
-                        make_student=make_student, config=config, device=device)
+                        make_student=make_student, config=config, device=device,
+                        make_selector=make_selector)
     return run_datafree(attack, oracle, evaluator=evaluator, loop=config.loop, checkpoint_dir=checkpoint_dir,
                         resume=resume, on_point=on_point, on_losses=on_losses, config=config)

@@ -1,14 +1,12 @@
 """Named recipes for the data-free methods: which settings ``extract codfe|dfme|maze`` use with no options.
 
-``paper`` is each paper's (or reference code's) exact settings: the dataclass defaults, nothing overridden;
-the studies and ``stealkit reproduce`` use it. ``labelonly-v1`` is the recipe chosen on a validation split
-(digits' attacker split, which the attack never sees; the test split only reports), per method and per
-access mode (``label``, or ``probs`` for every mode that returns scores). ``labelonly-v2`` is v1 with CoDFe's
-reported student chosen on a store that keeps every round and only with a margin, and with the generator and
-student sizes it was validated at, by the victim's input size (:func:`recipe_sizes`). ``labelonly-v3`` (the
-default) is v2 with CoDFe's student learning rate annealed (cosine) over the planned budget. How
-each value was chosen, and the runs behind it, are in ``docs/label-only.md``. The commands write the recipe's
-name, and the sizes it gave, into ``config.json``.
+Two recipes. ``paper`` is each paper's (or reference code's) exact settings: the dataclass defaults, nothing
+overridden; the studies and ``stealkit reproduce`` use it. The default, named ``labelonly-v3`` (the name
+``config.json`` has recorded since it was chosen), was chosen on a validation split (digits' attacker split,
+which the attack never sees; the test split only reports), per method and per access mode (``label``, or
+``probs`` for every mode that returns scores), with the generator and student sizes it was validated at, by the
+victim's input size (:func:`recipe_sizes`). How each value was chosen, and the runs behind it, are in
+``docs/label-only.md``. The commands write the recipe's name, and the sizes it gave, into ``config.json``.
 """
 
 from __future__ import annotations
@@ -18,45 +16,27 @@ from typing import Any
 from stealkit.errors import InputError
 
 PAPER = "paper"
-VALIDATED_V1 = "labelonly-v1"
-VALIDATED_V2 = "labelonly-v2"
+#: the default recipe's name (its third validated version; the earlier two were superseded)
 VALIDATED = "labelonly-v3"
 #: the recipe a command uses when none is named
 DEFAULT = VALIDATED
 
-#: CoDFe (one clone: DisGUIDE's second clone did not help on the validation split) with the class-balance
-#: term, replay, CaBaGE-style balanced filtering (2x candidates) and hard-sample replay, fresh noise every
-#: round, 6x the substitute steps per query at 3x the learning rate, and held-out selection with an EMA
+#: CoDFe with the class-balance term, replay, CaBaGE-style balanced filtering (2x candidates) and hard-sample
+#: replay, fresh noise every round, 6x the substitute steps per query at 3x the learning rate annealed (cosine)
+#: over the planned budget, and held-out selection (a reservoir over every round, margin 2 standard errors)
+#: between the student and its EMA
 _CODFE: dict[str, Any] = {
     "noise_set": 500, "substitute_iterations": 150, "lr_substitute": 3e-3, "diversity": 1.0,
     "replay_capacity": 100_000, "fresh_noise": True, "candidates": 2, "hard_replay": 0.5, "ema": 0.99,
-    "holdout": 0.1,
+    "holdout": 0.1, "holdout_capacity": 5000, "selection_margin": 2.0, "substitute_schedule": "cosine",
 }
 #: DFME / MAZE: DisGUIDE's objective instead of the zeroth-order estimate through the victim (both modes)
 _DISAGREEMENT: dict[str, Any] = {"objective": "disagreement", "diversity": 1.0, "holdout": 0.05}
 
-#: v2: the held-out store samples every round (not only the latest), and the reported student changes only
-#: when a candidate beats it by more than two standard errors of its agreement on the store (chosen on the
-#: validation split, docs/label-only.md)
-_CODFE_V2: dict[str, Any] = _CODFE | {"holdout_keep": "all", "holdout_capacity": 5000, "selection_margin": 2.0}
-#: v3: v2 with the clones' learning rate annealed (cosine) to 0 over the planned budget, so that the late
-#: rounds cannot undo what the early ones learnt (chosen on the validation split, docs/label-only.md)
-_CODFE_V3: dict[str, Any] = _CODFE_V2 | {"substitute_schedule": "cosine"}
-
 RECIPES: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
     PAPER: {},
-    VALIDATED_V1: {
-        "codfe": {"label": dict(_CODFE), "probs": dict(_CODFE)},
-        "dfme": {"label": dict(_DISAGREEMENT), "probs": dict(_DISAGREEMENT)},
-        "maze": {"label": dict(_DISAGREEMENT), "probs": dict(_DISAGREEMENT)},
-    },
-    VALIDATED_V2: {
-        "codfe": {"label": dict(_CODFE_V2), "probs": dict(_CODFE_V2)},
-        "dfme": {"label": dict(_DISAGREEMENT), "probs": dict(_DISAGREEMENT)},
-        "maze": {"label": dict(_DISAGREEMENT), "probs": dict(_DISAGREEMENT)},
-    },
     VALIDATED: {
-        "codfe": {"label": dict(_CODFE_V3), "probs": dict(_CODFE_V3)},
+        "codfe": {"label": dict(_CODFE), "probs": dict(_CODFE)},
         "dfme": {"label": dict(_DISAGREEMENT), "probs": dict(_DISAGREEMENT)},
         "maze": {"label": dict(_DISAGREEMENT), "probs": dict(_DISAGREEMENT)},
     },
@@ -68,8 +48,6 @@ SMALL_SIDE = 8
 #: cpu): generator width 16, conv2 student 16/32/64. Larger inputs keep the commands' own sizes (ngf 64,
 #: conv2 32/64/128) until the recipe is validated there (on a GPU, docs/label-only.md).
 SMALL_SIZES: dict[str, Any] = {"ngf": 16, "student_kwargs": {"c1": 16, "c2": 32, "hidden": 64}}
-#: recipes that carry sizes (v1 predates them: its command ran the commands' own sizes)
-SIZED = (VALIDATED, VALIDATED_V2)
 
 
 def recipe_settings(name: str, method: str, mode: str) -> dict[str, Any]:
@@ -84,7 +62,7 @@ def recipe_sizes(name: str, method: str, input_shape: tuple[int, ...], student: 
     """The generator width (``ngf``) and student widths (``student_kwargs``, conv2 only) recipe ``name``
     gives ``method`` on inputs of ``input_shape`` (C, H, W); ``{}``: the commands' own sizes."""
     recipe_settings(name, method, "label")  # an unknown recipe is a clear error
-    if name not in SIZED or method not in RECIPES[name] or max(input_shape[1:]) > SMALL_SIDE:
+    if name != VALIDATED or method not in RECIPES[name] or max(input_shape[1:]) > SMALL_SIDE:
         return {}
     sizes: dict[str, Any] = {"ngf": SMALL_SIZES["ngf"]}
     if student == "conv2":
