@@ -57,11 +57,21 @@ def _footer(meta: dict[str, Any]) -> list[str]:
     return ["", *[f"- {k}: {meta[k]}" if k != "command" else f"- command: `{meta[k]}`" for k in keys if k in meta]]
 
 
+def _by_design(row: dict[str, Any]) -> str:
+    """How an ours-default row's work differs from ART's thief (same student, batch and epochs otherwise)."""
+    parts = []
+    if row.get("ssl", "none") != "none":
+        parts.append(f"{row['ssl']} also trains on the unqueried pool (epochs over the pool: more steps than ART)")
+    if row.get("select", "random") != "random":
+        parts.append(f"{row['select']} selection queries other images than ART's random ones")
+    return "; ".join(parts) or "none"
+
+
 def surrogate(name: str) -> str:
     """The default (``ours-default``) against ART's best thief per cell, paired per test image and seed."""
     rows, meta = _load(name)
     out = ["| answers | budget | ours (default) | ART's best thief | difference, points [95 % CI] | verdict | "
-           "epochs ours / ART |", "|---|---|---|---|---|---|---|"]
+           "epochs ours / ART | where the work differs by design |", "|---|---|---|---|---|---|---|---|"]
     cells = sorted({(r["mode"], int(r["budget"])) for r in rows})
     for mode, budget in cells:
         cell = [r for r in rows if r["mode"] == mode and int(r["budget"]) == budget]
@@ -78,7 +88,7 @@ def surrogate(name: str) -> str:
         steps = f"{ours[0].get('epochs', '-')} / {best[0].get('epochs', '-')}"
         out.append(f"| {mode} | {budget} | {_mean_std([r['accuracy'] for r in ours])} | "
                    f"{_mean_std([r['accuracy'] for r in best])} ({best_name}) | {est:+.1f} [{lo:+.1f}, {hi:+.1f}] | "
-                   f"{verdict(lo, hi)} | {steps} |")
+                   f"{verdict(lo, hi)} | {steps} | {_by_design(ours[0])} |")
     return "\n".join(out + _footer(meta))
 
 
@@ -142,7 +152,7 @@ def render(names: list[str] | None = None) -> dict[str, str]:
 
 
 def _block(name: str) -> re.Pattern[str]:
-    return re.compile(rf"(<!-- BEGIN rows:{re.escape(name)} -->\n)(.*?)(\n<!-- END rows:{re.escape(name)} -->)", re.S)
+    return re.compile(rf"(<!-- BEGIN rows:{re.escape(name)} -->\n)(.*?)(<!-- END rows:{re.escape(name)} -->)", re.S)
 
 
 def apply(doc: str, tables: dict[str, str]) -> str:
@@ -152,7 +162,7 @@ def apply(doc: str, tables: dict[str, str]) -> str:
         if not pat.search(doc):
             raise SystemExit(f"docs/results.md has no block for {name}: add <!-- BEGIN rows:{name} --> ... "
                              f"<!-- END rows:{name} -->")
-        doc = pat.sub(lambda m, t=text: m.group(1) + t + m.group(3), doc)
+        doc = pat.sub(lambda m, t=text: m.group(1) + t + "\n" + m.group(3), doc)
     return doc
 
 
@@ -169,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = args.doc.read_text(encoding="utf-8")
     new = apply(doc, tables)
     if args.check:
-        stale = [n for n in tables if _block(n).search(doc).group(2) != tables[n]]  # type: ignore[union-attr]
+        stale = [n for n in tables if _block(n).search(doc).group(2) != tables[n] + "\n"]  # type: ignore[union-attr]
         print(json.dumps({"tables": sorted(tables), "stale": stale}))
         return 1 if stale else 0
     tmp = args.doc.with_suffix(".md.tmp")

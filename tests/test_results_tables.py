@@ -44,6 +44,8 @@ def test_every_rows_file_has_its_plan_committed_and_a_renderer() -> None:
 def test_check_fails_when_a_table_differs(tmp_path: Path) -> None:
     mod = _tables()
     doc = "intro\n<!-- BEGIN rows:t -->\nold\n<!-- END rows:t -->\nend\n"
+    empty = "<!-- BEGIN rows:t -->\n<!-- END rows:t -->\n"
+    assert mod.apply(empty, {"t": "new"}) == "<!-- BEGIN rows:t -->\nnew\n<!-- END rows:t -->\n"
     assert mod.apply(doc, {"t": "new"}) == "intro\n<!-- BEGIN rows:t -->\nnew\n<!-- END rows:t -->\nend\n"
     with pytest.raises(SystemExit, match="no block"):
         mod.apply("no markers here", {"t": "new"})
