@@ -18,6 +18,14 @@ same data; the adaptive policies choose from the whole pool. What still differs 
 ours SGD with a one-cycle schedule (max lr 0.1), ART's thief Adam 1e-3 (as in the anchors). ``--art-epochs 10``
 reproduces the anchors' ART default; the JSON records whether the run was equalised.
 
+Every row states the optimiser steps its student took (``student_steps``: ours from the configuration, ART's
+counted on its thief's optimiser) and which images it queried (``images``). ``--art-search`` gives ART's thief a
+search over its learning rate and schedule (``ART_SEARCH``), chosen on pool images the row did not query (true
+labels), never the test split; each image is paid for once across the candidates (random-selection attacks only:
+the adaptive policy's queries depend on the thief). ``--active`` (below) compares the command's default, resolved
+exactly as ``stealkit extract surrogate`` resolves it, with ART at equal epochs (``art``) or equal optimiser steps
+(``art-steps``).
+
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/surrogate_extraction.py            # full (1k and 10k)
     .venv/bin/python benchmarks/surrogate_extraction.py --quick                      # smoke run on digits
 
@@ -29,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import platform
 import sys
@@ -39,6 +48,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from stealkit.commands.extract_surrogate import command_params, surrogate_config
 from stealkit.data import load_query_source
 from stealkit.extract.common import make_evaluator, open_victim, pool_holdout, student_factory, victim_splits
 from stealkit.extract.surrogate_data.knockoff import KnockoffConfig
@@ -48,31 +58,62 @@ from stealkit.victims import standard_victim
 
 log = logging.getLogger("bench.surrogate")
 
+#: the command's own defaults (``stealkit extract surrogate`` with nothing but a budget): epochs and batch size
+CLI_DEFAULTS = command_params("--budget", "1")
+#: ``--art-search``: ART's thief learning rates and schedules (Adam; per-epoch cosine annealing or constant)
+ART_SEARCH = tuple((lr, schedule) for lr in (1e-3, 3e-3, 1e-2) for schedule in ("constant", "cosine"))
+
 
 class CountingModel(nn.Module):
-    """Wraps a victim for ART and counts every image it answers (ART keeps no query count)."""
+    """Wraps a victim for ART and counts every image it answers (ART keeps no query count). After
+    :meth:`replay` (a search's later candidates) an image answered before is answered from memory, unpaid."""
 
     def __init__(self, model: nn.Module, softmax: bool) -> None:
         super().__init__()
         self.model, self.softmax, self.count = model, softmax, 0
+        self.memo: dict[bytes, torch.Tensor] = {}
+        self.replaying = False
+
+    def replay(self) -> None:
+        self.replaying = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.count += int(x.shape[0])
+        keys = [row.numpy().tobytes() for row in x.detach().cpu().reshape(x.shape[0], -1)]
+        if self.replaying and all(k in self.memo for k in keys):
+            return torch.stack([self.memo[k] for k in keys]).to(x.device)
+        if self.replaying:  # an image not answered before: paid for
+            self.count += len({k for k in keys if k not in self.memo})
+        else:
+            self.count += int(x.shape[0])
         out = self.model(x)
-        return torch.softmax(out, dim=1) if self.softmax else out
+        out = torch.softmax(out, dim=1) if self.softmax else out
+        for k, o in zip(keys, out.detach(), strict=True):
+            self.memo.setdefault(k, o)
+        return out
+
+
+def images_rule(config: SurrogateConfig, budget: int) -> str:
+    """Which images an ours row queried, in words."""
+    if config.strategy == "knockoff":
+        return f"Knockoff Nets' adaptive policy over the whole pool, {budget} images"
+    if config.select == "random":
+        return f"random: the seed's first {budget} images of the pool"
+    return (f"{config.select}: {config.active.initial:.0%} of {budget} at random, the rest in {config.active.rounds} "
+            f"rounds by the round substitute's {config.select}")
 
 
 def ours(name: str, victim_dir: str, mode: str, pool: torch.Tensor, labels: torch.Tensor, budget: int,
          evaluator: Evaluator, args: argparse.Namespace, strategy: str) -> dict[str, Any]:
     v = open_victim(victim_dir, mode=mode, budget=budget)
     config = SurrogateConfig(max_distinct=budget, tau=args.tau, epochs=args.epochs, batch_size=args.batch_size,
-                             schedule=args.schedule, augment=args.augment, strategy=strategy,  # type: ignore[arg-type]
+                             schedule=args.schedule, strategy=strategy,  # type: ignore[arg-type]
                              knockoff=KnockoffConfig(step_batch=args.knockoff_step), seed=args.seed)
     t0 = time.perf_counter()
     r = extract_surrogate(v.oracle, pool, make_student=student_factory(args.student, v, args.seed), config=config,
                           evaluator=evaluator, pool_labels=labels)
     return {"attack": name, "budget": budget, "seed": args.seed, "accuracy": r.accuracy, "fidelity": r.fidelity,
             "queries": r.queries["predict"], "epochs": args.epochs, "batch_size": args.batch_size,
+            "student_steps": r.extra["steps"], "images": images_rule(config, budget),
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
@@ -80,42 +121,99 @@ def art(name: str, victim_model: nn.Module, pool: torch.Tensor, labels: torch.Te
         evaluator: Evaluator, args: argparse.Namespace, input_shape: tuple[int, ...], k: int) -> dict[str, Any]:
     """One ART attack. Random-selection attacks get exactly the images ours queries (see the module doc). A
     name ending in ``-defaults`` runs it with ART's own defaults (``nb_epochs=10, batch_size_fit=1,
-    batch_size_query=1``) instead of the equal training: a second row, never the comparison."""
+    batch_size_query=1``) instead of the equal training: a second row, never the comparison; ``-steps``: as many
+    epochs as give the thief our default's optimiser steps (``args.art_steps_epochs``, set by ``--active``). With
+    ``args.art_search`` the thief's learning rate and schedule are chosen over ``ART_SEARCH`` on pool images the
+    row did not query (their true labels), never the test split; the row reports the chosen one's test scores."""
     import numpy as np
     from art.attacks.extraction import CopycatCNN, KnockoffNets
-    from art.estimators.classification import PyTorchClassifier
 
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
     own = name.endswith("-defaults")
-    softmax = name.removesuffix("-defaults").endswith("softmax")
+    steps_kind = name.endswith("-steps")
+    base = name.removesuffix("-defaults").removesuffix("-steps")
+    softmax = base.endswith("softmax")
     counter = CountingModel(victim_model, softmax)
-    victim = PyTorchClassifier(counter, loss=nn.CrossEntropyLoss(), input_shape=input_shape, nb_classes=k,
-                               clip_values=(0.0, 1.0))
-    student = student_factory(args.student, _Shape(input_shape, k), args.seed)()
-    thief = PyTorchClassifier(student, loss=nn.CrossEntropyLoss(),
-                              optimizer=torch.optim.Adam(student.parameters(), lr=1e-3),
-                              input_shape=input_shape, nb_classes=k, clip_values=(0.0, 1.0))
-    epochs, batch = (10, 1) if own else (args.art_epochs, args.art_batch)
+    epochs = 10 if own else (args.art_steps_epochs if steps_kind else args.art_epochs)
+    batch = 1 if own else args.art_batch
     common = {"batch_size_fit": batch, "batch_size_query": 1 if own else 256, "nb_epochs": epochs,
               "nb_stolen": budget}
-    if "adaptive" not in name:  # same images as ours: the seed's first `budget` of the pool, all of them stolen
-        order = torch.randperm(pool.shape[0], generator=torch.Generator().manual_seed(args.seed))[:budget]
-        pool, labels = pool[order], labels[order]
-    if name.startswith("art-copycat"):
-        attack = CopycatCNN(victim, **common)
-    else:
-        strategy = "adaptive" if "adaptive" in name else "random"
-        attack = KnockoffNets(victim, sampling_strategy=strategy, verbose=False,
-                              use_probability="prob" in name, **common)
-    x = pool.numpy()
+    adaptive = "adaptive" in base
+    held_x = held_y = None
+    if not adaptive:  # same images as ours: the seed's first `budget` of the pool, all of them stolen
+        order = torch.randperm(pool.shape[0], generator=torch.Generator().manual_seed(args.seed))
+        rest = order[budget : budget + args.art_holdout]  # never queried by this row: the search's holdout
+        held_x, held_y = pool[rest], labels[rest]
+        pool, labels = pool[order[:budget]], labels[order[:budget]]
+    search = bool(getattr(args, "art_search", False)) and not own and not adaptive and held_x is not None \
+        and held_x.shape[0] > 0
+    candidates = ART_SEARCH if search else ((1e-3, "constant"),)
+    x, y = pool.numpy(), np.eye(k, dtype=np.float32)[labels.numpy()]
+    tried, best = [], None
     t0 = time.perf_counter()
-    stolen = attack.extract(x, y=np.eye(k, dtype=np.float32)[labels.numpy()], thieved_classifier=thief)
-    seconds = time.perf_counter() - t0
-    model = stolen.model.eval()
+    for lr, schedule in candidates:
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        victim = _classifier(counter, input_shape, k)
+        thief, steps = _thief(args, input_shape, k, lr, schedule)
+        if base.startswith("art-copycat"):
+            attack = CopycatCNN(victim, **common)
+        else:
+            attack = KnockoffNets(victim, sampling_strategy="adaptive" if adaptive else "random", verbose=False,
+                                  use_probability="prob" in base, **common)
+        model = attack.extract(x, y=y, thieved_classifier=thief).model.eval()
+        counter.replay()  # later candidates: the images answered already cost nothing again
+        record = {"lr": lr, "schedule": schedule, "steps": steps[0]}
+        if search:
+            assert held_x is not None and held_y is not None
+            with torch.no_grad():
+                record["holdout_accuracy"] = float((model(held_x).argmax(1) == held_y).float().mean())
+        tried.append(record)
+        if best is None or record.get("holdout_accuracy", 0.0) > best[0].get("holdout_accuracy", 0.0):
+            best = (record, model)
+    assert best is not None
+    chosen, model = best
     scores = evaluator(model)
-    return {"attack": name, "budget": budget, "seed": args.seed, **scores, "queries": counter.count,
-            "epochs": epochs, "batch_size": batch, "seconds": round(seconds, 1)}
+    row = {"attack": name, "budget": budget, "seed": args.seed, **scores, "queries": counter.count,
+           "epochs": epochs, "batch_size": batch, "student_steps": chosen["steps"], "lr": chosen["lr"],
+           "schedule": chosen["schedule"],
+           "images": (f"ART's adaptive policy over the whole pool, {budget} images" if adaptive else
+                      f"random: the seed's first {budget} images of the pool (the same as ours)"),
+           "seconds": round(time.perf_counter() - t0, 1)}
+    if search:
+        row["search"] = {"holdout": int(held_x.shape[0]) if held_x is not None else 0, "tried": tried}
+    return row
+
+
+def _classifier(model: nn.Module, input_shape: tuple[int, ...], k: int) -> Any:
+    from art.estimators.classification import PyTorchClassifier
+
+    return PyTorchClassifier(model, loss=nn.CrossEntropyLoss(), input_shape=input_shape, nb_classes=k,
+                             clip_values=(0.0, 1.0))
+
+
+def _thief(args: argparse.Namespace, input_shape: tuple[int, ...], k: int, lr: float,
+           schedule: str) -> tuple[Any, list[int]]:
+    """ART's thief (Adam at ``lr``, as in the anchors at 1e-3), seeded like our student; with ``schedule`` cosine,
+    its learning rate is annealed per epoch of every fit; and a one-element list counting its optimiser steps."""
+    from art.estimators.classification import PyTorchClassifier
+
+    class Thief(PyTorchClassifier):  # type: ignore[misc]
+        def fit(self, x: Any, y: Any, batch_size: int = 128, nb_epochs: int = 10, **kwargs: Any) -> None:
+            if schedule == "cosine" and kwargs.get("scheduler") is None:
+                kwargs["scheduler"] = torch.optim.lr_scheduler.CosineAnnealingLR(self._optimizer, T_max=nb_epochs)
+            super().fit(x, y, batch_size=batch_size, nb_epochs=nb_epochs, **kwargs)
+
+    student = student_factory(args.student, _Shape(input_shape, k), args.seed)()
+    optimizer = torch.optim.Adam(student.parameters(), lr=lr)
+    steps = [0]
+
+    def count(*_: Any) -> None:
+        steps[0] += 1
+
+    optimizer.register_step_post_hook(count)
+    thief = Thief(student, loss=nn.CrossEntropyLoss(), optimizer=optimizer, input_shape=input_shape, nb_classes=k,
+                  clip_values=(0.0, 1.0))
+    return thief, steps
 
 
 class _Shape:
@@ -131,19 +229,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budgets", default="1000,10000")
     p.add_argument("--student", default="conv2")
     p.add_argument("--tau", type=float, default=1.0)
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--epochs", type=int, default=CLI_DEFAULTS["epochs"])
+    p.add_argument("--batch-size", type=int, default=CLI_DEFAULTS["batch_size"])
     p.add_argument("--schedule", default="cyclic", choices=["cyclic", "step"])
-    p.add_argument("--augment", default="none", choices=["none", "shift", "shift-flip"],
-                   help="augmentation of the ours-probs, ours-probs-knockoff and ours-label rows")
-    p.add_argument("--aug-kind", default="shift-flip", choices=["shift", "shift-flip"],
-                   help="augmentation of the ours-probs-aug row")
     p.add_argument("--knockoff-step", type=int, default=16)
     p.add_argument("--art-epochs", type=int, default=None,
                    help="thief epochs of the ART attacks (default: --epochs, the equalised setting; anchors: 10)")
     p.add_argument("--art-batch", type=int, default=None, help="ART's batch_size_fit (default: --batch-size)")
+    _art_search_options(p)
     p.add_argument("--attacks", default="all",
-                   help="comma list of: ours-probs, ours-probs-knockoff, ours-label, ours-probs-aug, art-knockoff-random, "
+                   help="comma list of: ours-probs, ours-probs-knockoff, ours-label, art-knockoff-random, "
                         "art-knockoff-adaptive, art-copycat, art-knockoff-prob-logits, art-knockoff-prob-softmax")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--seeds", default=None, help="comma list of seeds, each a full repetition (overrides --seed)")
@@ -152,7 +247,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.victim, args.budgets, args.epochs = "digits-conv2", "100,300", 5  # ART follows --epochs
-        args.aug_kind = "shift"  # digits are not flip-invariant
     if args.art_epochs is None:
         args.art_epochs = args.epochs
     if args.art_batch is None:
@@ -165,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     v = open_victim(trained.path, mode="probs")
     splits = victim_splits(v)
     evaluator = make_evaluator(v, splits.test.x, splits.test.y)
-    all_attacks = ["ours-probs", "ours-probs-knockoff", "ours-label", "ours-probs-aug", "art-knockoff-random",
+    all_attacks = ["ours-probs", "ours-probs-knockoff", "ours-label", "art-knockoff-random",
                    "art-knockoff-adaptive", "art-copycat", "art-knockoff-prob-logits", "art-knockoff-prob-softmax"]
     attacks = all_attacks if args.attacks == "all" else args.attacks.split(",")
     rows = []
@@ -198,10 +292,7 @@ def run_seed(args: argparse.Namespace, attacks: list[str], budgets: list[int], t
             if name.startswith("ours"):
                 mode = "label" if name == "ours-label" else "probs"
                 strategy = "knockoff" if "knockoff" in name else "random"
-                a = argparse.Namespace(**vars(args))
-                if name == "ours-probs-aug":  # shifted/flipped copies trained on cached answers
-                    a.augment = a.aug_kind
-                row = ours(name, str(trained.path), mode, pool, labels, budget, evaluator, a, strategy)
+                row = ours(name, str(trained.path), mode, pool, labels, budget, evaluator, args, strategy)
             else:
                 row = art(name, trained.model, pool, labels, budget, evaluator, args, tuple(v.input_shape),
                           v.num_classes)
@@ -216,59 +307,74 @@ def run_seed(args: argparse.Namespace, attacks: list[str], budgets: list[int], t
 # --------------------------------------------------------------------------------------------------------
 # Active selection and FixMatch (docs/surrogate-active.md): ``--active`` runs this part instead of main()
 # --------------------------------------------------------------------------------------------------------
-ACTIVE_ROWS = {  # row -> (select, ssl[, pretrain, cold_start]); "ours-default" is the command's default preset
+ACTIVE_ROWS = {  # row -> (select, ssl); "ours-default" is the command's default, resolved as the command does
     "ours-plain": ("random", "none"),
     "ours-ssl": ("random", "fixmatch"),
-    "ours-soft": ("random", "soft"),
     "ours-active": ("kcenter", "none"),
-    "ours-active-ssl": ("kcenter", "fixmatch"),
-    "ours-rot": ("random", "none", "rotation", "random"),
-    "ours-rot-typiclust": ("random", "none", "rotation", "typiclust"),
-    "ours-rot-kcenter": ("random", "none", "rotation", "kcenter"),
-    "ours-simclr": ("random", "none", "simclr", "random"),
-    "ours-simclr-typiclust": ("random", "none", "simclr", "typiclust"),
 }
-COMBO_KEYS = ("select", "ssl", "pretrain", "cold_start")
+COMBO_KEYS = ("select", "ssl")
 
 
 def row_combo(row_name: str, budget: int = 10**9, num_classes: int = 10, mode: str = "label") -> dict[str, Any]:
-    """The settings of an ``ours`` row: a name of ``ACTIVE_ROWS``, ``ours-default`` (the command's default
-    preset, resolved as the CLI does for ``budget`` answers of ``num_classes`` classes in oracle mode ``mode``:
-    with probabilities it sets tau, lr and grad_clip), ``ours-preset-NAME`` (a named preset,
-    e.g. ``ours-preset-plain``) or ``SELECT/SSL[/PRETRAIN[/COLD_START]]``; what is not given is plain."""
-    from stealkit.extract.surrogate_data.surrogate_presets import DEFAULT_PRESET, resolve_preset
+    """The settings of an ``ours`` row other than ``ours-default``: a name of ``ACTIVE_ROWS``, ``ours-preset-NAME``
+    (a named preset, ``ours-preset-paper``) or ``SELECT/SSL`` (e.g. ``margin/none``); what is not given is plain."""
+    from stealkit.extract.surrogate_data.surrogate_presets import resolve_preset
 
-    if row_name == "ours-default":  # the preset's combination and training settings (e.g. label smoothing)
-        return resolve_preset(DEFAULT_PRESET, budget, num_classes, mode=mode)[1]
     if row_name.startswith("ours-preset-"):
         return resolve_preset(row_name.removeprefix("ours-preset-"), budget, num_classes, mode=mode)[1]
     parts = row_name.split("/") if "/" in row_name else list(ACTIVE_ROWS[row_name])
-    return {**dict(zip(COMBO_KEYS, ("random", "none", "none", "random"), strict=True)),
-            **dict(zip(COMBO_KEYS, parts, strict=False))}
+    return {**dict(zip(COMBO_KEYS, ("random", "none"), strict=True)), **dict(zip(COMBO_KEYS, parts, strict=False))}
 
 
 ART_ROWS = {"label": ["art-knockoff-random", "art-knockoff-adaptive", "art-copycat"],
             "probs": ["art-knockoff-prob-softmax"]}
+ART_KINDS = ("", "-defaults", "-steps")
 
 
 def art_rows(row: str, mode: str) -> list[str]:
-    """The ART attacks a ``--rows`` entry names for ``mode``: ``art`` (all, equal training), ``art-defaults``
-    (all, ART's own defaults), or one attack by name (with or without ``-defaults``; none if not of ``mode``)."""
-    if row in ("art", "art-defaults"):
-        return [name + row.removeprefix("art") for name in ART_ROWS[mode]]
-    return [row] if row.removesuffix("-defaults") in ART_ROWS[mode] else []
+    """The ART attacks a ``--rows`` entry names for ``mode``: ``art`` (all, equal epochs), ``art-steps`` (all, as
+    many optimiser steps as our default's student), ``art-defaults`` (all, ART's own defaults), or one attack by
+    name with or without ``-steps``/``-defaults`` (none if not of ``mode``)."""
+    for kind in ART_KINDS:
+        if row == "art" + kind:
+            return [name + kind for name in ART_ROWS[mode]]
+    base = row.removesuffix("-defaults").removesuffix("-steps")
+    return [row] if base in ART_ROWS[mode] else []
+
+
+def default_config(args: argparse.Namespace, budget: int, num_classes: int, mode: str,
+                   flip: bool = False) -> SurrogateConfig:
+    """What ``ours-default`` runs at ``budget``: the configuration ``stealkit extract surrogate --budget BUDGET
+    --mode MODE --seed SEED`` runs (:func:`stealkit.commands.extract_surrogate.surrogate_config` on the command's
+    own parse of those options), with the benchmark's ``--epochs``/``--batch-size`` (by default the command's) and
+    ``--set`` values given to it as options."""
+    argv = ["--budget", str(budget), "--mode", mode, "--seed", str(getattr(args, "seed", 0)),
+            "--epochs", str(args.epochs), "--batch-size", str(args.batch_size)]
+    for setting in args.set:
+        argv += ["--set", setting]
+    return surrogate_config(command_params(*argv), budget, num_classes, flip=flip)[1]
 
 
 def default_epochs(args: argparse.Namespace, budget: int, num_classes: int, mode: str, pool_size: int) -> int:
     """The epochs ``ours-default``'s student trains at ``budget`` (``--epochs``, raised by the default's
-    ``min_steps`` at small budgets, after ``--set``): ART's thief trains as many, so both take the same steps on
-    the same number of answered images with the same batch (equal training)."""
-    from stealkit.settings import apply_settings
+    ``min_steps`` at small budgets, after ``--set``): the ``art`` rows' thief trains as many epochs on the same
+    number of answered images with the same batch (equal epochs; below 10 label answers per class our FixMatch
+    epoch is longer, see :func:`default_steps`)."""
+    return default_config(args, budget, num_classes, mode).student_epochs(min(budget, pool_size), pool_size)
 
-    config = SurrogateConfig(max_distinct=budget, epochs=args.epochs, batch_size=args.batch_size)
-    config = apply_settings(config, {**row_combo("ours-default", budget, num_classes, mode), **_given(args)},
-                            who="benchmark")
-    return config.student_epochs(min(budget, pool_size), pool_size)
+
+def default_steps(args: argparse.Namespace, budget: int, num_classes: int, mode: str, pool_size: int) -> int:
+    """The optimiser steps ``ours-default``'s student takes at ``budget`` (FixMatch cycles the answers over a
+    third of the pool each epoch, so below 10 label answers per class that is many more than its epochs'
+    batches of answers)."""
+    return default_config(args, budget, num_classes, mode).student_steps(min(budget, pool_size), pool_size)
+
+
+def steps_epochs(args: argparse.Namespace, budget: int, num_classes: int, mode: str, pool_size: int) -> int:
+    """The epochs that give ART's thief (``budget`` stolen images at batch ``--batch-size``, a last partial batch
+    kept) at least :func:`default_steps` optimiser steps: the ``-steps`` rows."""
+    batches = math.ceil(min(budget, pool_size) / args.batch_size)
+    return math.ceil(default_steps(args, budget, num_classes, mode, pool_size) / batches)
 
 
 def _given(args: argparse.Namespace) -> dict[str, Any]:
@@ -286,44 +392,42 @@ def _setting(config: Any, key: str) -> Any:
 
 
 def ours_variant(name: str, victim_dir: str, mode: str, pool: torch.Tensor, budget: int, evaluator: Evaluator,
-                 args: argparse.Namespace, combo: dict[str, str], flip: bool) -> dict[str, Any]:
-    """One run of ``extract_surrogate`` with a selection strategy, SSL method, pretraining and cold start
-    (same student/epochs/batch). Rotation-pretrained weights are cached per (victim, split, seed, settings)
-    under ``--pretrain-cache``, so the cells of a seed share one pretraining; its cost is reported apart."""
-    from stealkit.extract.surrogate_data.semi_supervised import FixMatchConfig
+                 args: argparse.Namespace, flip: bool) -> dict[str, Any]:
+    """One run of ``extract_surrogate`` for the ``ours`` row ``name`` (``ours-default``: exactly what the command
+    runs, :func:`default_config`; else :func:`row_combo` on the plain attack with the same student, epochs and
+    batch), with the row's ``--set`` values."""
+    from stealkit.extract.surrogate_data.surrogate import resolve_config
 
     v = open_victim(victim_dir, mode=mode, budget=budget)
-    from stealkit.settings import apply_settings
-
-    config = SurrogateConfig(max_distinct=budget, epochs=args.epochs, batch_size=args.batch_size,
-                             fixmatch=FixMatchConfig(flip=flip), seed=args.seed)
-    config = apply_settings(config, {**combo, **_given(args)}, who="benchmark")  # combo may name "active.initial"
-    cache = None
-    if config.pretrain != "none":
-        import hashlib
-
-        key = hashlib.sha1(repr((config.pretrain, config.pretraining.identity(config.pretrain), args.student)).encode()).hexdigest()[:10]
-        split = "val" if args.validate else "test"
-        cache = Path(args.pretrain_cache) / f"{args.victim}-{split}-seed{args.seed}-{key}.safetensors"
+    base = name.split("+")[0]
+    if base == "ours-default":
+        config, combo = default_config(args, budget, v.num_classes, mode, flip), {}
+    else:
+        combo = row_combo(base, budget, v.num_classes, mode)
+        config = resolve_config("paper", budget, v.num_classes, mode=mode, flip=flip, settings={**combo, **_given(args)},
+                                max_distinct=budget, epochs=args.epochs, batch_size=args.batch_size, seed=args.seed)[1]
     t0 = time.perf_counter()
     r = extract_surrogate(v.oracle, pool, make_student=student_factory(args.student, v, args.seed), config=config,
-                          evaluator=evaluator, pretrain_cache=cache)
+                          evaluator=evaluator)
     rounds = r.extra.get("active", {}).get("rounds", [])
-    pre = r.extra.get("pretraining", {})
     return {"attack": name, "mode": mode, "budget": budget, "seed": args.seed,
-            **{k: _setting(config, k) for k in combo},  # the values used, after the row's --set
+            "select": config.select, "ssl": config.ssl, **{k: _setting(config, k) for k in combo},
             "label_smoothing_used": r.extra.get("label_smoothing"),
             "accuracy": r.accuracy, "fidelity": r.fidelity, "queries": r.queries["predict"],
-            "seconds": round(time.perf_counter() - t0 - (0 if pre.get("reused") else pre.get("seconds", 0)), 1),
-            "pretrain_seconds": pre.get("seconds", 0.0), "pretrain_epochs": pre.get("epochs", 0),
-            "settings": list(args.set), "lr": r.extra.get("finetune_lr", config.peak_lr),
-            "optimizer": config.optimizer, "schedule": config.schedule, "batching": config.batching,
+            "seconds": round(time.perf_counter() - t0, 1), "settings": list(args.set), "lr": config.peak_lr,
+            "schedule": config.schedule, "batching": config.batching, "batch_size": config.batch_size,
             "tau": config.tau, "grad_clip": config.grad_clip, "epochs": r.extra.get("epochs", config.epochs),
-            "cold_start_size": r.extra.get("cold_start_size"),
-            "noisy_student_seconds": r.extra.get("noisy_student", {}).get("seconds", 0.0),
-            "teacher_accuracy": [t.get("accuracy") for t in r.extra.get("noisy_student", {}).get("teachers", [])],
+            "student_steps": r.extra["steps"], "images": images_rule(config, budget),
             "select_seconds": round(sum(x["select_seconds"] for x in rounds), 2),
             "round_train_seconds": round(sum(x["train_seconds"] for x in rounds), 2)}
+
+
+def _art_search_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--art-search", action="store_true",
+                   help="choose ART's thief learning rate and schedule (lr 1e-3/3e-3/1e-2 x constant/cosine) on pool "
+                        "images the row did not query (never the test split); random-selection attacks only")
+    p.add_argument("--art-holdout", type=int, default=2000,
+                   help="unqueried pool images (true labels) the --art-search choice is made on")
 
 
 def _write_comparison_run(path: str, out: dict[str, Any]) -> None:
@@ -333,9 +437,10 @@ def _write_comparison_run(path: str, out: dict[str, Any]) -> None:
 
     run = RunDir(path).create(command="extract surrogate", seed=None, config={"benchmark": out["settings"]})
     note = (f"benchmarks/surrogate_extraction.py --active: victim {out['victim']}, every tool trains the same "
-            f"student ({out['settings']['student']}) with batch {out['settings']['batch_size']} for as many epochs "
-            f"as our default's student at each budget ({out['settings']['epochs']}, or more where its step floor "
-            f"min_steps raises them: the rows' epochs) on the same pool; seeds {out['settings']['seeds']}; "
+            f"student ({out['settings']['student']}) with batch {out['settings']['batch_size']} on the same pool: "
+            f"'art' rows for as many epochs as our default's student at each budget ({out['settings']['epochs']}, "
+            f"or more where its step floor min_steps raises them), '-steps' rows for as many optimiser steps (each "
+            f"row's student_steps); seeds {out['settings']['seeds']}; "
             f"{'validation split' if out['validate'] else 'test split'}.")
     run.write_summary({"method": "surrogate-comparison", "victim_accuracy": out["victim_accuracy"],
                        "strategy": "comparison", "comparison": {"table": out["table"], "note": note}})
@@ -366,7 +471,7 @@ def _aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for (attack, mode, budget), rs in groups.items():
         row: dict[str, Any] = {"attack": attack, "mode": mode, "budget": budget, "seeds": len(rs)}
-        for key in ("accuracy", "fidelity", "seconds", "pretrain_seconds"):
+        for key in ("accuracy", "fidelity", "seconds", "student_steps"):
             t = torch.tensor([float(r.get(key, 0.0)) for r in rs], dtype=torch.float64)
             row[key] = round(float(t.mean()), 4)
             row[f"{key}_std"] = round(float(t.std()), 4) if len(rs) > 1 else 0.0
@@ -393,8 +498,44 @@ def _combine(paths: list[str], report_out: str | None) -> int:
     return 0
 
 
+def active_parser() -> argparse.ArgumentParser:
+    """The options of ``--active`` (:func:`active_main`)."""
+    p = argparse.ArgumentParser(description=active_main.__doc__)
+    p.add_argument("--active", action="store_true")
+    p.add_argument("--victim", default="fmnist-conv2")
+    p.add_argument("--budgets", default="100,300,1000")
+    p.add_argument("--modes", default="label,probs")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--rows", default="ours-default,ours-plain,ours-ssl,ours-active,art,art-steps",
+                   help="comma list of ours-default (what the command runs), ours-preset-paper, ours-plain, ours-ssl, "
+                        "ours-active, SELECT/SSL pairs (e.g. margin/none), art (equal epochs), art-steps (as many "
+                        "optimiser steps as ours-default's student), art-defaults (ART's own epochs and batch: a "
+                        "second row), one ART attack by name (e.g. art-copycat, art-copycat-steps, "
+                        "art-copycat-defaults); ROW+key=value+... gives one ours row its own --set values (e.g. "
+                        "ours-default+label_smoothing=0)")
+    p.add_argument("--student", default="conv2")
+    p.add_argument("--epochs", type=int, default=CLI_DEFAULTS["epochs"],
+                   help="epochs of every tool's student (equal training; default: the command's); where the "
+                        "default's step floor (min_steps) raises its student's epochs at a budget, ART's thief "
+                        "trains as many")
+    p.add_argument("--batch-size", type=int, default=CLI_DEFAULTS["batch_size"],
+                   help="batch of every tool's student (default: the command's)")
+    p.add_argument("--validate", action="store_true", help="score on a held-out part of the pool, not the test split")
+    p.add_argument("--set", action="append", default=[],
+                   help="a SurrogateConfig setting for every ours row, e.g. fixmatch.ema=0")
+    p.add_argument("--jsonl", default=None)
+    _art_search_options(p)
+    p.add_argument("--report-out", default=None,
+                   help="also write a run directory whose report plots accuracy against queries for every row")
+    p.add_argument("--combine", default=None,
+                   help="comma list of earlier --active JSON outputs (e.g. one per budget): merge their rows into "
+                        "one table and --report-out, running nothing")
+    return p
+
+
 def active_main(argv: list[str] | None = None) -> int:
-    """Stealkit's default, each ingredient alone and ART at equal training (student, epochs, batch, pool).
+    """Stealkit's default (exactly what ``stealkit extract surrogate`` runs), each ingredient alone and ART at
+    equal training (student, batch, pool; equal epochs, or with ``art-steps`` equal optimiser steps).
 
     ``--validate`` holds out the last fifth of the attacker pool (true labels) as a validation split and
     scores on it instead of the test split: this is how the default combination is chosen.
@@ -404,34 +545,7 @@ def active_main(argv: list[str] | None = None) -> int:
     from stealkit.extract.surrogate_data.surrogate import DEFAULT_PRESET, FLIP_INVARIANT
     from stealkit.extract.surrogate_data.surrogate_presets import SMALL_BUDGET_PER_CLASS, resolve_preset
 
-    p = argparse.ArgumentParser(description=active_main.__doc__)
-    p.add_argument("--active", action="store_true")
-    p.add_argument("--victim", default="fmnist-conv2")
-    p.add_argument("--budgets", default="100,300,1000")
-    p.add_argument("--modes", default="label,probs")
-    p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--rows", default="ours-default,ours-plain,ours-ssl,ours-active,art",
-                   help="comma list of ours-default, ours-preset-NAME (e.g. ours-preset-plain), ours-plain, ours-ssl, ours-soft, ours-active, ours-active-ssl, art, "
-                        "art-defaults (ART's own epochs and batch: a second row), one ART attack by name "
-                        "(e.g. art-copycat, art-copycat-defaults), or SELECT/SSL pairs; ROW+key=value+... "
-                        "gives one ours row its own --set values (e.g. ours-rot-typiclust+cold_start_size=100)")
-    p.add_argument("--student", default="conv2")
-    p.add_argument("--epochs", type=int, default=30,
-                   help="epochs of every tool's student (equal training); where the default's step floor "
-                        "(min_steps) raises its student's epochs at a budget, ART's thief trains as many")
-    p.add_argument("--batch-size", type=int, default=64, help="batch of every tool's student")
-    p.add_argument("--validate", action="store_true", help="score on a held-out part of the pool, not the test split")
-    p.add_argument("--set", action="append", default=[],
-                   help="a SurrogateConfig setting for every ours row, e.g. fixmatch.ema=0")
-    p.add_argument("--jsonl", default=None)
-    p.add_argument("--pretrain-cache", default="runs/pretrain_cache",
-                   help="folder of rotation-pretrained weights shared by the cells of a seed")
-    p.add_argument("--report-out", default=None,
-                   help="also write a run directory whose report plots accuracy against queries for every row")
-    p.add_argument("--combine", default=None,
-                   help="comma list of earlier --active JSON outputs (e.g. one per budget): merge their rows into "
-                        "one table and --report-out, running nothing")
-    args = p.parse_args(argv)
+    args = active_parser().parse_args(argv)
     if args.combine:
         return _combine(args.combine.split(","), args.report_out)
     args.art_batch = args.batch_size  # equal training for ART (its epochs: the default's, per budget)
@@ -454,7 +568,8 @@ def active_main(argv: list[str] | None = None) -> int:
         for mode in args.modes.split(","):
             for seed in [int(s) for s in args.seeds.split(",")]:
                 a = argparse.Namespace(**{**vars(args), "seed": seed})
-                a.art_epochs = default_epochs(args, budget, v.num_classes, mode, pool.shape[0])  # equal training
+                a.art_epochs = default_epochs(args, budget, v.num_classes, mode, pool.shape[0])  # equal epochs
+                a.art_steps_epochs = steps_epochs(args, budget, v.num_classes, mode, pool.shape[0])  # equal steps
                 for row_name in args.rows.split(","):
                     if row_name.startswith("art"):
                         for art_name in art_rows(row_name, mode):
@@ -465,10 +580,9 @@ def active_main(argv: list[str] | None = None) -> int:
                             log.info("%s", row)
                             _append_jsonl(args.jsonl, row)
                         continue
-                    base, *row_sets = row_name.split("+")  # ROW+key=value+...: settings of this row only
+                    _, *row_sets = row_name.split("+")  # ROW+key=value+...: settings of this row only
                     a.set = [*args.set, *row_sets]
-                    row = ours_variant(row_name, str(trained.path), mode, pool, budget, evaluator, a,
-                                       row_combo(base, budget, v.num_classes, mode), flip)
+                    row = ours_variant(row_name, str(trained.path), mode, pool, budget, evaluator, a, flip)
                     row.update(_per_image(evaluator, row["accuracy"]))
                     rows.append(row)
                     log.info("%s", row)

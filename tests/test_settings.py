@@ -32,7 +32,7 @@ def test_values_take_the_fields_types() -> None:
     (("epochs=1.5",), "surrogate setting epochs takes a whole number, got 1.5"),
     (("tau=hot",), "setting tau takes a number"),
     (("schedule=linear",), "setting schedule takes one of cyclic, step, constant, got 'linear'"),
-    (("augment=true",), "setting augment takes one of none, shift, shift-flip"),
+    (("batching=true",), "setting batching takes one of ragged, equal"),
     (("knockoff=1",), "knockoff is a group of settings: write knockoff.NAME=VALUE"),
     (("tau.x=1",), "no group of settings 'tau'"),
     (("knockoff.bogus=1",), "surrogate knockoff has no setting bogus"),

@@ -33,7 +33,7 @@ def _run(victim_dir, out, mode: str, budget: int, *extra: str, epochs: int = 1) 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", [[], ["--strategy", "knockoff", "--pool", "fashion-mnist"],
-                                   ["--mode", "label", "--pool", "gaussian"], ["--preset", "semi", "--mode", "label"]])
+                                   ["--mode", "label", "--pool", "gaussian"], ["--ssl", "fixmatch", "--mode", "label"]])
 def test_extract_surrogate_cli(victim_dir, tmp_path, extra):
     out = tmp_path / "run"
     rc = main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", "120", "--epochs", "3",
@@ -61,13 +61,13 @@ def test_study_group_lists_the_dfme_studies():
         assert name in res.output
 
 
-@pytest.mark.parametrize("budget,extra,smoothing", [(100, [], 0.1), (99, ["--preset", "plain"], 0.0),
+@pytest.mark.parametrize("budget,extra,smoothing", [(100, [], 0.1), (99, [], 0.1),
                                                     (100, ["--preset", "paper"], 0.0),
                                                     (100, ["--set", "label_smoothing=0"], 0.0),
                                                     (100, ["--strategy", "knockoff", "--pool", "pool"], 0.0)])
 def test_default_preset_smooths_labels_and_paper_does_not(victim_dir, tmp_path, budget, extra, smoothing):
-    """The default (and ``plain``) smooths label answers from 10 queries per class (digits: 100); ``plain`` below
-    it, ``paper``, ``label_smoothing=0`` and knockoff train unsmoothed."""
+    """The default smooths label answers (below 10 queries per class, digits 99, inside FixMatch; from 10 per class
+    too); ``paper``, ``label_smoothing=0`` and knockoff train unsmoothed."""
     out = tmp_path / "run"
     rc = main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", str(budget), "--epochs", "1",
                "--mode", "label", "--student", "mlp2", "--student-arg", "hidden=8", "--out", str(out), *extra])
@@ -106,20 +106,20 @@ def test_default_is_semi_below_ten_answers_per_class_and_records_it(victim_dir, 
 
 
 @pytest.mark.parametrize("extra,batching", [([], "equal"), (["--set", "batching=ragged"], "ragged"),
-                                            (["--preset", "paper"], "ragged"), (["--preset", "plain"], "ragged")])
+                                            (["--preset", "paper"], "ragged")])
 def test_default_batches_equally_from_ten_per_class_and_ragged_is_one_set_away(victim_dir, tmp_path, extra, batching):
     """The default at 10 answers per class (digits: 100) cuts epochs into equal batches (ninth pass); the eighth
-    pass's default is one ``--set batching=ragged`` away, and the named presets keep the ragged last batch;
+    pass's default is one ``--set batching=ragged`` away, and ``paper`` keeps the ragged last batch;
     config.json records it; the ledger spends exactly the budget either way."""
     cfg, summary = _run(victim_dir, tmp_path / "run", "label", 100, *extra)
     assert cfg["surrogate"]["batching"] == summary["batching"] == batching
     assert summary["queries"]["predict"] == 100 == summary["n_distinct"] == summary["queries_spent"]
 
 
-@pytest.mark.parametrize("extra,clip", [(["--preset", "plain"], 0.0), ([], 5.0),
+@pytest.mark.parametrize("extra,clip", [(["--preset", "paper"], 0.0), ([], 5.0),
                                         (["--set", "grad_clip=0.5", "--tau", "2"], 0.5)])
 def test_grad_clip_is_recorded_and_spends_exactly_the_budget(victim_dir, tmp_path, extra, clip):
-    """``--set grad_clip=C`` (tenth pass) reaches the student's training and config.json; off in the named presets,
+    """``--set grad_clip=C`` (tenth pass) reaches the student's training and config.json; off in ``paper``,
     5 in the default with probability answers from 10 per class."""
     cfg, summary = _run(victim_dir, tmp_path / "run", "probs", 100, *extra)
     assert cfg["surrogate"]["grad_clip"] == summary["grad_clip"] == clip
@@ -131,30 +131,33 @@ def test_grad_clip_is_recorded_and_spends_exactly_the_budget(victim_dir, tmp_pat
     ("probs", ["--tau", "1"], 1.0, 0.05, 5.0),
     ("probs", ["--tau", "1", "--lr", "0.1", "--set", "grad_clip=0"], 1.0, 0.1, 0.0),
     ("probs", ["--set", "tau=3"], 3.0, 0.05, 5.0),
-    ("probs", ["--preset", "plain"], 1.0, None, 0.0),
-    ("probs", ["--set", "optimizer=adam", "--schedule", "constant"], 2.0, None, 5.0),
+    ("probs", ["--preset", "paper"], 1.0, None, 0.0),
+    ("probs", ["--schedule", "constant"], 2.0, 0.05, 5.0),
     ("label", [], 1.0, None, 0.0)])
 def test_default_with_probabilities_sets_tau_lr_and_clip_and_explicit_values_win(victim_dir, tmp_path, mode, extra,
                                                                                  tau, lr, clip):
     """Tenth pass: with probability answers from 10 per class the default trains at tau 2, lr 0.05, clip 5, recorded
-    in config.json and the summary; an explicit ``--tau``/``--lr``/``--set`` wins; ``plain`` and label answers
-    keep tau 1 and the optimiser's learning rate; Adam keeps its own; the ledger spends exactly the budget."""
+    in config.json and the summary; an explicit ``--tau``/``--lr``/``--set`` wins; ``paper`` and label answers
+    keep tau 1 and SGD's learning rate; the ledger spends exactly the budget."""
     cfg, summary = _run(victim_dir, tmp_path / "run", mode, 100, *extra)
     assert (cfg["surrogate"]["tau"], cfg["surrogate"]["lr"], cfg["surrogate"]["grad_clip"]) == (tau, lr, clip)
     assert summary["grad_clip"] == clip
     auto = "--preset" not in extra
-    assert cfg["preset_resolved"] == ("plain" if not auto else "plain+batching=equal+tau=2+lr=0.05+grad_clip=5+min_steps=3000"
+    assert cfg["preset_resolved"] == ("paper" if not auto else "plain+batching=equal+tau=2+lr=0.05+grad_clip=5+min_steps=3000"
                                       if mode == "probs" else "plain+batching=equal")
     assert summary["queries"]["predict"] == 100 == summary["n_distinct"] == summary["queries_spent"]
 
 
-@pytest.mark.parametrize("mode,same_as", [("label", ["--preset", "plain", "--set", "batching=equal"]),
-                                          ("probs", ["--preset", "plain", "--set", "batching=equal", "--tau", "2",
-                                                     "--lr", "0.05", "--set", "grad_clip=5", "--set", "min_steps=3000"])])
+_PAPER_EQUAL = ["--preset", "paper", "--set", "batching=equal"]
+
+
+@pytest.mark.parametrize("mode,same_as", [
+    ("label", [*_PAPER_EQUAL, "--set", "label_smoothing=0.1", "--set", "label_smoothing_min_per_class=10"]),
+    ("probs", [*_PAPER_EQUAL, "--tau", "2", "--lr", "0.05", "--set", "grad_clip=5", "--set", "min_steps=3000"])])
 def test_default_trains_bitwise_as_its_spelled_out_settings(victim_dir, tmp_path, mode, same_as):
-    """Label answers train exactly as the ninth pass's default (``plain`` with equal batches); probability answers
-    exactly as that plus tau 2, lr 0.05, clip 5 and the eleventh pass's 3,000-step floor: the same student to the
-    last bit."""
+    """Label answers at 10 per class train exactly as ``paper`` with equal batches and label smoothing 0.1;
+    probability answers exactly as ``paper`` with equal batches, tau 2, lr 0.05, clip 5 and the 3,000-step floor:
+    the same student to the last bit."""
     from safetensors.torch import load_file
 
     weights = []
@@ -185,3 +188,55 @@ def test_default_selects_by_margin_from_twenty_per_class_and_records_it(victim_d
     assert cfg["surrogate"]["active"]["round_epochs"] == 1  # --set on top of the preset's group setting
     assert summary["queries"]["predict"] == 200 == summary["n_distinct"] == summary["queries_spent"]
     assert (out / "checkpoint" / "active.json").exists()
+
+
+@pytest.mark.parametrize("args,word", [(["--set", "mixup=0.2"], "mixup"), (["--set", "pretraining.epochs=2"], "pretraining"),
+                                       (["--set", "active.round_ssl=true"], "active.round_ssl")])
+def test_a_removed_setting_is_one_line_naming_where_it_went(tmp_path, capsys, args, word):
+    """Settings measured and not adopted were removed: ``--set`` of one is a one-line error naming the commit that
+    still has it, before the victim is opened."""
+    out = tmp_path / "run"
+    rc = main(["-q", "extract", "surrogate", "--victim", str(tmp_path / "absent"), "--budget", "10", *args,
+               "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and word in err and "9158eae" in err and "absent" not in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+@pytest.mark.parametrize("args", [["--ssl", "soft"], ["--augment", "shift"], ["--pretrain", "rotation"],
+                                  ["--cold-start", "typiclust"], ["--preset", "plain"], ["--select", "mix"]])
+def test_removed_flags_and_presets_are_refused(tmp_path, args):
+    from click.testing import CliRunner
+
+    from stealkit.cli import cli
+
+    res = CliRunner().invoke(cli, ["extract", "surrogate", "--victim", str(tmp_path / "absent"), "--budget", "10",
+                                   "--out", str(tmp_path / "run"), *args])
+    assert res.exit_code == 2 and not (tmp_path / "run").exists()
+
+
+def test_the_command_and_the_python_api_reach_the_same_default(victim_dir, tmp_path, monkeypatch):
+    """What the command runs with no option but the budget and the answer kind is ``SurrogateConfig.default`` (and
+    :func:`command_params` + :func:`surrogate_config`) for that budget, batch 64 included; the run is stopped
+    before training."""
+    from stealkit.commands.extract_surrogate import command_params, surrogate_config
+    from stealkit.extract.surrogate_data import surrogate as mod
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def capture(*args, config, **kwargs):
+        seen.append(config)
+        raise Stop
+
+    monkeypatch.setattr(mod, "extract_surrogate", capture)
+    for mode, budget in (("label", 50), ("label", 200), ("probs", 50), ("probs", 200)):
+        with pytest.raises(Stop):
+            main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--mode", mode, "--budget", str(budget),
+                  "--out", str(tmp_path / f"{mode}{budget}")])
+        config = seen[-1]
+        assert config.batch_size == 64
+        assert config == surrogate_config(command_params("--mode", mode, "--budget", str(budget)), budget, 10)[1]
+        assert config == mod.SurrogateConfig.default(budget, 10, mode=mode, eval_every=5)

@@ -1,86 +1,135 @@
-"""The presets of ``stealkit extract surrogate`` and the budget rule of the default (seventh pass)."""
+"""What a run with each preset of ``stealkit extract surrogate`` does (``auto``, the default, and ``paper``): the
+images it asks, the optimiser steps, batch sizes and peak learning rate of its student, whether FixMatch trains on
+the unqueried pool, and the loss settings it ends with. Tiny victim (3 classes), so 10 answers per class is 30."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from stealkit.extract.surrogate_data.surrogate_presets import (
-    ACTIVE_BUDGET_PER_CLASS,
-    DEFAULT_PRESET,
-    PRESETS,
-    SMALL_BUDGET_PER_CLASS,
-    STUDENT_MIN_STEPS,
-    resolve_preset,
-)
+from stealkit.extract.surrogate_data.surrogate import resolve_config
+from stealkit.extract.surrogate_data.surrogate_presets import PRESET_NAMES
+from stealkit.oracle import LocalOracle
+from tests.conftest import TinyNet
 
-SIXTH_PASS_DEFAULT = {"select": "random", "ssl": "none", "pretrain": "none", "cold_start": "random",
-                      "label_smoothing": 0.1, "label_smoothing_min_per_class": 10}
+POOL = torch.rand(240, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+class Asked(nn.Module):
+    """The victim, keeping every image it was really asked about."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net, self.asked = TinyNet(seed=3), []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.asked.append(x.clone())
+        return self.net(x)
+
+
+class Student(TinyNet):
+    """Logs the batch size of every forward pass it makes in training mode."""
+
+    sizes: list[int] = []  # a class attribute: shared by copies (FixMatch's mean teacher)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and torch.is_grad_enabled():
+            Student.sizes.append(int(x.shape[0]))
+        return super().forward(x)
+
+
+def run(preset: str, mode: str, budget: int, **fields: Any) -> dict[str, Any]:
+    """One run of ``preset`` as the command resolves it; what it did (the final student's optimiser only)."""
+    from stealkit.extract.surrogate_data.surrogate import extract_surrogate
+
+    victim = Asked().eval()
+    oracle = LocalOracle(victim, (1, 4, 4), mode=mode, budget=budget)
+    victim.asked.clear()
+    resolved, config = resolve_config(preset, budget, 3, mode=mode, seed=4, **fields)
+    steps: dict[int, list[float]] = {}  # per optimiser: the learning rate of each step
+
+    def on_step(opt: torch.optim.Optimizer, *_: Any) -> None:
+        steps.setdefault(id(opt), []).append(opt.param_groups[0]["lr"])
+
+    def make() -> nn.Module:
+        Student.sizes = []  # the last student built is the final one
+        return Student(seed=5)
+
+    handle = register_optimizer_step_post_hook(on_step)
+    try:
+        r = extract_surrogate(oracle, POOL, make_student=make, config=config)
+    finally:
+        handle.remove()
+    lrs = list(steps.values())[-1]
+    asked = torch.cdist(torch.cat(victim.asked).flatten(1), POOL.flatten(1)).argmin(dim=1)
+    order = torch.randperm(POOL.shape[0], generator=torch.Generator().manual_seed(4))
+    return {"resolved": resolved, "steps": len(lrs), "peak_lr": max(lrs), "sizes": Student.sizes,
+            "asked": asked.tolist(), "first_of_shuffle": sorted(asked.tolist()) == sorted(order[:budget].tolist()),
+            "queries": r.queries["predict"], "ledger": oracle.ledger.total, "extra": r.extra, "config": config}
+
+
+def test_there_are_two_presets():
+    assert PRESET_NAMES == ("auto", "paper")
 
 
 @pytest.mark.parametrize("mode", ["label", "topk", "logits"])
-def test_from_ten_answers_per_class_the_default_is_the_sixth_pass_one_with_equal_batches(mode):
-    """From 10 to 19 answers per class (Fashion-MNIST 100-199 queries) the default is the sixth pass's with equal-sized
-    batches (ninth pass) for every answer kind but probabilities (from 20 per class it also selects by margin); ``plain`` itself, and so ``--set batching=ragged``
-    on the default, is the old one."""
-    assert DEFAULT_PRESET == "auto" and SMALL_BUDGET_PER_CLASS == 10
-    for budget in (100, 199):
-        assert resolve_preset(DEFAULT_PRESET, budget, 10, mode=mode) == ("plain+batching=equal",
-                                                                         {**SIXTH_PASS_DEFAULT, "batching": "equal"})
-    assert PRESETS["plain"] == SIXTH_PASS_DEFAULT and all("batching" not in p for p in PRESETS.values())
+def test_auto_below_ten_per_class_trains_fixmatch_on_the_unqueried_pool_with_smoothing(mode):
+    """5 answers per class: random queries; every epoch cycles the answers to a third of the pool (80 of 15 at
+    batch 64: 2 steps), and FixMatch's strong views of 3x as many pool images join after the warm-up."""
+    did = run("auto", mode, 15)
+    assert did["resolved"] == "semi+label_smoothing=0.1" and did["first_of_shuffle"]
+    assert did["queries"] == did["ledger"] == 15 == len(did["asked"])
+    assert did["steps"] == 30 * 2 and did["peak_lr"] == pytest.approx(0.1, rel=0.01)
+    assert 3 * 64 in did["sizes"]  # FixMatch's unlabelled term: mu = 3 pool images per answered one
+    assert did["extra"]["ssl"] == "fixmatch"
+    assert did["extra"]["label_smoothing"] == (0.1 if mode == "label" else 0.0)  # the cross entropy only
 
 
-@pytest.mark.parametrize("budget,classes", [(100, 10), (199, 10), (10, 1), (19, 1), (200, 20), (399, 20)])
-def test_with_probabilities_from_ten_per_class_the_default_adds_tau_lr_the_clip_and_the_step_floor(budget, classes):
-    """Tenth pass: probability answers from 10 per class train at tau 2, peak lr 0.05, gradients clipped at 5;
-    eleventh pass: for at least 3,000 steps; the name says so; everything else is the ninth pass's default."""
-    assert STUDENT_MIN_STEPS == 3000
-    name, settings = resolve_preset(DEFAULT_PRESET, budget, classes, mode="probs")
-    assert name == "plain+batching=equal+tau=2+lr=0.05+grad_clip=5+min_steps=3000"
-    assert settings == {**SIXTH_PASS_DEFAULT, "batching": "equal", "tau": 2.0, "lr": 0.05, "grad_clip": 5.0,
-                        "min_steps": 3000}
-    settings["tau"] = 9.0  # a fresh dict: the next resolution is untouched
-    assert resolve_preset(DEFAULT_PRESET, budget, classes, mode="probs")[1]["tau"] == 2.0
+def test_auto_from_ten_per_class_with_labels_trains_plain_equal_batches_with_smoothing():
+    """15 per class at batch 16: three equal batches of 15 (not 16, 16, 13), 30 epochs, no pool term, smoothing."""
+    did = run("auto", "label", 45, batch_size=16)
+    assert did["resolved"] == "plain+batching=equal" and did["first_of_shuffle"] and did["queries"] == 45
+    assert did["steps"] == 90 and did["sizes"] == [15] * 90 and did["peak_lr"] == pytest.approx(0.1, rel=0.01)
+    assert did["extra"]["label_smoothing"] == 0.1 and did["extra"]["ssl"] == "none"
 
 
-@pytest.mark.parametrize("mode", ["label", "topk", "probs", "logits"])
-@pytest.mark.parametrize("budget,classes", [(200, 10), (1000, 10), (10_000, 10), (20, 1), (400, 20)])
-def test_from_a_hundred_answers_per_class_the_default_also_selects_by_margin(budget, classes, mode):
-    """Tenth pass: from 20 answers per class the default queries half its budget at random and the rest by the
-    round substitute's smallest margins, on top of what it is for the answer kind; one answer fewer and it does not."""
-    assert ACTIVE_BUDGET_PER_CLASS == 20
-    name, settings = resolve_preset(DEFAULT_PRESET, budget, classes, mode=mode)
-    below_name, below = resolve_preset(DEFAULT_PRESET, ACTIVE_BUDGET_PER_CLASS * classes - 1, classes, mode=mode)
-    assert name == below_name + "+select=margin+active.initial=0.5"
-    assert settings == {**below, "select": "margin", "active.initial": 0.5}
-    assert below["select"] == "random" and "active.initial" not in below
-
-
-@pytest.mark.parametrize("budget,classes", [(50, 10), (99, 10), (9, 1), (1, 1), (199, 20)])
-def test_with_probabilities_below_ten_per_class_the_default_is_the_same_recipe_without_margin(budget, classes):
-    """Eleventh pass: probability answers train as from 10 per class (tau 2, lr 0.05, clip 5, the step floor) at
-    every budget; FixMatch is no longer the default for them."""
-    assert resolve_preset(DEFAULT_PRESET, budget, classes, mode="probs") == (
-        "plain+batching=equal+tau=2+lr=0.05+grad_clip=5+min_steps=3000",
-        {**SIXTH_PASS_DEFAULT, "batching": "equal", "tau": 2.0, "lr": 0.05, "grad_clip": 5.0, "min_steps": 3000})
-
-
-@pytest.mark.parametrize("mode", ["label", "topk", "logits"])
-@pytest.mark.parametrize("budget,classes", [(50, 10), (99, 10), (9, 1), (199, 20)])
-def test_below_ten_answers_per_class_the_default_is_semi_with_smoothing(budget, classes, mode):
-    name, settings = resolve_preset(DEFAULT_PRESET, budget, classes, mode=mode)
-    assert name == "semi+label_smoothing=0.1"
-    assert settings == {**PRESETS["semi"], "label_smoothing": 0.1}
-    assert "label_smoothing_min_per_class" not in settings  # smooths at every budget it applies to
-    assert "batching" not in settings  # the ragged last batch, as before (equal was not adopted below 10 per class)
-    assert "min_steps" not in settings  # FixMatch's epochs run over the pool (no floor below 10 per class)
+def test_auto_with_probabilities_trains_three_thousand_steps_at_tau_two_and_lr_005():
+    """5 answers per class with probabilities: no FixMatch; at least 3,000 steps (one batch an epoch: 3,000 epochs),
+    peak learning rate 0.05, temperature 2, gradients clipped at 5; still exactly 15 queries."""
+    did = run("auto", "probs", 15)
+    assert did["resolved"] == "plain+batching=equal+tau=2+lr=0.05+grad_clip=5+min_steps=3000"
+    assert did["steps"] == 3000 == did["extra"]["steps"] and set(did["sizes"]) == {15}
+    assert did["peak_lr"] == pytest.approx(0.05, rel=0.01) and did["extra"]["tau"] == 2.0 and did["extra"]["grad_clip"] == 5.0
+    assert did["queries"] == did["ledger"] == 15 and did["first_of_shuffle"]
 
 
 @pytest.mark.parametrize("mode", ["label", "probs"])
-@pytest.mark.parametrize("name", sorted(PRESETS))
-def test_named_presets_keep_their_meaning_at_every_budget(name, mode):
-    for budget in (10, 50, 100, 10_000):
-        assert resolve_preset(name, budget, 10, mode=mode) == (name, PRESETS[name])
-    assert all(key not in PRESETS[name] for key in ("tau", "lr", "grad_clip", "min_steps"))
-    settings = resolve_preset(name, 50, 10, mode=mode)[1]
-    settings["ssl"] = "changed"  # a fresh dict: the table itself is untouched
-    assert PRESETS[name]["ssl"] != "changed"
+def test_auto_from_twenty_per_class_asks_half_at_random_and_the_rest_by_margin(mode):
+    """22 per class: 33 random answers, then four rounds of the round substitute's smallest margins; the ledger is
+    the budget."""
+    did = run("auto", mode, 66, **({"settings": {"min_steps": 0}} if mode == "probs" else {}))
+    rounds = did["extra"]["active"]
+    assert rounds["strategy"] == "margin" and rounds["sizes"] == [33, 9, 8, 8, 8]
+    assert did["queries"] == did["ledger"] == 66 == len(set(did["asked"])) and not did["first_of_shuffle"]
+
+
+@pytest.mark.parametrize("mode,budget", [("label", 15), ("label", 45), ("probs", 15), ("probs", 66)])
+def test_paper_is_dfme_appendix_a_at_every_budget(mode, budget):
+    """Random queries (the seed's first images), 30 epochs at SGD 0.1 one-cycle with a ragged last batch, tau 1, no
+    smoothing, no pool term, no selection, no step floor, whatever the budget and answer kind."""
+    did = run("paper", mode, budget, batch_size=16)
+    batches = -(-budget // 16)
+    assert did["resolved"] == "paper" and did["first_of_shuffle"] and did["queries"] == did["ledger"] == budget
+    assert did["steps"] == 30 * batches and did["peak_lr"] == pytest.approx(0.1, rel=0.01)
+    assert did["sizes"][:batches] == [16] * (budget // 16) + ([budget % 16] if budget % 16 else [])
+    assert did["extra"]["tau"] == 1.0 and did["extra"]["label_smoothing"] == 0.0 and did["extra"]["ssl"] == "none"
+    assert did["extra"]["grad_clip"] == 0.0 and "active" not in did["extra"]

@@ -1,15 +1,13 @@
-"""The student-training options of surrogate extraction: label smoothing and the weight average (EMA)."""
+"""The student-training options of surrogate extraction: label smoothing and the schedule."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from stealkit.errors import InputError
 from stealkit.extract.surrogate_data.surrogate import SurrogateConfig, extract_surrogate, make_student_loss
-from stealkit.extract.surrogate_data.weight_ema import WeightEMA
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet
 
@@ -31,31 +29,8 @@ def test_label_smoothing_is_the_mixed_target_cross_entropy():
     assert not torch.allclose(make_student_loss("auto", "label")(s, y), expected, atol=1e-4)
 
 
-def test_weight_ema_is_the_decayed_average_of_the_weights_after_each_step():
-    model = nn.Linear(1, 1, bias=False)
-
-    def step_loss(m: nn.Module, idx: torch.Tensor, target: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        return m.weight.sum() * 0
-
-    ema = WeightEMA(step_loss, decay=0.5)
-    gen = torch.Generator()
-    with torch.no_grad():
-        for w in (1.0, 2.0, 4.0):
-            model.weight.fill_(w)
-            ema(model, torch.arange(1), torch.zeros(1), gen)
-        model.weight.fill_(8.0)  # the weights after the last step
-    ema.finish(model)
-    # updates t = 1, 2, 3 with decay min(0.5, (1 + t) / (10 + t)) = 2/11, 3/12, 0.5 ... starting from 1.0
-    avg = 1.0
-    for t, w in enumerate((2.0, 4.0, 8.0), start=1):
-        d = min(0.5, (1 + t) / (10 + t))
-        avg = d * avg + (1 - d) * w
-    assert float(model.weight.detach()) == pytest.approx(avg, rel=1e-6)
-    assert float(model.weight.detach()) != pytest.approx(8.0)
-
-
 @pytest.mark.parametrize("mode", ["label", "probs"])
-@pytest.mark.parametrize("settings", [{"ema": 0.9}, {"label_smoothing": 0.1}, {"augment": "shift"}])
+@pytest.mark.parametrize("settings", [{"label_smoothing": 0.1}, {"schedule": "step"}])
 def test_training_options_spend_exactly_the_budget_and_change_the_student(tiny_model, mode, settings):
     pool = torch.rand(60, 1, 4, 4, generator=torch.Generator().manual_seed(0))
     students = []
@@ -91,7 +66,3 @@ def test_bad_training_options_are_refused():
         SurrogateConfig(label_smoothing=1.0)
     with pytest.raises(InputError, match="min_per_class"):
         SurrogateConfig(label_smoothing_min_per_class=-1)
-    with pytest.raises(InputError, match="ema"):
-        SurrogateConfig(ema=1.0)
-    with pytest.raises(InputError, match="mean teacher"):
-        SurrogateConfig(ema=0.99, ssl="fixmatch")

@@ -1,6 +1,8 @@
 """``stealkit extract surrogate``: surrogate-data extraction (DFME appendix A; Knockoff Nets' adaptive policy;
 ActiveThief's active selection and FixMatch on the unqueried pool). ``--preset`` picks the combination; its
-default is ``stealkit.extract.surrogate_data.surrogate_presets.DEFAULT_PRESET``, chosen on the validation split (docs/surrogate-active.md)."""
+default is ``stealkit.extract.surrogate_data.surrogate_presets.DEFAULT_PRESET``, chosen on the validation split
+(docs/surrogate-active.md). :func:`surrogate_config` turns the command's options into the configuration it runs;
+``benchmarks/surrogate_extraction.py`` calls it for its default rows (with :func:`command_params`)."""
 
 from __future__ import annotations
 
@@ -11,11 +13,18 @@ import click
 
 from stealkit.commands.common import device_option, parse_kv, run_options, set_option, victim_options
 from stealkit.errors import InputError
-from stealkit.extract.surrogate_data.surrogate_presets import DEFAULT_PRESET, PRESET_NAMES, resolve_preset
+from stealkit.extract.surrogate_data.surrogate_presets import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_EPOCHS,
+    DEFAULT_PRESET,
+    PRESET_NAMES,
+)
 from stealkit.rundir import RunDir
 
 if TYPE_CHECKING:
     import torch
+
+    from stealkit.extract.surrogate_data.surrogate import SurrogateConfig
 
 log = logging.getLogger(__name__)
 
@@ -65,48 +74,32 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
 @click.option("--schedule", type=click.Choice(["cyclic", "step", "constant"]), default="cyclic", show_default=True,
               help="Learning-rate schedule of A.2: one-cycle, or x0.2 at 30/60/80%; or constant.")
 @click.option("--lr", type=float, default=None,
-              help="Maximum learning rate of the student's optimiser (--set optimizer=sgd|adam). "
-                   "Default: the preset's (the default preset with probability answers: 0.05 with SGD), else 0.1 "
-                   "with SGD, 1e-3 with Adam.")
+              help="Maximum learning rate of the student's SGD. Default: the preset's (the default preset with "
+                   "probability answers: 0.05), else 0.1 (DFME A.2).")
 @click.option("--strategy", type=click.Choice(["random", "knockoff"]), default="random", show_default=True,
               help="Which images to query: a random shuffle, or Knockoff Nets' adaptive policy.")
-@click.option("--select", type=click.Choice(["random", "entropy", "margin", "kcenter", "mix"]), default=None,
+@click.option("--select", type=click.Choice(["random", "entropy", "margin", "kcenter"]), default=None,
               help="Which images to query, in rounds of query -> train -> select (ActiveThief): the student's "
-                   "uncertainty (entropy, margin), coverage (kcenter), or both (mix); random: one shuffle. "
-                   "Default: the preset's.")
-@click.option("--ssl", type=click.Choice(["none", "fixmatch", "soft"]), default=None,
-              help="Also train on the unqueried pool (Jagielski et al. 2020): FixMatch consistency, or soft "
-                   "sharpened teacher targets (soft, MixMatch label guessing). "
-                   "Default: the preset's.")
-@click.option("--pretrain", type=click.Choice(["none", "rotation", "simclr"]), default=None,
-              help="Before any query, train the student on the whole pool without the victim (rotation: RotNet; "
-                   "simclr: contrastive) and start every student from it; saved in OUT/checkpoint, reused on "
-                   "--resume; settings: --set pretraining.epochs=5 etc. Default: the preset's.")
-@click.option("--cold-start", type=click.Choice(["random", "typiclust", "kcenter"]), default=None,
-              help="How the first queries are chosen before any answer: random, TypiClust (typical points of "
-                   "k-means clusters) or k-center, in the pretrained features (pixels without --pretrain). "
+                   "uncertainty (entropy, margin) or coverage (kcenter); random: one shuffle. Default: the preset's.")
+@click.option("--ssl", type=click.Choice(["none", "fixmatch"]), default=None,
+              help="Also train on the unqueried pool with FixMatch consistency (Jagielski et al. 2020). "
                    "Default: the preset's.")
 @click.option("--preset", type=click.Choice(list(PRESET_NAMES)), default=DEFAULT_PRESET, show_default=True,
-              help="auto: with probability answers (--mode probs) plain with equal-sized batches, tau 2, lr 0.05, "
-                   "--set grad_clip=5 and at least --set min_steps=3000 training steps at every budget; with other "
-                   "answers semi with label smoothing 0.1 below 10 queries per class, plain with equal-sized batches "
-                   "from 10 per class (--set batching=ragged: a small last batch, as before); from 20 per class half "
-                   "the queries chosen by margin (--select margin, --set active.initial=0.5) (config.json records "
-                   "what it resolved to); paper: random queries, no SSL (DFME appendix A); "
-                   "plain: the same with label smoothing 0.1 on label answers from 10 queries per class (probabilities train as paper); semi: random queries + FixMatch on the "
-                   "unqueried pool (warm-up, mean teacher, distribution alignment); active: k-center selection + "
-                   "FixMatch; typiclust: rotation pretraining on the pool + TypiClust for the first "
-                   "10 queries per class, random after; pretrained students up to 10 queries per class "
-                   "(docs/surrogate-active.md).")
+              help="auto: with probability answers (--mode probs) random queries with equal-sized batches, tau 2, "
+                   "lr 0.05, --set grad_clip=5 and at least --set min_steps=3000 training steps at every budget; with "
+                   "other answers FixMatch on the unqueried pool with label smoothing 0.1 below 10 queries per class, "
+                   "equal-sized batches with label smoothing 0.1 from 10 per class (--set batching=ragged: a small "
+                   "last batch); from 20 per class half the queries chosen by margin (--select margin, --set "
+                   "active.initial=0.5) (config.json records what it resolved to); paper: random queries, no SSL "
+                   "(DFME appendix A) (docs/surrogate-active.md).")
 @click.option("--resume", is_flag=True, help="Continue the stopped active rounds in --out from their checkpoint.")
-@click.option("--augment", type=click.Choice(["none", "shift", "shift-flip"]), default="none", show_default=True,
-              help="Train on shifted/flipped copies of queried images with their cached answers (no queries).")
 @click.option("--student", default="conv2", show_default=True, help="Student architecture.")
 @click.option("--student-arg", "student_args", multiple=True, metavar="KEY=VALUE")
-@click.option("--epochs", type=int, default=30, show_default=True,
+@click.option("--epochs", type=int, default=DEFAULT_EPOCHS, show_default=True,
               help="Student epochs; with probability answers the default raises them to at least 3,000 steps "
                    "(--set min_steps=0 keeps them as given).")
-@click.option("--batch-size", type=int, default=128, show_default=True)
+@click.option("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, show_default=True,
+              help="Student batch size (64: the batch every validation screen of the default used).")
 @click.option("--eval-every", type=int, default=5, show_default=True, help="Score the student every N epochs.")
 @set_option("knockoff.alpha=0.2")
 @run_options
@@ -114,9 +107,9 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
 def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, top_k: int, budget: int,
                   dataset: str | None, data_dir: str | None, pool: str, max_distinct: int | None, loss: str,
                   tau: float | None, schedule: str, lr: float | None, strategy: str, select: str | None, ssl: str | None,
-                  pretrain: str | None, cold_start: str | None, preset: str, resume: bool, augment: str, student: str,
-                  student_args: tuple[str, ...], epochs: int, batch_size: int, eval_every: int,
-                  settings: tuple[str, ...], seed: int, out: str, device: str) -> None:
+                  preset: str, resume: bool, student: str, student_args: tuple[str, ...], epochs: int,
+                  batch_size: int, eval_every: int, settings: tuple[str, ...], seed: int, out: str,
+                  device: str) -> None:
     """Surrogate-data extraction: query a surrogate pool, distil the answers with the tau-scaled KL (DFME A)."""
     from stealkit.extract.common import (
         make_evaluator,
@@ -127,39 +120,22 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
     )
     from stealkit.extract.registry import METHODS
     from stealkit.extract.surrogate_data.surrogate import FLIP_INVARIANT, resolve_loss
-    from stealkit.settings import apply_settings
 
     resolve_loss(loss, mode)  # type: ignore[arg-type]  # refuse e.g. KL on labels before any work
     kwargs = parse_kv(student_args)
     method = METHODS["surrogate"]
     cap = min(budget, max_distinct) if max_distinct is not None else budget
-    given = parse_kv(settings)
-
-    def configure(num_classes: int) -> tuple[str, Any]:
-        """The preset resolved for the budget and answer kind (``auto`` depends on the answers per class and, with
-        probabilities, sets tau, lr and grad_clip), then the options: an explicit ``--tau``/``--lr``/``--set`` wins."""
-        resolved, chosen = resolve_preset(preset if strategy == "random" else "paper", cap, num_classes, mode=mode)
-        if str(given.get("optimizer", "sgd")) != "sgd":
-            chosen.pop("lr", None)  # the preset's learning rate is SGD's; another optimiser keeps its own default
-        options = (("select", select), ("ssl", ssl), ("pretrain", pretrain), ("cold_start", cold_start),
-                   ("tau", tau), ("lr", lr))
-        chosen.update({k: v for k, v in options if v is not None})  # knockoff: its own policy, as paper
-        config = method.config(max_distinct=max_distinct, loss=loss, epochs=epochs,  # type: ignore[misc]
-                               batch_size=batch_size, schedule=schedule, strategy=strategy,
-                               augment=augment, eval_every=eval_every, seed=seed)
-        return resolved, apply_settings(config, {**chosen, **given}, who="surrogate")  # "active.initial" keys too
-
-    def checkpointed(config: Any) -> bool:
-        return config.select != "random" or config.pretrain != "none" or config.cold_start != "random"
+    params = {"mode": mode, "max_distinct": max_distinct, "loss": loss, "tau": tau, "schedule": schedule, "lr": lr,
+              "strategy": strategy, "select": select, "ssl": ssl, "preset": preset, "epochs": epochs,
+              "batch_size": batch_size, "eval_every": eval_every, "settings": settings, "seed": seed}
 
     def refuse_resume() -> None:
-        raise InputError("--resume continues active rounds or reuses pretrained weights; this run has --select "
-                         "random, --pretrain none and --cold-start random (nothing to resume)")
+        raise InputError("--resume continues active rounds; this run has --select random (nothing to resume)")
 
     # refuse bad settings and resume mistakes before the victim is opened; one class gives the most answers per
     # class, so if even then nothing is checkpointed (the default selects by margin from 20 per class), nothing is
-    _, widest = configure(1)
-    if resume and not checkpointed(widest):
+    _, widest = surrogate_config(params, cap, 1)
+    if resume and widest.select == "random":
         refuse_resume()
     run = RunDir(out)
     checkpoint = run.path / "checkpoint"
@@ -168,18 +144,17 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
                          "another --out")
     v = open_victim(victim, mode=mode, budget=budget, temperature=temperature, top_k=top_k, key=key,
                     dataset=dataset, device=device, seed=seed)
-    resolved, config = configure(v.num_classes)
-    if resume and not checkpointed(config):
+    resolved, config = surrogate_config(params, cap, v.num_classes, flip=v.dataset in FLIP_INVARIANT)
+    checkpointed = config.select != "random"
+    if resume and not checkpointed:
         refuse_resume()
-    if "fixmatch.flip" not in given:  # mirror images only where the data set is flip-invariant
-        config = apply_settings(config, {"fixmatch.flip": v.dataset in FLIP_INVARIANT}, who="surrogate")
     splits = victim_splits(v, data_dir)
     from stealkit.data import parse_source
 
     knockoff = strategy == "knockoff"
-    # plain random queries the first ``cap`` of a shuffle; the adaptive policy, active selection, FixMatch
-    # and the noisy student use the whole pool (a synthetic source draws four candidates per query it may make)
-    whole = knockoff or checkpointed(config) or config.ssl != "none" or config.noisy_student.rounds > 0
+    # plain random queries the first ``cap`` of a shuffle; the adaptive policy, active selection and FixMatch
+    # use the whole pool (a synthetic source draws four candidates per query it may make)
+    whole = knockoff or checkpointed or config.ssl != "none"
     n_pool = (4 * cap if parse_source(pool).is_synthetic else None) if whole else cap
     x_pool, labels = load_surrogate_pool(pool, input_shape=v.input_shape, n=n_pool, seed=seed, data_dir=data_dir,
                                          victim_dataset=v.dataset, split_seed=v.split_seed, with_labels=knockoff)
@@ -189,10 +164,40 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
     result = method.run(v.oracle, x_pool, make_student=student_factory(student, v, seed, **kwargs),
                         config=config, evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
                         pool_labels=labels, on_point=run.append_record, device=device,
-                        checkpoint_dir=checkpoint if checkpointed(config) else None, resume=resume)
+                        checkpoint_dir=checkpoint if checkpointed else None, resume=resume)
     save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
     click.echo(f"accuracy {result.accuracy:.4f}, fidelity {result.fidelity}, queries {result.queries}; "
                f"report: {run.report_path}")
+
+
+def surrogate_config(params: dict[str, Any], answers: int, num_classes: int, *,
+                     flip: bool = False) -> tuple[str, SurrogateConfig]:
+    """The configuration the command runs for its options ``params`` (keyed by the command's parameter names:
+    ``mode``, ``preset``, ``epochs``, ``batch_size``, ``settings`` as ``KEY=VALUE`` strings, ...; see
+    :func:`command_params`) at ``answers`` distinct images of ``num_classes`` classes, and the name of what the
+    preset resolved to. ``--strategy knockoff`` runs the ``paper`` preset (its own policy chooses every query); an
+    explicit ``--select/--ssl/--tau/--lr`` and then ``--set`` win over the preset; ``flip``: FixMatch mirrors
+    images (a flip-invariant data set) unless ``--set fixmatch.flip`` says otherwise
+    (:func:`stealkit.extract.surrogate_data.surrogate.resolve_config`)."""
+    from stealkit.extract.surrogate_data.surrogate import resolve_config
+
+    flags = {k: params[k] for k in ("select", "ssl", "tau", "lr") if params.get(k) is not None}
+    preset = params["preset"] if params["strategy"] == "random" else "paper"
+    fields = {k: params[k] for k in ("max_distinct", "loss", "epochs", "batch_size", "schedule", "strategy",
+                                     "eval_every", "seed")}
+    return resolve_config(preset, answers, num_classes, mode=params["mode"], flip=flip,
+                          settings={**flags, **parse_kv(tuple(params["settings"]))}, **fields)
+
+
+def command_params(*args: str) -> dict[str, Any]:
+    """The options ``stealkit extract surrogate ARGS`` runs with, parsed by the command itself (its own
+    defaults for every option ``args`` does not give; the required ``--victim`` and ``--out`` need
+    not be given, then they read ``-``; ``--budget`` must be): what
+    :func:`surrogate_config` takes. E.g. ``command_params("--budget", "100", "--mode", "label")``."""
+    given = {a.split("=", 1)[0] for a in args}
+    head = [x for flag in ("--victim", "--out") if flag not in given for x in (flag, "-")]
+    with surrogate_cmd.make_context("surrogate", [*head, *args]) as ctx:
+        return dict(ctx.params)
 
 
 def register(cli: click.Group) -> None:

@@ -11,10 +11,10 @@ scores the unqueried pool with it and queries the ``m`` images a *subset selecti
   to first order and which costs a DeepFool run per image on a CPU);
 * ``kcenter`` -- coverage: k-center greedy (Sener & Savarese, *Active Learning for Convolutional Neural
   Networks: A Core-Set Approach*, ICLR 2018, Section 4.2, Algorithm 1) in the substitute's penultimate-layer
-  feature space: repeatedly take the pool image farthest from its nearest already-chosen or answered image;
-* ``mix`` -- ActiveThief's combination (Section 3, "DFAL+k-center"): the ``factor * m`` most uncertain images
-  (by entropy) are the candidates, and k-center greedy picks ``m`` of them, so the picks are uncertain and
-  spread out.
+  feature space: repeatedly take the pool image farthest from its nearest already-chosen or answered image.
+
+``margin`` is part of the default from 20 answers per class (:mod:`stealkit.extract.surrogate_data.surrogate_presets`);
+``entropy`` and ``kcenter`` are reached with ``--select``.
 
 Every answer goes through the :class:`~stealkit.extract.answer_cache.AnswerCache`, so each image is paid for
 once and charged to the oracle's ledger; the round schedule never asks for more than the distinct-sample cap.
@@ -49,8 +49,8 @@ from stealkit.oracle.ledger import QueryLedger
 
 log = logging.getLogger(__name__)
 
-Select = Literal["random", "entropy", "margin", "kcenter", "mix"]
-SELECTIONS = ("random", "entropy", "margin", "kcenter", "mix")
+Select = Literal["random", "entropy", "margin", "kcenter"]
+SELECTIONS = ("random", "entropy", "margin", "kcenter")
 ACTIVE_FORMAT = "stealkit-active-rounds/1"
 
 
@@ -60,37 +60,31 @@ class ActiveConfig:
 
     ``initial``: the fraction of the budget queried at random first (the seed set). ``rounds``: how many
     selection rounds share the rest. ``round_epochs``: epochs of each round's substitute (the final student
-    trains for the extraction's own epochs). ``factor``: ``mix`` keeps ``factor * m`` uncertain candidates
-    for k-center greedy. ``score_batch``: images per forward pass when scoring the pool (``None``: the device's forward chunk,
-    :func:`stealkit.chunking.forward_chunk`). ``round_ssl``:
-    train the round substitutes with the semi-supervised loss too (off: they train on the answered images
-    only, which costs a fraction of the final student's training). ``candidates``: the uncertainty and
+    trains for the extraction's own epochs; the substitutes train on the answered images only, without the
+    semi-supervised loss). ``score_batch``: images per forward pass when scoring the pool (``None``: the device's
+    forward chunk, :func:`stealkit.chunking.forward_chunk`). ``candidates``: the uncertainty and
     k-center strategies choose among at most this many unanswered images, drawn at random each round (0:
     all of them); only those and the answered images are scored, so a pool much larger than the budget
     costs a round no more than a pool of ``candidates`` images (k-center greedy is ``O(candidates * m)``
     distances per round). 10,000 by default: at a 10k budget with a 60,000-image pool the selection step
-    then takes 22 % of a round's wall time instead of 64 % (``benchmarks/selection_cost.py``,
-    docs/surrogate-active.md); pools with at most that many unanswered images are unaffected.
-    ``fast_select``: score with 2x2 max-pooling as strided maxima and update k-center's distances from
-    precomputed augmented features (:func:`strided_max_pooling`, :func:`distances_to_row`); both give bitwise
-    the same scores and picks as the plain path (off). Measured at the 10k setting above (2026-11-25, old and
-    new interleaved in one process): the selection step 2.7x faster, 10 % of a round instead of 23-24 %.
+    then takes 22 % of a round's wall time instead of 64 % (docs/surrogate-active.md, third pass); pools with
+    at most that many unanswered images are unaffected. Scoring runs 2x2 max-pooling as strided maxima and
+    k-center's distances come from precomputed augmented features (:func:`strided_max_pooling`,
+    :func:`distances_to_row`): bitwise the same scores and picks as the plain computation, the selection step
+    2.7x faster at the 10k setting (docs/surrogate-active.md, sixth pass).
     """
 
     initial: float = 0.2
     rounds: int = 4
     round_epochs: int = 10
-    factor: int = 4
     score_batch: int | None = None
-    round_ssl: bool = False
     candidates: int = 10_000
-    fast_select: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 < self.initial <= 1.0:
             raise InputError(f"active initial must be a fraction in (0, 1], got {self.initial}")
-        if self.rounds < 1 or self.round_epochs < 1 or self.factor < 1 or (self.score_batch is not None and self.score_batch < 1):
-            raise InputError("active rounds, round_epochs, factor and score_batch must be >= 1")
+        if self.rounds < 1 or self.round_epochs < 1 or (self.score_batch is not None and self.score_batch < 1):
+            raise InputError("active rounds, round_epochs and score_batch must be >= 1")
         if self.candidates < 0:
             raise InputError(f"active candidates must be >= 0 (0: every unanswered image), got {self.candidates}")
 
@@ -228,7 +222,7 @@ def kcenter_greedy(feats: torch.Tensor, centres: torch.Tensor, m: int, *, fast: 
 
 
 def select_batch(strategy: Select, m: int, candidates: torch.Tensor, probs: torch.Tensor, feats: torch.Tensor,
-                 answered: torch.Tensor, *, factor: int, gen: torch.Generator, fast: bool = False) -> torch.Tensor:
+                 answered: torch.Tensor, *, gen: torch.Generator, fast: bool = True) -> torch.Tensor:
     """``m`` indices among ``candidates`` (pool indices not yet answered) by ``strategy``; ``probs`` and
     ``feats`` are the substitute's outputs on the whole pool and ``answered`` the pool indices already paid for."""
     m = min(m, candidates.numel())
@@ -238,10 +232,7 @@ def select_batch(strategy: Select, m: int, candidates: torch.Tensor, probs: torc
         return candidates[entropy(probs[candidates]).topk(m).indices]
     if strategy == "margin":
         return candidates[(-margin(probs[candidates])).topk(m).indices]
-    if strategy == "mix":
-        keep = min(candidates.numel(), factor * m)
-        candidates = candidates[entropy(probs[candidates]).topk(keep).indices]
-    if strategy in ("kcenter", "mix"):
+    if strategy == "kcenter":
         return candidates[kcenter_greedy(feats[candidates], feats[answered], m, fast=fast)]
     raise InputError(f"unknown selection {strategy!r}; expected one of {', '.join(SELECTIONS)}")
 
@@ -308,9 +299,9 @@ def active_rounds(
     ``train(indices, epochs)`` returns a fresh substitute trained on ``cache.x[indices]`` and their answers;
     ``on_round(substitute, record)`` sees each round's substitute (e.g. to score it). With ``checkpoint_dir``
     each round is saved; ``resume`` continues from the last saved round (see the module docstring).
-    ``first(m)`` chooses the first round's ``m`` images (a cold start, :mod:`stealkit.extract.surrogate_data.typiclust`);
-    without it they are random. ``identity``: further settings the rounds depend on (e.g. the cold start's
-    size), saved with each round; a resume with other values is refused.
+    ``first(m)`` chooses the first round's ``m`` images (a cold start: ``extract_surrogate``'s ``first_round``);
+    without it they are random. ``identity``: further settings the rounds depend on (e.g. the learning rate),
+    saved with each round; a resume with other values is refused.
     """
     from stealkit.extract.journal import JournalOracle
 
@@ -356,9 +347,8 @@ def active_rounds(
                     keep = torch.randperm(candidates.numel(), generator=gen)[: config.candidates]
                     candidates = candidates[keep.sort().values]
                 probs, feats = score_subset(substitute, cache.x, torch.cat([candidates, answered]),
-                                            batch=config.score_batch, device=device, fast=config.fast_select)
-            picked = select_batch(strategy, sizes[r], candidates, probs, feats, answered, factor=config.factor,
-                                  gen=gen, fast=config.fast_select)
+                                            batch=config.score_batch, device=device, fast=True)
+            picked = select_batch(strategy, sizes[r], candidates, probs, feats, answered, gen=gen)
             select_s = time.perf_counter() - t1
             if on_round is not None:
                 on_round(substitute, {"round": r, "answered": int(answered.numel())})

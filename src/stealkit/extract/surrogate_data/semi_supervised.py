@@ -25,8 +25,8 @@ epoch being one pass over the pool (``epoch="pool"``: the labelled images cycle)
 (``epoch="labelled"``).
 
 Against confirmation bias with a weak start (a student that has seen 100 answers is confidently wrong on a
-fifth of the pool it keeps, and its confident pseudo-labels pile onto a few classes:
-``benchmarks/fixmatch_diagnosis.py``, docs/surrogate-active.md), three remedies from the field, each a setting:
+fifth of the pool it keeps, and its confident pseudo-labels pile onto a few classes: docs/surrogate-active.md,
+second pass), three remedies from the field, each a setting:
 
 * ``warmup``: the unlabelled term is off for the first ``warmup`` fraction of the steps (the student learns
   the answers first), then ramps linearly to ``lambda_u`` over as many steps (the ramp-up of Laine & Aila,
@@ -53,7 +53,7 @@ from torch import nn
 
 from stealkit.errors import InputError
 
-SSL = Literal["none", "fixmatch", "soft"]
+SSL = Literal["none", "fixmatch"]
 
 
 @dataclass(frozen=True)
@@ -73,9 +73,7 @@ class FixMatchConfig:
     the queried images, the plain attack's epoch (few steps at small budgets). ``warmup``: fraction of the
     steps before the unlabelled term starts (then ramped in over as many). ``ema``: decay of the mean-teacher
     weights that make the pseudo-labels (0: the student itself, as in FixMatch). ``align``: distribution
-    alignment of the pseudo-labels with the answers' class marginal. ``views`` and ``sharpen``: used by
-    ``ssl=soft`` only (:mod:`stealkit.extract.surrogate_data.soft_targets`): the teacher's prediction is averaged over
-    ``views`` weak views and sharpened with temperature ``sharpen``.
+    alignment of the pseudo-labels with the answers' class marginal.
     """
 
     mu: int = 3
@@ -89,8 +87,6 @@ class FixMatchConfig:
     warmup: float = 0.1
     ema: float = 0.99
     align: bool = True
-    views: int = 2
-    sharpen: float = 0.5
 
     def __post_init__(self) -> None:
         if self.mu < 1 or not 0.0 <= self.threshold <= 1.0 or self.lambda_u < 0 or self.shift < 0:
@@ -101,8 +97,6 @@ class FixMatchConfig:
             raise InputError("fixmatch: noise must be >= 0 and cutout in [0, 1)")
         if not 0.0 <= self.warmup < 0.5 or not 0.0 <= self.ema < 1.0:
             raise InputError("fixmatch: warmup must be in [0, 0.5) and ema in [0, 1)")
-        if self.views < 1 or not 0.0 < self.sharpen <= 1.0:
-            raise InputError("fixmatch: views must be >= 1 and sharpen in (0, 1]")
 
     def ramp(self, step: int, total: int) -> float:
         """The unlabelled term's weight at ``step`` of ``total``: 0 during the warm-up, then a linear ramp."""
@@ -262,7 +256,7 @@ class FixMatchLoss:
         return loss + weight * self.unlabelled(model, self.pool[pick], gen)
 
     def unlabelled(self, model: nn.Module, u: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        """The unlabelled term on the pool images ``u``: FixMatch's ``l_u`` (subclasses change it)."""
+        """The unlabelled term on the pool images ``u``: FixMatch's ``l_u``."""
         lu, _ = fixmatch_unlabelled_loss(model, u, self.config, gen, self.device,
                                          teacher=self.teacher.model if self.teacher is not None else None,
                                          align=self.align)
