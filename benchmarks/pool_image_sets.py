@@ -1,6 +1,6 @@
 """Pool ``decision_attacks.py`` runs made on disjoint image sets into one median per tool.
 
-A median L2 over 40 images moves by several per cent from one set of 40 to another (docs/decision-attacks.md,
+A median L2 over 40 images moves by several per cent from one set of 40 to another (docs/notebook/decision-attacks.md,
 "Eighth round (b)"), more than the tools differ. This reads the JSON lines of several runs (each made with the
 same tools, budgets, seeds and ``--art-repeats``), joins the per-image L2s (``l2``) of the rows that match on
 (tool, budget, seed, repeat) across the runs, and reports for each tool the mean over seeds (or ART's repeats)

@@ -5,7 +5,7 @@ Every attack queries the same attacker pool (Fashion-MNIST train[50k:]) and trai
 architecture; each budget gets a fresh oracle. Our query counts come from the ledger; ART keeps none, so its
 victim is wrapped in a module that counts the images it is asked about.
 
-ART configurations (the anchors' set, listed in docs/benchmarks.md): KnockoffNets random and adaptive with labels, CopycatCNN with labels,
+ART configurations (the anchors' set, listed in docs/notebook/benchmarks.md): KnockoffNets random and adaptive with labels, CopycatCNN with labels,
 KnockoffNets ``use_probability=True`` against a victim returning logits and against one returning softmax.
 ART is a benchmark-only extra: ``pip install adversarial-robustness-toolbox==1.20.1``.
 
@@ -305,7 +305,7 @@ def run_seed(args: argparse.Namespace, attacks: list[str], budgets: list[int], t
 
 
 # --------------------------------------------------------------------------------------------------------
-# Active selection and FixMatch (docs/surrogate-active.md): ``--active`` runs this part instead of main()
+# Active selection and FixMatch (docs/notebook/surrogate-active.md): ``--active`` runs this part instead of main()
 # --------------------------------------------------------------------------------------------------------
 ACTIVE_ROWS = {  # row -> (select, ssl); "ours-default" is the command's default, resolved as the command does
     "ours-plain": ("random", "none"),

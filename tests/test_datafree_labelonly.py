@@ -139,7 +139,7 @@ def test_selection_margin_keeps_the_snapshot_within_the_store_noise() -> None:
 
 class FirstRows(StudentSelector):
     """A plug-in selector (the hook's tiny test): judge on the first held-out rows only, a store frozen once full
-    (what ``holdout_keep="first"`` did before it was measured and not adopted, docs/label-only.md)."""
+    (what ``holdout_keep="first"`` did before it was measured and not adopted, docs/notebook/label-only.md)."""
 
     def add(self, x: torch.Tensor, soft: torch.Tensor) -> None:
         room = self.store.capacity - len(self.store)

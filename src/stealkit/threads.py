@@ -1,7 +1,7 @@
 """The CPU thread policy: how many intra-op threads torch uses in a stealkit process.
 
 stealkit's models (the zoo on digits, Fashion-MNIST, CIFAR-sized inputs) are small: extra intra-op threads
-gain little on them and cost a lot when the cores are shared with other work (see docs/benchmarks.md, "Thread
+gain little on them and cost a lot when the cores are shared with other work (see docs/notebook/benchmarks.md, "Thread
 policy"). So a process uses **one** intra-op thread unless told otherwise, and parallelism comes from running
 independent work in separate processes (``reproduce --jobs``, ``sweep --workers``).
 

@@ -214,12 +214,12 @@ def _make_decision(method: str) -> click.Command:
     if method == "triangle":
         cmd = click.option(
             "--preset", type=click.Choice(["tuned", "paper"]), default="tuned", show_default=True,
-            help="tuned: the settings chosen on validation images (docs/decision-attacks.md); paper: the "
+            help="tuned: the settings chosen on validation images (docs/guide/attacks.md); paper: the "
                  "reference code's (Wang et al. 2022). --set overrides either.")(cmd)
     if method == "hopskipjump":
         cmd = click.option(
             "--preset", type=click.Choice(["tuned", "paper"]), default="tuned", show_default=True,
-            help="tuned: the settings chosen on validation images (docs/decision-attacks.md), without or with "
+            help="tuned: the settings chosen on validation images (docs/guide/attacks.md), without or with "
                  "--substitute; paper: Chen et al.'s HopSkipJump (with --substitute: its prior and start only). "
                  "--set overrides either.")(cmd)
         cmd = click.option(

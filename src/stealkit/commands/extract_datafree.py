@@ -49,7 +49,7 @@ def datafree_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--resume", is_flag=True, help="Continue the stopped run in --out from its checkpoint."),
         click.option("--preset", type=click.Choice([VALIDATED, PAPER]), default=DEFAULT, show_default=True,
                      help=f"Settings recipe: the default ({VALIDATED}) was chosen on a validation split "
-                          "(docs/label-only.md), with the generator and conv2 student sizes it was validated at "
+                          "(docs/guide/datafree.md), with the generator and conv2 student sizes it was validated at "
                           f"on small (8x8) inputs; {PAPER} is the paper's exact settings. --set, --ngf, "
                           "--batch-size and --student-arg override it."),
     ]

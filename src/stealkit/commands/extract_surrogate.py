@@ -1,7 +1,7 @@
 """``stealkit extract surrogate``: surrogate-data extraction (DFME appendix A; Knockoff Nets' adaptive policy;
 ActiveThief's active selection and FixMatch on the unqueried pool). ``--preset`` picks the combination; its
 default is ``stealkit.extract.surrogate_data.surrogate_presets.DEFAULT_PRESET``, chosen on the validation split
-(docs/surrogate-active.md). :func:`surrogate_config` turns the command's options into the configuration it runs;
+(docs/guide/surrogate.md). :func:`surrogate_config` turns the command's options into the configuration it runs;
 ``benchmarks/surrogate_extraction.py`` calls it for its default rows (with :func:`command_params`)."""
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
                    "equal-sized batches with label smoothing 0.1 from 10 per class (--set batching=ragged: a small "
                    "last batch); from 20 per class half the queries chosen by margin (--select margin, --set "
                    "active.initial=0.5) (config.json records what it resolved to); paper: random queries, no SSL "
-                   "(DFME appendix A) (docs/surrogate-active.md).")
+                   "(DFME appendix A) (docs/guide/surrogate.md).")
 @click.option("--resume", is_flag=True, help="Continue the stopped active rounds in --out from their checkpoint.")
 @click.option("--student", default="conv2", show_default=True, help="Student architecture.")
 @click.option("--student-arg", "student_args", multiple=True, metavar="KEY=VALUE")

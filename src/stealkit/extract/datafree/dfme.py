@@ -22,7 +22,7 @@ authors built on DFME's code): ``students`` clones, the generator maximises thei
 the victim's labels (label mode) or DFME's l1/KL (scores). One iteration then costs ``B * n_S``. ``holdout``
 sets that share of every answered batch aside to choose the reported clone by held-out agreement
 (:mod:`stealkit.extract.datafree.selection`: the most recent ``holdout_capacity`` held-out rows, no margin; CoDFe's
-reservoir and margin made the reported clone lag here, ``docs/label-only.md``), or by the caller's own
+reservoir and margin made the reported clone lag here, ``docs/notebook/label-only.md``), or by the caller's own
 :class:`~stealkit.extract.datafree.selection.Selector` (``make_selector``).
 """
 
@@ -50,7 +50,7 @@ from stealkit.oracle import Oracle, OutputMode
 
 @dataclass(frozen=True)
 class DFMEConfig:
-    """DFME settings; defaults are the reference code's except where noted in ``docs/benchmarks.md``."""
+    """DFME settings; defaults are the reference code's except where noted in ``docs/notebook/benchmarks.md``."""
 
     batch_size: int = 256
     directions: int = 1
