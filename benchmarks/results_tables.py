@@ -105,10 +105,12 @@ def decision(name: str) -> str:
            f"({len(art)} seeded repeats, {art_q:,.0f} queries per image).", "",
            "| tool | queries / image | share of ART's | median L2 | ratio to ART [95 % CI] | verdict |",
            "|---|---|---|---|---|---|"]
-    tools = sorted({(r["tool"], str(r["budget"])) for r in rows if r["tool"] != "art-hsj"})
+    tools = sorted({(r["tool"], str(r["budget"])) for r in rows
+                    if not (r["tool"] == "art-hsj" and str(r["budget"]) == "full")})
     for tool, budget in tools:
         mine = sorted((r for r in rows if r["tool"] == tool and str(r["budget"]) == budget and r.get("l2")),
-                      key=lambda r: r["seed"])
+                      key=lambda r: r.get("repeat", r["seed"]))  # ART's anytime rows pair with its full runs
+        tool = f"{tool} (anytime best)" if mine and mine[0].get("anytime") else tool
         if not mine:
             continue
         a = np.array([r["l2"] for r in mine], dtype=float)
