@@ -27,12 +27,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from stealkit import __version__
 from stealkit.errors import InputError
@@ -40,6 +42,7 @@ from stealkit.oracle import OutputMode
 from stealkit.oracle.base import MAX_SMOOTHGRAD_SAMPLES, MAX_SMOOTHGRAD_SIGMA
 from stealkit.serve import metrics as prom
 from stealkit.serve import payloads
+from stealkit.serve.conn import ENV, fold_repeated_logs
 from stealkit.serve.keys import KeyConfig, ServerConfig, load_keys
 from stealkit.serve.limits import FairScheduler, KeyQuota
 from stealkit.serve.service import ApiError, Service
@@ -48,25 +51,69 @@ from stealkit.serve.store import Store
 log = logging.getLogger(__name__)
 
 ENDPOINTS = ("/v1/predict", "/v1/explain", "/v1/info", "/v1/charges", "/healthz", "/metrics")
-ENV = "STEALKIT_SERVE_CONFIG"
 MAX_CHARGES_PAGE = 1000
+#: seconds a request body may take to arrive (``stealkit serve --body-timeout``)
+BODY_TIMEOUT_S = 30.0
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+class CountResponses:
+    """Pure ASGI middleware: every HTTP response, whatever its status, is counted once (an unhandled error as a
+    500). Unlike ``@app.middleware("http")`` it passes ``send`` through untouched, so a route's ``send`` returns
+    once the bytes are handed to the server's transport (what settling after delivery relies on)."""
+
+    def __init__(self, app: Any, observe: Any, endpoint_of: Any) -> None:
+        self.app, self.observe, self.endpoint_of = app, observe, endpoint_of
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status = time.perf_counter(), [500]
+
+        async def counting_send(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            self.observe(self.endpoint_of(scope["path"]), status[0], time.perf_counter() - start)
+
+
+async def read_body(request: Request, limit: int, timeout: float | None = None) -> bytearray:
+    """The request body, refused (413) past ``limit`` bytes and (408, connection closed) if it has not all
+    arrived ``timeout`` seconds after this call: a client that trickles its body holds only its own request.
+    A declared ``Content-Length`` is received into one buffer of that size (no list of chunks to join)."""
     length = request.headers.get("content-length")
+    declared: int | None = None
     if length is not None:
-        if not length.isdigit():
-            raise ApiError(400, "bad_input", f"invalid Content-Length {length!r}")
-        if int(length) > limit:
-            raise ApiError(413, "too_large", f"request body of {int(length)} bytes exceeds the limit of {limit}; "
+        if not length.isascii() or not length.isdigit() or len(length) > 18:
+            raise ApiError(400, "bad_input", f"invalid Content-Length {length[:40]!r}")
+        declared = int(length)
+        if declared > limit:
+            raise ApiError(413, "too_large", f"request body of {declared} bytes exceeds the limit of {limit}; "
                            "send smaller batches")
-    chunks, total = [], 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
-            raise ApiError(413, "too_large", f"request body exceeds the limit of {limit} bytes; send smaller batches")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    buf = bytearray(declared) if declared is not None else bytearray()
+    total = 0
+    try:
+        with anyio.fail_after(timeout):
+            async for chunk in request.stream():
+                end = total + len(chunk)
+                if end > (declared if declared is not None else limit):
+                    raise ApiError(413, "too_large", f"request body exceeds the limit of {limit} bytes; "
+                                   "send smaller batches")
+                if declared is not None:
+                    buf[total:end] = chunk
+                else:
+                    buf += chunk
+                total = end
+    except TimeoutError:
+        raise ApiError(408, "body_timeout", f"the request body did not arrive within {timeout:g} s; send it "
+                       "at once", {"Connection": "close"}) from None
+    if declared is not None and total != declared:
+        raise ApiError(400, "bad_input", f"the body ended after {total} of {declared} bytes")
+    return buf
 
 
 def _respond(result: dict[str, Any], accept: str | None) -> Response:
@@ -134,15 +181,16 @@ def check_explain_keys(spec: Any, config: ServerConfig, model: str | Path) -> No
 
 def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str | Path, *, workers: int = 1,
                device: str = "cpu", max_inflight: int = 64, compute_slots: int = 4, protocol: str = "v1",
-               model_name: str | None = None) -> FastAPI:
+               model_name: str | None = None, body_timeout: float = BODY_TIMEOUT_S) -> FastAPI:
     """Build the API over a saved model directory, a keys file (or parsed config) and a SQLite file.
 
     ``protocol="v2"`` adds the Open Inference Protocol routes (:mod:`stealkit.serve.v2`) beside /v1, serving the
     model as ``model_name`` (default: the model directory's or file's stem).
 
     ``max_inflight`` bounds the requests a worker holds at once (body reads included; more are answered 503),
-    three quarters of it for one key (more are answered 429); ``compute_slots`` bounds the model computations it
-    runs at once, shared fairly between keys.
+    a quarter of it for one key (more are answered 429, before the body is read), so a few hostile keys cannot
+    fill it; ``body_timeout`` is the seconds a request's body may take to arrive (408 and the connection closed
+    after); ``compute_slots`` bounds the model computations it runs at once, shared fairly between keys.
     """
     from stealkit.models.locate import load_any_model
     from stealkit.serve import v2 as v2_routes
@@ -161,22 +209,13 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
                   description="A classifier behind a pay-per-query API, as in the model-extraction threat model.")
     app.state.service = service
     inflight = app.state.inflight = threading.BoundedSemaphore(max_inflight)
-    quota = app.state.quota = KeyQuota(max(1, max_inflight * 3 // 4))  # one key never holds the whole bound
+    quota = app.state.quota = KeyQuota(max(1, max_inflight // 4))  # a few keys never hold the whole bound
     scheduler = FairScheduler(compute_slots)
 
-    @app.middleware("http")
-    async def _count(request: Request, call_next: Any) -> Response:
-        """Every response, whatever its status, is counted once (an unhandled error as a 500)."""
-        start = time.perf_counter()
-        path = request.url.path
-        endpoint = path if path in ENDPOINTS else (protocol == "v2" and v2_routes.endpoint_label(path, name)) or "other"
-        try:
-            response = await call_next(request)
-        except Exception:
-            service.metrics.observe(endpoint, 500, time.perf_counter() - start)
-            raise
-        service.metrics.observe(endpoint, response.status_code, time.perf_counter() - start)
-        return response
+    def endpoint_of(path: str) -> str:
+        return path if path in ENDPOINTS else (protocol == "v2" and v2_routes.endpoint_label(path, name)) or "other"
+
+    app.add_middleware(CountResponses, observe=service.metrics.observe, endpoint_of=endpoint_of)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> Response:
@@ -204,6 +243,7 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
         try:
             key = service.authenticate(request.headers.get("authorization"), _client(request))
             service.rate_limit(key, "requests", 1)
+            service.check_budget(key)
             if not quota.try_acquire(key.key_id):
                 raise ApiError(429, "too_many_in_flight", f"this key already has {quota.per_key} requests in flight; "
                                "wait for some to finish", {"Retry-After": "1"})
@@ -212,7 +252,7 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
                 raise ApiError(503, "busy", "the server is busy; retry shortly", {"Retry-After": "1"})
             try:
                 ctype = request.headers.get("content-type")
-                body = await read_body(request, service.body_limit(ctype))
+                body = await read_body(request, service.body_limit(ctype), body_timeout)
                 run = handler or (lambda k, b: service.query(
                     k, endpoint, b, ctype, dict(request.query_params), request.headers.get("accept"),
                     request.headers.get("idempotency-key")))
@@ -221,6 +261,8 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
             finally:
                 inflight.release()
                 quota.release(key.key_id)
+        except ClientDisconnect:
+            return Response(status_code=400)  # nobody reads it; nothing was charged
         except payloads.UnsupportedMedia as exc:
             error = ApiError(415, "unsupported_media_type", str(exc))
         except payloads.TooLarge as exc:
@@ -309,12 +351,13 @@ def app_from_env() -> FastAPI:
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg["threads"]))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    fold_repeated_logs()
     if cfg.get("supervisor_pid"):
         exit_with_parent(int(cfg["supervisor_pid"]))
     return create_app(cfg["model"], cfg["keys"], cfg["db"], workers=int(cfg.get("workers", 1)),
                       device=cfg.get("device", "cpu"), max_inflight=int(cfg.get("max_inflight", 64)),
                       compute_slots=int(cfg.get("compute_slots", 4)), protocol=cfg.get("protocol", "v1"),
-                      model_name=cfg.get("model_name"))
+                      model_name=cfg.get("model_name"), body_timeout=float(cfg.get("body_timeout", BODY_TIMEOUT_S)))
 
 
 __all__ = ["ApiError", "Service", "app_from_env", "create_app"]

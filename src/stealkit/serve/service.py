@@ -135,6 +135,12 @@ class Service:
                            {"WWW-Authenticate": "Bearer"})
         return key
 
+    def check_budget(self, key: KeyConfig) -> None:
+        """Refuse (402), before its body is read, a request of a key with no query left: an exhausted key
+        cannot hold the server's in-flight slots with bodies it never pays for."""
+        if key.budget is not None and self.store.usage(key.key_id).left == 0:
+            raise ApiError(402, "budget_exhausted", f"the budget of key {key.key_id!r} is used up", queries_left=0)
+
     def oracle(self, key: KeyConfig, mode: OutputMode) -> LocalExplanationOracle:
         with self._lock:
             o = self._oracles.get((key.key_id, mode))

@@ -1,0 +1,177 @@
+"""Issue 40: slow clients, half-open connections and junk cost the attacker, not the service.
+
+A live ``stealkit serve`` with small limits (header deadline 1 s, body deadline 2 s, 4 connections per address)
+is attacked over raw sockets; the in-process tests check admission before the body is read."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from stealkit.serve.app import create_app
+from stealkit.serve.conn import RepeatFilter, trusted_match
+from tests.test_serve_support import live_server, make_victim, write_keys
+
+HONEST = "honest-Zx81QpLw6RtV3mNb7Yc4"
+HOSTILE = "hostile-Qw3eR5tY7uI9oP1aS2dF6"
+BROKE = "broke-Lk8jH6gF4dS2aP0oI9uY7"
+KEYS = [{"key": HONEST, "name": "honest", "budget": 1000}, {"key": HOSTILE, "name": "hostile"},
+        {"key": BROKE, "name": "broke", "budget": 0}]
+GUARD_S = 60  # a socket's own timeout: only so that a failing test ends; no test asserts a duration
+X = {"inputs": np.zeros((1, 1, 8, 8)).tolist()}
+
+
+@pytest.fixture(scope="module")
+def victim(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_victim(tmp_path_factory.mktemp("victim") / "model")
+
+
+@pytest.fixture(scope="module")
+def server(victim: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    tmp = tmp_path_factory.mktemp("hard")
+    keys = write_keys(tmp / "keys.toml", KEYS)
+    log = tmp / "server.log"
+    with live_server(victim, keys, tmp / "db.sqlite", log=log,
+                     extra=("--header-timeout", "1", "--body-timeout", "2", "--max-connections-per-address", "4")
+                     ) as url:
+        yield url, log
+
+
+def connect(url: str, source: str = "127.0.0.1") -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    s = socket.create_connection((host, int(port)), timeout=GUARD_S, source_address=(source, 0))
+    return s
+
+
+def closed_by_server(s: socket.socket) -> bool:
+    """Read until the server closes the connection (True) or the guard timeout passes (False)."""
+    try:
+        while s.recv(65536):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def honest_ok(url: str) -> bool:
+    r = httpx.post(url + "/v1/predict", json=X, headers={"Authorization": f"Bearer {HONEST}"}, timeout=GUARD_S)
+    return r.status_code == 200
+
+
+def test_headers_that_never_finish_are_closed(server):
+    url, _ = server
+    with contextlib.closing(connect(url)) as s:
+        s.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")
+        assert closed_by_server(s)
+
+
+def test_an_idle_connection_is_closed(server):
+    url, _ = server
+    with contextlib.closing(connect(url)) as s:
+        assert closed_by_server(s)
+
+
+def test_one_address_holds_at_most_its_share_and_others_are_served(server):
+    url, log = server
+    before = log.stat().st_size
+    held = [connect(url, "127.0.0.2") for _ in range(4)]
+    try:
+        for s in held:
+            s.sendall(b"GET /healthz HTTP/1.1\r\n")  # headers never finished
+        refused = [connect(url, "127.0.0.2") for _ in range(50)]
+        for s in refused:
+            with contextlib.closing(s):
+                assert closed_by_server(s)
+        assert honest_ok(url)  # another address is served meanwhile
+    finally:
+        for s in held:
+            s.close()
+    assert log.stat().st_size - before < 2000  # nothing logged per refused connection
+
+
+def test_a_trickled_body_times_out_alone(server):
+    url, _ = server
+    with contextlib.closing(connect(url)) as s:
+        s.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Authorization: Bearer " + HOSTILE.encode() + b"\r\nContent-Length: 6000\r\n\r\n{")
+        assert honest_ok(url)  # served while the hostile body is pending
+        data = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := s.recv(65536):
+                data += chunk
+    assert data.startswith(b"HTTP/1.1 408") and b"body_timeout" in data
+    assert b"connection: close" in data.lower()
+
+
+def test_a_key_without_budget_is_refused_before_its_body(server):
+    url, _ = server
+    with contextlib.closing(connect(url)) as s:
+        s.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Authorization: Bearer " + BROKE.encode() + b"\r\nContent-Length: 6000\r\n\r\n")
+        data = s.recv(65536)  # answered without sending a byte of the body
+    assert data.startswith(b"HTTP/1.1 402")
+
+
+# -- in process --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def client(victim: Path, tmp_path: Path) -> TestClient:
+    keys = write_keys(tmp_path / "keys.toml", KEYS + [{"key": "third-Mn7bV5cX3zL1kJ9hG8f", "name": "third"}])
+    return TestClient(create_app(victim, keys, tmp_path / "db.sqlite", max_inflight=8))
+
+
+def test_exhausted_key_is_refused_before_the_body_is_read(client):
+    pulled = []
+
+    def body() -> Iterator[bytes]:
+        pulled.append(1)
+        yield b'{"inputs": ' + str(X["inputs"]).encode() + b"}"
+
+    r = client.post("/v1/predict", content=body(), headers={"Authorization": f"Bearer {BROKE}",
+                                                             "Content-Type": "application/json"})
+    assert r.status_code == 402 and r.json()["error"] == "budget_exhausted"
+    assert not pulled
+
+
+def test_two_keys_at_their_share_leave_room_for_others(client):
+    """Two hostile keys each at their in-flight share (body reads pending) leave slots for a third key."""
+    quota, inflight = client.app.state.quota, client.app.state.inflight
+    held = []
+    for key in ("hostile", "honest"):
+        while quota.try_acquire(key):
+            assert inflight.acquire(blocking=False)
+            held.append(key)
+    try:
+        r = client.post("/v1/predict", json=X, headers={"Authorization": f"Bearer {HOSTILE}"})
+        assert r.status_code == 429 and r.json()["error"] == "too_many_in_flight"
+        r = client.post("/v1/predict", json=X, headers={"Authorization": "Bearer third-Mn7bV5cX3zL1kJ9hG8f"})
+        assert r.status_code == 200
+    finally:
+        for key in held:
+            quota.release(key)
+            inflight.release()
+
+
+def test_repeated_log_lines_are_folded():
+    f = RepeatFilter(window=60)
+    records = [logging.LogRecord("asyncio", logging.ERROR, "", 0, "socket.accept() out of system resource", (),
+                                 None) for _ in range(1000)]
+    assert sum(f.filter(r) for r in records) == 1
+
+
+@pytest.mark.parametrize(("host", "trusted", "ok"), [("10.1.2.3", ("10.0.0.0/8",), True), ("10.1.2.3", (), False),
+                                                     ("192.168.0.1", ("10.0.0.0/8", "192.168.0.1"), True),
+                                                     ("127.0.0.1", ("10.0.0.0/8",), False)])
+def test_trusted_proxies_match_addresses_and_networks(host, trusted, ok):
+    assert trusted_match(host, trusted) is ok
