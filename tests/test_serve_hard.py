@@ -127,8 +127,56 @@ def test_a_key_without_budget_is_refused_before_its_body(server):
 
 @pytest.fixture()
 def client(victim: Path, tmp_path: Path) -> TestClient:
-    keys = write_keys(tmp_path / "keys.toml", KEYS + [{"key": "third-Mn7bV5cX3zL1kJ9hG8f", "name": "third"}])
-    return TestClient(create_app(victim, keys, tmp_path / "db.sqlite", max_inflight=8))
+    keys = write_keys(tmp_path / "keys.toml", KEYS + [{"key": "third-Mn7bV5cX3zL1kJ9hG8f", "name": "third",
+                                                       "mode": "logits", "explain": True}])
+    return TestClient(create_app(victim, keys, tmp_path / "db.sqlite", max_inflight=8, protocol="v2"))
+
+
+THIRD = {"Authorization": "Bearer third-Mn7bV5cX3zL1kJ9hG8f"}
+
+
+def used(client: TestClient, key_id: str = "third") -> dict[str, int]:
+    return client.app.state.service.store.usage(key_id).as_dict()
+
+
+# -- point 4: an Idempotency-Key is replayed only for the identical request ----------------------------------
+
+
+def v2_body(x: np.ndarray, **extra: object) -> dict[str, object]:
+    return {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
+                        "data": x.reshape(-1).tolist()}], **extra}
+
+
+@pytest.mark.parametrize(("first", "second"), [
+    (("/v1/predict", {"mode": "probs"}, {}), ("/v1/predict", {"mode": "label"}, {})),
+    (("/v1/predict", {}, {}), ("/v1/predict", {}, {"Accept": "application/x-npy"})),
+    (("/v1/explain", {"method": "smoothgrad", "sigma": 0.1, "n_samples": 2}, {}),
+     ("/v1/explain", {"method": "smoothgrad", "sigma": 0.2, "n_samples": 2}, {})),
+    (("/v1/explain", {"target": 1}, {}), ("/v1/explain", {"target": 2}, {})),
+    (("/v1/explain", {}, {}), ("/v1/predict", {}, {})),
+    (("/v1/predict", {}, {}), ("/v2/models/model/infer", {}, {})),
+    (("/v2/models/model/infer", {"outputs": [{"name": "probs"}]}, {}),
+     ("/v2/models/model/infer", {"outputs": [{"name": "logits"}]}, {})),
+], ids=["mode", "accept", "sigma", "target", "endpoint", "v1-to-v2", "v2-output"])
+def test_idempotency_key_reused_for_a_different_request_is_422(client, first, second):
+    x = np.random.default_rng(0).random((2, 1, 8, 8), dtype=np.float32)
+    statuses, charged = [], []
+    for path, fields, headers in (first, second):
+        doc = v2_body(x, **fields) if path.startswith("/v2") else {"inputs": x.tolist(), **fields}
+        before = sum(used(client).values())
+        r = client.post(path, json=doc, headers=THIRD | headers | {"Idempotency-Key": "same-key"})
+        statuses.append(r.status_code)
+        charged.append(sum(used(client).values()) - before)
+    assert statuses == [200, 422] and charged[1] == 0, statuses
+    r_doc = r.json()
+    message = r_doc.get("detail") or r_doc.get("error")
+    assert "different request" in message and "Idempotency-Key" in message
+    # the identical request is still replayed, uncharged
+    path, fields, headers = first
+    doc = v2_body(x, **fields) if path.startswith("/v2") else {"inputs": x.tolist(), **fields}
+    again = client.post(path, json=doc, headers=THIRD | headers | {"Idempotency-Key": "same-key"})
+    assert again.status_code == 200 and again.headers["x-stealkit-replayed"] == "1"
+    assert sum(used(client).values()) == charged[0]
 
 
 def test_exhausted_key_is_refused_before_the_body_is_read(client):

@@ -12,6 +12,7 @@ exactly as :class:`~stealkit.oracle.LocalOracle` computes them (same code, same 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -38,7 +39,7 @@ from stealkit.serve.detection import Prada
 from stealkit.serve.keys import KeyConfig, ServerConfig
 from stealkit.serve.limits import AuthThrottle, TokenBucket
 from stealkit.serve.metrics import Metrics
-from stealkit.serve.store import InFlight, Replay, Reservation, Store
+from stealkit.serve.store import IdempotencyMismatch, InFlight, Replay, Reservation, Store
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,16 @@ class Query:
     def cost(self) -> int:
         """Queries charged: one per image, times the explanation's price per image."""
         return self.n * (explain_price(self.explain) if self.explain is not None else 1)
+
+    def fingerprint(self, answer_form: str) -> str:
+        """A digest of everything that shapes this request's answer (as Stripe's idempotency keys compare a
+        retry's parameters): endpoint, mode, explanation arguments, target, images, and ``answer_form`` (the
+        protocol, route and response encoding the caller will produce)."""
+        a = self.explain
+        doc = {"endpoint": self.endpoint, "mode": self.mode.value, "images": digest_tensor(self.x),
+               "explain": None if a is None else [a.method, a.output, a.n_samples, repr(float(a.sigma))],
+               "target": None if self.target is None else self.target.tolist(), "answer": answer_form}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
 @dataclass
@@ -217,11 +228,15 @@ class Service:
         target = parse_target(opts.get("target"), int(x.shape[0]), self.num_classes)
         return Query("explain", x, key.mode, explain=args, target=target)
 
-    def reserve(self, key: KeyConfig, q: Query, request_id: str | None) -> Reservation | Replay:
+    def reserve(self, key: KeyConfig, q: Query, request_id: str | None,
+                answer_form: str = "") -> Reservation | Replay:
         mode = q.mode.value if q.explain is None else q.explain.method
         try:
             return self.store.reserve(key.key_id, q.endpoint, q.cost, mode=mode, input_digest=digest_tensor(q.x),
-                                      request_id=request_id)
+                                      request_id=request_id,
+                                      fingerprint=None if request_id is None else q.fingerprint(answer_form))
+        except IdempotencyMismatch as exc:
+            raise ApiError(422, "idempotency_key_reused", str(exc)) from None
         except BudgetExhausted as exc:
             raise ApiError(402, "budget_exhausted", str(exc), queries_left=exc.remaining) from None
         except InFlight:
@@ -244,14 +259,16 @@ class Service:
         """One /v1 query from parse to settled answer (see the module docstring)."""
         check_request_id(request_id)
         q = self.parse(key, endpoint, body, content_type, params)
-        return self.run(key, q, request_id, lambda out, res: encode(q, out, res, accept))
+        form = f"v1 {endpoint} {'npy' if accept and payloads.NPY in accept else 'json'}"
+        return self.run(key, q, request_id, lambda out, res: encode(q, out, res, accept), form)
 
     def run(self, key: KeyConfig, q: Query, request_id: str | None,
-            respond: Callable[[torch.Tensor, Reservation], Response]) -> Response:
+            respond: Callable[[torch.Tensor, Reservation], Response], answer_form: str = "") -> Response:
         """Limit, reserve, answer, encode (``respond``: the protocol's response for the outputs), settle; a
-        retried ``request_id`` is answered from the log, uncharged. Shared by the /v1 and /v2 endpoints."""
+        retried ``request_id`` is answered from the log, uncharged, if ``answer_form`` (the protocol, route
+        and encoding of the answer) and the query are the same. Shared by the /v1 and /v2 endpoints."""
         self.rate_limit(key, "images", q.cost)
-        res = self.reserve(key, q, request_id)
+        res = self.reserve(key, q, request_id, answer_form)
         if isinstance(res, Replay):
             return Response(res.body, media_type=res.media_type,
                             headers=json.loads(res.headers) | {"X-Stealkit-Replayed": "1"})

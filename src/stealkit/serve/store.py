@@ -58,7 +58,8 @@ CREATE TABLE IF NOT EXISTS query_log (
     output_digest TEXT NOT NULL,
     status TEXT NOT NULL DEFAULT 'answered',
     request_id TEXT,
-    note TEXT
+    note TEXT,
+    fingerprint TEXT
 );
 CREATE INDEX IF NOT EXISTS query_log_key ON query_log (key_id);
 CREATE TABLE IF NOT EXISTS answers (
@@ -83,7 +84,7 @@ TRIGGERS = (
     "BEGIN SELECT RAISE(ABORT, 'query_log is append-only'); END",
 )
 LOG_COLUMNS = ("id", "key_id", "time", "kind", "n", "mode", "input_digest", "output_digest", "status",
-               "request_id", "note")
+               "request_id", "note", "fingerprint")
 #: how long an answer kept for idempotent replays is stored
 ANSWER_RETENTION_S = 24 * 3600.0
 _USED = {"predict": "predict_used", "explain": "explain_used"}
@@ -143,6 +144,10 @@ class Replay:
 
 class InFlight(Exception):
     """A request with this idempotency key is being answered right now."""
+
+
+class IdempotencyMismatch(InputError):
+    """An idempotency key already used for a request that differs in something that shapes the answer."""
 
 
 class Store:
@@ -234,18 +239,22 @@ class Store:
 
     # -- charging --------------------------------------------------------------------------------------
     def reserve(self, key_id: str, kind: str, n: int, *, mode: str, input_digest: str,
-                request_id: str | None = None) -> Reservation | Replay:
+                request_id: str | None = None, fingerprint: str | None = None) -> Reservation | Replay:
         """Charge ``n`` before the work, or raise :class:`~stealkit.errors.BudgetExhausted` having changed
         nothing. With a ``request_id`` already answered, returns its :class:`Replay` and charges nothing; one
-        still being answered raises :class:`InFlight`."""
+        still being answered raises :class:`InFlight`; one first used for a request with another ``fingerprint``
+        (a digest of everything that shapes the answer), or another kind, cost or images, raises
+        :class:`IdempotencyMismatch`."""
         with self._write() as conn:
             if request_id is not None:
-                prior = conn.execute("SELECT status, kind, n, input_digest FROM query_log WHERE key_id=? AND "
-                                     "request_id=? AND status != 'refunded' ORDER BY id DESC LIMIT 1",
+                prior = conn.execute("SELECT status, kind, n, input_digest, fingerprint FROM query_log WHERE "
+                                     "key_id=? AND request_id=? AND status != 'refunded' ORDER BY id DESC LIMIT 1",
                                      (key_id, request_id)).fetchone()
-                if prior is not None and tuple(prior[1:]) != (kind, n, input_digest):
-                    raise InputError(f"Idempotency-Key {request_id[:40]!r} was already used for a different request; "
-                                     "use a new key for each distinct request")
+                if prior is not None and (tuple(prior[1:4]) != (kind, n, input_digest) or prior[4] != fingerprint):
+                    raise IdempotencyMismatch(
+                        f"Idempotency-Key {request_id[:40]!r} was first used for a different request (its route, "
+                        "protocol, mode, options, images or response format differ); a key is replayed only for "
+                        "the identical request: use a new key for each distinct request")
                 if prior is not None and prior[0] == "reserved":
                     raise InFlight(request_id)
                 if prior is not None:
@@ -263,8 +272,8 @@ class Store:
                          (counts["predict"], counts["explain"], key_id))
             cur = conn.execute(
                 "INSERT INTO query_log (key_id, time, kind, n, mode, input_digest, output_digest, status, "
-                "request_id) VALUES (?, ?, ?, ?, ?, ?, '', 'reserved', ?)",
-                (key_id, time.time(), kind, n, mode, input_digest, request_id))
+                "request_id, fingerprint) VALUES (?, ?, ?, ?, ?, ?, '', 'reserved', ?, ?)",
+                (key_id, time.time(), kind, n, mode, input_digest, request_id, fingerprint))
             return Reservation(int(cur.lastrowid or 0), Usage(counts["predict"], counts["explain"], row[2], row[3],
                                                               bool(row[4])))
 
@@ -357,7 +366,8 @@ def _migrate(conn: sqlite3.Connection) -> None:
         if "key_hash" in log_cols:
             conn.execute("DROP INDEX IF EXISTS query_log_key")
             conn.execute("ALTER TABLE query_log RENAME COLUMN key_hash TO key_id")
-        for col, decl in (("status", "TEXT NOT NULL DEFAULT 'answered'"), ("request_id", "TEXT"), ("note", "TEXT")):
+        for col, decl in (("status", "TEXT NOT NULL DEFAULT 'answered'"), ("request_id", "TEXT"), ("note", "TEXT"),
+                          ("fingerprint", "TEXT")):
             if col not in log_cols:
                 conn.execute(f"ALTER TABLE query_log ADD COLUMN {col} {decl}")
 

@@ -309,6 +309,7 @@ def add_routes(app: FastAPI, service: Service, guarded: Any, name: str) -> None:
                 raise ApiError(403, "explain_not_allowed", f"this key may not use {model!r} (explain = false)")
             service.check_blocked(key)
             q, wanted = parse_infer(service, key, explain, body, header_length)
-            return service.run(key, q, request_id, lambda out, res: respond(q, wanted, name, out, res))
+            form = json.dumps(["v2", model, wanted.output, wanted.binary, wanted.id])
+            return service.run(key, q, request_id, lambda out, res: respond(q, wanted, name, out, res), form)
 
         return await guarded(request, "explain" if explain else "predict", handle, v2=True)
