@@ -6,6 +6,7 @@ is attacked over raw sockets; the in-process tests check admission before the bo
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import socket
 from collections.abc import Iterator
@@ -223,3 +224,42 @@ def test_repeated_log_lines_are_folded():
                                                      ("127.0.0.1", ("10.0.0.0/8",), False)])
 def test_trusted_proxies_match_addresses_and_networks(host, trusted, ok):
     assert trusted_match(host, trusted) is ok
+
+
+# -- point 5: malformed v2 requests are one-line 400s, never a 500 -------------------------------------------
+
+
+def _v2_doc(**spec: object) -> dict[str, object]:
+    tensor = {"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": [0.5] * 64} | spec
+    return {"inputs": [tensor]}
+
+
+@pytest.mark.parametrize(("doc", "header_length"), [
+    (_v2_doc(), "9" * 5000), (_v2_doc(), "\u00b2"), (_v2_doc(), "-1"), (_v2_doc(), "1e3"),
+    (_v2_doc(datatype=["FP32"]), None), (_v2_doc(datatype={"a": 1}), None), (_v2_doc(datatype=7), None),
+    (_v2_doc(name=["input"]), None), (_v2_doc(name={"x": 1}), None),
+    (_v2_doc(shape=[10**400, 1, 8, 8]), None), (_v2_doc(shape=[1, 1, 8, 2**70]), None),
+    (_v2_doc(parameters={"binary_data_size": [1]}), None), (_v2_doc(parameters={"binary_data_size": 2**70}), None),
+    ({"inputs": [_v2_doc()["inputs"][0]], "outputs": [{"name": ["probs"]}]}, None),
+    ({"inputs": [_v2_doc()["inputs"][0]], "outputs": [{"name": "probs", "parameters": []}]}, None),
+    ({"inputs": [_v2_doc()["inputs"][0]], "parameters": {"binary_data_output": {"a": 1}}}, None),
+    ({"inputs": [_v2_doc()["inputs"][0]], "id": ["x"]}, None),
+])
+def test_malformed_v2_requests_are_400s(client, doc, header_length):
+    before = used(client)
+    head = json.dumps(doc).encode()
+    headers = THIRD | {"Content-Type": "application/json"}
+    if header_length is not None:
+        headers["Inference-Header-Content-Length"] = header_length.encode()  # type: ignore[assignment]
+    r = client.post("/v2/models/model/infer", content=head, headers=headers)
+    assert r.status_code in (400, 413), r.text
+    message = r.json()["error"]
+    assert isinstance(message, str) and "\n" not in message and "Traceback" not in message
+    assert used(client) == before
+
+
+def test_malformed_v2_explain_parameters_are_400s(client):
+    for params in ({"method": ["smoothgrad"]}, {"n_samples": "9" * 5000},
+                   {"sigma": [0.1]}, {"output": {"a": 1}}, {"target": [[1]]}, {"target": True}):
+        r = client.post("/v2/models/model-explain/infer", json=_v2_doc() | {"parameters": params}, headers=THIRD)
+        assert r.status_code == 400, (params, r.text)

@@ -274,6 +274,9 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
             error = ApiError(503, "busy", "the query database is busy; retry shortly", {"Retry-After": "1"})
         except ApiError as exc:
             error = exc
+        except Exception as exc:  # a bug: one line to the client (not a reset connection), the traceback logged
+            log.error("unexpected error answering %s %s: %r", request.method, request.url.path, exc, exc_info=True)
+            error = ApiError(500, "internal_error", "the request could not be handled; it was not charged")
         if error.status < 500:
             service.metrics.refuse(key.key_id if key is not None else "-", error.code)
         return error.response(v2=v2)

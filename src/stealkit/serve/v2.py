@@ -97,9 +97,10 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     """The JSON part and the binary part of a request (binary tensor extension)."""
     if header_length is None:
         return body, b""
-    if not header_length.isdigit() or int(header_length) > len(body):
-        raise InputError(f"Inference-Header-Content-Length {header_length!r} must be an integer no larger than the "
-                         f"body ({len(body)} bytes)")
+    if not (header_length.isascii() and header_length.isdigit() and len(header_length) <= 18) \
+            or int(header_length) > len(body):
+        raise InputError(f"Inference-Header-Content-Length {header_length[:40]!r} must be an integer no larger than "
+                         f"the body ({len(body)} bytes)")
     n = int(header_length)
     return body[:n], body[n:]
 
@@ -112,9 +113,9 @@ def _tensor(spec: Any, binary: bytes, offset: int, where: str) -> tuple[Any, lis
     if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
                                               for s in shape):
         raise InputError(f"{where}: shape must be a list of non-negative integers, got {str(shape)[:80]}")
-    if dtype not in NUMPY:
+    if not isinstance(dtype, str) or dtype not in NUMPY:
         raise InputError(f"{where}: datatype must be one of {sorted(NUMPY)}, got {str(dtype)[:20]!r}")
-    params = spec.get("parameters") or {}
+    params = _absent_is_empty(spec.get("parameters"))
     if not isinstance(params, dict):
         raise InputError(f"{where}: parameters must be an object")
     size = params.get("binary_data_size")
@@ -152,7 +153,7 @@ def parse_infer(service: Service, key: KeyConfig, explain: bool, body: bytes,
     request_id = obj.get("id")
     if request_id is not None and (not isinstance(request_id, str) or len(request_id) > MAX_ID):
         raise InputError(f"id must be a string of at most {MAX_ID} characters")
-    params = obj.get("parameters") or {}
+    params = _absent_is_empty(obj.get("parameters"))
     allowed = EXPLAIN_PARAMETERS if explain else PREDICT_PARAMETERS
     if not isinstance(params, dict) or set(params) - allowed:
         raise InputError(f"unknown request parameters {sorted(set(params) - allowed) if isinstance(params, dict) else params}"
@@ -183,7 +184,7 @@ def parse_infer(service: Service, key: KeyConfig, explain: bool, body: bytes,
     if INPUT not in tensors:
         raise InputError(f"the request has no input {INPUT!r} [N, {', '.join(map(str, service.input_shape))}]")
     x = payloads.images(tensors[INPUT], service.input_shape)
-    binary_out = params.get("binary_data_output", False)
+    binary_out = _flag(params.get("binary_data_output", False), "parameters.binary_data_output")
     out_name, binary_out = _wanted_output(obj.get("outputs"), binary_out)
     wanted = Wanted(request_id, out_name or (EXPLANATION if explain else key.mode.value), bool(binary_out))
     if explain:
@@ -208,10 +209,21 @@ def _wanted_output(outputs: Any, binary: Any) -> tuple[str | None, bool]:
     if not outputs:
         return None, bool(binary)
     o = outputs[0]
-    params = o.get("parameters") or {}
+    params = _absent_is_empty(o.get("parameters"))
     if not isinstance(o.get("name"), str) or not isinstance(params, dict):
         raise InputError('each requested output is {"name": NAME, "parameters": {...}}')
-    return o["name"], bool(params.get("binary_data", binary))
+    return o["name"], _flag(params.get("binary_data", binary), "outputs[0].parameters.binary_data")
+
+
+def _absent_is_empty(value: Any) -> Any:
+    """JSON ``null`` for an optional object means no object (``[]``, ``0`` or ``""`` are refused later)."""
+    return {} if value is None else value
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise InputError(f"{where} must be true or false, got {str(value)[:40]}")
+    return value
 
 
 def respond(q: Query, wanted: Wanted, name: str, out: torch.Tensor, res: Reservation) -> Response:
