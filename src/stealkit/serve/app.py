@@ -42,7 +42,7 @@ from stealkit.oracle import OutputMode
 from stealkit.oracle.base import MAX_SMOOTHGRAD_SAMPLES, MAX_SMOOTHGRAD_SIGMA
 from stealkit.serve import metrics as prom
 from stealkit.serve import payloads
-from stealkit.serve.conn import ENV, fold_repeated_logs
+from stealkit.serve.conn import ENV, fold_repeated_logs, return_freed_memory
 from stealkit.serve.keys import KeyConfig, ServerConfig, load_keys
 from stealkit.serve.limits import FairScheduler, KeyQuota
 from stealkit.serve.service import ApiError, Service
@@ -355,6 +355,7 @@ def app_from_env() -> FastAPI:
         torch.set_num_threads(int(cfg["threads"]))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     fold_repeated_logs()
+    return_freed_memory()
     if cfg.get("supervisor_pid"):
         exit_with_parent(int(cfg["supervisor_pid"]))
     return create_app(cfg["model"], cfg["keys"], cfg["db"], workers=int(cfg.get("workers", 1)),

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from fastapi.responses import Response
 
@@ -360,6 +361,10 @@ def _replay_headers(response: Response) -> dict[str, str]:
 def parse_target(value: Any, n: int, num_classes: int) -> torch.Tensor | None:
     if value is None:
         return None
+    if isinstance(value, np.ndarray):  # a JSON array of numbers (stealkit.serve.jsonscan)
+        if value.ndim != 1 or value.dtype.kind not in "iu" or value.size not in (1, n):
+            raise InputError(f"target must be a class index or a list of one per image ({n}) of integers")
+        value = value.tolist()
     vals = value if isinstance(value, list) else [value]
     if not vals or any(isinstance(v, bool) or not isinstance(v, int) for v in vals):
         raise InputError("target must be a class index or a list of one per image")

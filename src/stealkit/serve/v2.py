@@ -110,6 +110,8 @@ def _tensor(spec: Any, binary: bytes, offset: int, where: str) -> tuple[Any, lis
     if not isinstance(spec, dict):
         raise InputError(f"{where} must be an object with name, shape, datatype and data")
     shape, dtype = spec.get("shape"), spec.get("datatype")
+    if isinstance(shape, np.ndarray) and shape.ndim == 1 and shape.dtype.kind == "i":
+        shape = shape.tolist()
     if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
                                               for s in shape):
         raise InputError(f"{where}: shape must be a list of non-negative integers, got {str(shape)[:80]}")
@@ -123,25 +125,30 @@ def _tensor(spec: Any, binary: bytes, offset: int, where: str) -> tuple[Any, lis
         if "data" not in spec:
             raise InputError(f"{where} has no data (nor parameters.binary_data_size)")
         return spec["data"], shape, dtype, 0
+    if "data" in spec:
+        raise InputError(f"{where} has both data and parameters.binary_data_size; send the tensor one way")
     itemsize = np.dtype(NUMPY[dtype]).itemsize
-    if not isinstance(size, int) or size != math.prod(shape) * itemsize or offset + size > len(binary):
+    if isinstance(size, bool) or not isinstance(size, int) or size != math.prod(shape) * itemsize or offset + size > len(binary):
         raise InputError(f"{where}: binary_data_size {size!r} must be {math.prod(shape) * itemsize} bytes "
                          f"({dtype} {shape}) and lie within the body")
     return np.frombuffer(binary, dtype=NUMPY[dtype], count=math.prod(shape), offset=offset), shape, dtype, size
 
 
-def _array(data: Any, shape: list[int], dtype: str, where: str) -> np.ndarray:
-    if isinstance(data, np.ndarray):
+def _array(data: Any, shape: list[int], dtype: str, where: str, binary: bool) -> np.ndarray:
+    """The tensor's values as an array of ``shape``: JSON data (flat row-major or nested) must be numbers only
+    (no strings, no booleans), integers for an INT datatype; binary data is copied out of the body."""
+    if binary:
         return data.reshape(shape).copy()  # a writable copy of the body's bytes
-    if not isinstance(data, list):
-        raise InputError(f"{where}: data must be a list (flat row-major or nested)")
-    try:
-        arr = np.asarray(data, dtype=np.float64 if dtype.startswith("FP") else np.int64)
-    except (ValueError, TypeError, OverflowError, RecursionError):
-        raise InputError(f"{where}: data must hold only numbers of datatype {dtype}") from None
-    if arr.size != math.prod(shape):
-        raise InputError(f"{where}: data holds {arr.size} values, shape {shape} needs {math.prod(shape)}")
-    return arr.reshape(shape)
+    if isinstance(data, list) and not data and math.prod(shape) == 0:
+        data = np.zeros(0)
+    if not isinstance(data, np.ndarray):
+        raise InputError(f"{where}: data must be a list (flat row-major or nested) of numbers of datatype {dtype}, "
+                         "without strings or booleans")
+    if dtype.startswith("INT") and data.dtype.kind != "i":
+        raise InputError(f"{where}: data of datatype {dtype} must hold integers (no fractions or exponents)")
+    if data.size != math.prod(shape):
+        raise InputError(f"{where}: data holds {data.size} values, shape {shape} needs {math.prod(shape)}")
+    return data.astype(np.float64 if dtype.startswith("FP") else np.int64, copy=False).reshape(shape)
 
 
 def parse_infer(service: Service, key: KeyConfig, explain: bool, body: bytes,
@@ -178,7 +185,7 @@ def parse_infer(service: Service, key: KeyConfig, explain: bool, body: bytes,
             payloads.check_batch(tuple(shape), service.input_shape, service.config.max_batch)
         elif not dtype.startswith("INT") or len(shape) != 1:
             raise InputError(f"{where}: must be INT64 or INT32 of shape [N] (one class per image)")
-        tensors[name] = _array(data, shape, dtype, where)
+        tensors[name] = _array(data, shape, dtype, where, binary=used > 0 or "data" not in spec)
     if offset != len(binary):
         raise InputError(f"the body holds {len(binary)} bytes of binary tensor data but the inputs declare {offset}")
     if INPUT not in tensors:
