@@ -315,3 +315,64 @@ def test_malformed_json_is_one_input_error(text):
 
     with pytest.raises(InputError):
         jsonscan.loads(text)
+
+
+# -- point 6: a keys file that could only fail is refused at start-up, in one line ----------------------------
+
+
+@pytest.mark.parametrize("text", [
+    'x = ' + "[" * 3000 + "]" * 3000 + '\n',
+    'x = ' + "{a = " * 3000 + "1" + "}" * 3000 + '\n',
+    'x = ' + "[" * 20 + "]" * 20 + '\n',
+])
+def test_a_deeply_nested_keys_file_is_one_line_at_start_up(victim, tmp_path, capsys, text):
+    from stealkit.cli import main
+
+    (tmp_path / "keys.toml").write_text(text)
+    code = main(["serve", "--model", str(victim), "--keys", str(tmp_path / "keys.toml"),
+                 "--db", str(tmp_path / "db.sqlite")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "Traceback" not in err and len(err.splitlines()) == 1, err[:300]
+    assert "deep" in err
+
+
+@pytest.mark.parametrize("spec", ["noise:sigma=inf", "noise:sigma=1e308", "noise:sigma=nan", "round:decimals=100000",
+                                  "round:decimals=-1", "reverse_sigmoid:beta=inf", "reverse_sigmoid:gamma=1e308",
+                                  "topk:k=10000000000", "noise:sigma=0.1,seed=-1"])
+def test_defence_parameters_must_be_finite_and_sane(spec):
+    from stealkit.errors import InputError
+    from stealkit.serve.keys import parse_keys
+
+    with pytest.raises(InputError, match=r"key #1 \('alice'\): defences: .* must be") as exc:
+        parse_keys({"key": [{"key": HONEST, "name": "alice", "defences": [spec]}]})
+    assert "\n" not in str(exc.value)
+
+
+# -- point 8: v2 tensor data are numbers of the declared datatype, sent one way --------------------------------
+
+
+@pytest.mark.parametrize("spec", [
+    {"data": ["0.5"] * 64}, {"data": [True] * 64}, {"data": [[0.5] * 8] * 7 + [["0.5"] * 8]},
+    {"data": [0.5] * 63 + [None]},
+])
+def test_v2_data_must_be_numbers(client, spec):
+    before = used(client)
+    r = client.post("/v2/models/model/infer", json=_v2_doc(**spec), headers=THIRD)
+    assert r.status_code == 400 and "\n" not in r.json()["error"], r.text
+    assert used(client) == before
+
+
+def test_v2_integer_tensors_hold_integers(client):
+    doc = _v2_doc()
+    doc["inputs"].append({"name": "target", "shape": [1], "datatype": "INT64", "data": [1.5]})
+    r = client.post("/v2/models/model-explain/infer", json=doc, headers=THIRD)
+    assert r.status_code == 400 and "integers" in r.json()["error"]
+
+
+def test_v2_tensor_sent_both_as_data_and_binary_is_refused(client):
+    raw = np.full((1, 1, 8, 8), 0.5, np.float32).tobytes()
+    head = json.dumps(_v2_doc(parameters={"binary_data_size": len(raw)})).encode()
+    r = client.post("/v2/models/model/infer", content=head + raw,
+                    headers=THIRD | {"Inference-Header-Content-Length": str(len(head)),
+                                     "Content-Type": "application/octet-stream"})
+    assert r.status_code == 400 and "both" in r.json()["error"]
