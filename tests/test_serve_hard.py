@@ -376,3 +376,29 @@ def test_v2_tensor_sent_both_as_data_and_binary_is_refused(client):
                     headers=THIRD | {"Inference-Header-Content-Length": str(len(head)),
                                      "Content-Type": "application/octet-stream"})
     assert r.status_code == 400 and "both" in r.json()["error"]
+
+
+# -- point 9: the failed-key throttle --------------------------------------------------------------------------
+
+
+def test_a_guesser_on_a_shared_address_does_not_lock_out_its_tenants(client, monkeypatch):
+    from stealkit.serve import limits
+
+    monkeypatch.setattr(limits, "_now", lambda: 1000.0)  # no refill between requests
+    assert client.get("/v1/info", headers={"Authorization": f"Bearer {HONEST}"}).status_code == 200
+    codes = [client.get("/v1/info", headers={"Authorization": f"Bearer guess-{i}"}).status_code for i in range(30)]
+    assert codes[:20] == [401] * 20 and set(codes[20:]) == {429}
+    assert client.post("/v1/predict", json=X, headers={"Authorization": f"Bearer {HONEST}"}).status_code == 200
+    # a right key never seen from this address gets the guesser's answer: no oracle for guesses
+    assert client.get("/v1/info", headers={"Authorization": f"Bearer {HOSTILE}"}).status_code == 429
+
+
+def test_forwarded_for_is_not_believed_from_an_untrusted_peer(server):
+    """From loopback, which uvicorn trusts by default (runs last: it throttles 127.0.0.1 for guesses)."""
+    url, _ = server
+    codes = []
+    with httpx.Client(base_url=url, timeout=GUARD_S, transport=httpx.HTTPTransport(local_address="127.0.0.1")) as c:
+        for i in range(25):
+            codes.append(c.get("/v1/info", headers={"Authorization": f"Bearer guess-{i}",
+                                                    "X-Forwarded-For": f"10.0.{i}.1"}).status_code)
+    assert codes[:20] == [401] * 20 and set(codes[20:]) == {429}

@@ -131,20 +131,23 @@ class Service:
 
     # -- per-key helpers ---------------------------------------------------------------------------------
     def authenticate(self, header: str | None, client: str) -> KeyConfig:
+        """The request's key, or 401; from an address throttled for failed keys, 429 unless the key already
+        authenticated from there (:class:`~stealkit.serve.limits.AuthThrottle`)."""
+        scheme, _, token = (header or "").strip().partition(" ")
+        key = self.config.lookup(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
         wait = self.auth_throttle.blocked_for(client)
-        if wait > 0:
+        if wait > 0 and not (key is not None and self.auth_throttle.known(client, key.key_id)):
             retry = str(max(1, math.ceil(wait)))
             raise ApiError(429, "auth_throttled", f"too many failed API keys from this address; retry after {retry} s",
                            {"Retry-After": retry})
         if not header:
             raise ApiError(401, "unauthorized", "missing API key: send the header 'Authorization: Bearer <key>'",
                            {"WWW-Authenticate": "Bearer"})
-        scheme, _, token = header.strip().partition(" ")
-        key = self.config.lookup(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
         if key is None:
             self.auth_throttle.failed(client)
             raise ApiError(401, "unauthorized", "unknown API key; check the 'Authorization: Bearer <key>' header",
                            {"WWW-Authenticate": "Bearer"})
+        self.auth_throttle.remember(client, key.key_id)
         return key
 
     def check_budget(self, key: KeyConfig) -> None:
