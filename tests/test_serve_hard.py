@@ -402,3 +402,71 @@ def test_forwarded_for_is_not_believed_from_an_untrusted_peer(server):
             codes.append(c.get("/v1/info", headers={"Authorization": f"Bearer guess-{i}",
                                                     "X-Forwarded-For": f"10.0.{i}.1"}).status_code)
     assert codes[:20] == [401] * 20 and set(codes[20:]) == {429}
+
+
+# -- point 10: a charge is settled once the answer is handed to the connection ----------------------------------
+
+
+def _asgi_query(app, *, disconnect_early: bool, fail_send: bool = False, seen: list | None = None) -> list[dict]:
+    """Drive the ASGI app directly: a /v1/predict whose client is gone before the answer (``disconnect_early``)
+    or whose connection fails while the body is sent (``fail_send``)."""
+    import asyncio
+
+    body = json.dumps(X).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/predict", "raw_path": b"/v1/predict",
+             "query_string": b"", "root_path": "", "client": ("127.0.0.9", 5000), "server": ("testserver", 80),
+             "headers": [(b"authorization", f"Bearer {HONEST}".encode()), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())], "state": {}}
+    sent: list[dict] = []
+
+    async def run() -> None:
+        done = asyncio.Event()
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict:
+            if messages:
+                return messages.pop(0)
+            if not disconnect_early:
+                await done.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.body":
+                if seen is not None:
+                    seen.append(app.state.service.store.log_rows("honest")[-1]["status"])
+                if fail_send:
+                    raise OSError("connection reset")
+            sent.append(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                done.set()
+
+        with contextlib.suppress(OSError):
+            await app(scope, receive, send)
+
+    asyncio.run(run())
+    return sent
+
+
+def test_an_answer_whose_client_left_is_refunded(client):
+    sent = _asgi_query(client.app, disconnect_early=True)
+    assert not any(m["type"] == "http.response.body" for m in sent)
+    row = client.app.state.service.store.log_rows("honest")[-1]
+    assert row["status"] == "refunded" and "disconnected" in row["note"]
+    assert used(client, "honest") == {"predict": 0, "explain": 0}
+
+
+def test_an_answer_whose_send_fails_is_refunded(client):
+    _asgi_query(client.app, disconnect_early=False, fail_send=True)
+    row = client.app.state.service.store.log_rows("honest")[-1]
+    assert row["status"] == "refunded" and "OSError" in row["note"]
+    assert used(client, "honest") == {"predict": 0, "explain": 0}
+
+
+def test_the_charge_is_settled_after_the_answer_is_sent(client):
+    seen: list[str] = []
+    sent = _asgi_query(client.app, disconnect_early=False, seen=seen)
+    assert sent[0]["status"] == 200 and seen == ["reserved"]  # not yet settled while the body is handed over
+    assert client.app.state.service.store.log_rows("honest")[-1]["status"] == "answered"
+    assert used(client, "honest") == {"predict": 1, "explain": 0}
+    assert all(a["consistent"] for a in client.app.state.service.store.audit().values())

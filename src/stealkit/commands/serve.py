@@ -86,10 +86,10 @@ def serve_cmd(model_dir: str, keys_path: str, db: str, host: str, port: int, wor
     check_explain_keys(spec, config, model_dir)
     store = Store(db)
     store.sync_keys(config.keys.values())
-    refunded = store.recover()  # requests in flight when a previous server died were never delivered
+    refunded = store.recover()  # requests in flight when a previous server died were never settled
     store.close()
     if refunded:
-        click.echo(f"refunded {refunded} request(s) left in flight by the previous run (never delivered)", err=True)
+        click.echo(f"refunded {refunded} request(s) left in flight by the previous run (never settled)", err=True)
     path, options = split_victim(model_dir)
     os.environ[ENV] = json.dumps({"model": join_victim(os.path.abspath(path), options), "keys": os.path.abspath(keys_path),
                                   "db": os.path.abspath(db), "workers": workers, "threads": threads,

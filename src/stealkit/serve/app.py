@@ -45,7 +45,7 @@ from stealkit.serve import payloads
 from stealkit.serve.conn import ENV, fold_repeated_logs, return_freed_memory
 from stealkit.serve.keys import KeyConfig, ServerConfig, load_keys
 from stealkit.serve.limits import FairScheduler, KeyQuota
-from stealkit.serve.service import ApiError, Service
+from stealkit.serve.service import ApiError, Service, SettleOnSend
 from stealkit.serve.store import Store
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,34 @@ async def read_body(request: Request, limit: int, timeout: float | None = None) 
     if declared is not None and total != declared:
         raise ApiError(400, "bad_input", f"the body ended after {total} of {declared} bytes")
     return buf
+
+
+class disconnect_watch:  # noqa: N801 - used like a function
+    """Started after the body is read: whether the client has disconnected since. A pending ``receive()``
+    returns ``http.disconnect`` when the connection drops (and once the answer is complete, so it is asked only
+    before the answer is sent). :meth:`stop` remembers the answer so far and stops listening."""
+
+    def __init__(self, request: Request) -> None:
+        import asyncio
+
+        self._task = asyncio.ensure_future(request.receive())
+        self._gone: bool | None = None
+
+    def stop(self) -> None:
+        if self._gone is None:
+            task = self._task
+            self._gone = task.done() and not task.cancelled() and task.exception() is None \
+                and task.result().get("type") == "http.disconnect"
+            if not task.done():
+                task.cancel()
+
+    async def __call__(self) -> bool:
+        import asyncio
+
+        await asyncio.sleep(0)  # let a disconnect the loop has already seen wake the watcher first
+        if self._gone is None:
+            self.stop()
+        return bool(self._gone)
 
 
 def _respond(result: dict[str, Any], accept: str | None) -> Response:
@@ -256,8 +284,16 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
                 run = handler or (lambda k, b: service.query(
                     k, endpoint, b, ctype, dict(request.query_params), request.headers.get("accept"),
                     request.headers.get("idempotency-key")))
-                async with scheduler.slot(key.key_id):
-                    return await run_in_threadpool(run, key, body)
+                gone, response = disconnect_watch(request), None
+                try:
+                    async with scheduler.slot(key.key_id):
+                        response = await run_in_threadpool(run, key, body)
+                finally:
+                    if isinstance(response, SettleOnSend):
+                        response.client_gone = gone  # asked just before the answer is sent
+                    else:
+                        gone.stop()
+                return response
             finally:
                 inflight.release()
                 quota.release(key.key_id)

@@ -5,8 +5,10 @@ Order of checks for a query: client address throttled after failed keys (429), k
 fair compute slot (waits), blocked by PRADA (403), body and options (400/415), mode (400/403), image rate
 (429). Then the charge is **reserved** in the store (402 when the budget cannot cover
 it; a retried idempotency key is answered from the log instead, uncharged), the answer computed and encoded,
-the reservation **settled** (logged as answered) and the answer sent. An answer that cannot be produced or
-encoded (e.g. a non-finite number) is refunded, logged as refunded, and answered 500. Answers are computed
+the answer sent, and only once its bytes are handed to the connection the reservation is **settled** (logged
+as answered; :class:`SettleOnSend`). An answer that cannot be produced or encoded (e.g. a non-finite number),
+or whose client is gone before it is sent, is refunded and logged as refunded (answered 500 if it could not be
+produced). Answers are computed
 exactly as :class:`~stealkit.oracle.LocalOracle` computes them (same code, same chunking).
 """
 
@@ -17,7 +19,7 @@ import json
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -281,7 +283,9 @@ class Service:
             response = respond(out, res)
             kept = Replay(response.media_type or payloads.JSON, json.dumps(_replay_headers(response)), response.body) \
                 if request_id is not None else None
-            self.store.settle(res, digest_tensor(out), answer=kept)
+            digest = digest_tensor(out)
+            response = SettleOnSend(response, settle=lambda: self.store.settle(res, digest, answer=kept),
+                                    refund=lambda reason: self.store.refund(res, reason))
         except BaseException as exc:
             self.store.refund(res, f"not delivered: {type(exc).__name__}: {str(exc)[:200]}")
             log.error("refunded %d %s queries of key %s: the answer could not be produced (%r)", q.cost, q.endpoint,
@@ -320,6 +324,34 @@ class Service:
             "max_body_bytes": self.body_limit(payloads.NPY),
             "rate_limits": {"requests_per_s": key.rate, "images_per_s": key.image_rate},
         }
+
+
+class SettleOnSend(Response):
+    """An answer whose reservation is settled only once its bytes are handed to the connection, and refunded if
+    the client is gone before that or the send fails: a charge is an answer the client was sent.
+
+    The app sets :attr:`client_gone` (a callable) before the response is sent; without one, the answer is
+    assumed deliverable. A server killed between the send and the settle leaves the row reserved, which
+    :meth:`~stealkit.serve.store.Store.recover` refunds at the next start (the client may have had it free)."""
+
+    def __init__(self, inner: Response, *, settle: Callable[[], None], refund: Callable[[str], None]) -> None:
+        super().__init__(inner.body, status_code=inner.status_code, media_type=inner.media_type)
+        self.raw_headers = inner.raw_headers
+        self.settle, self.refund = settle, refund
+        self.client_gone: Callable[[], Awaitable[bool]] | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        from starlette.concurrency import run_in_threadpool
+
+        if self.client_gone is not None and await self.client_gone():
+            await run_in_threadpool(self.refund, "not delivered: the client disconnected before the answer was sent")
+            return
+        try:
+            await super().__call__(scope, receive, send)
+        except BaseException as exc:
+            await run_in_threadpool(self.refund, f"not delivered: {type(exc).__name__}: {str(exc)[:200]}")
+            raise
+        await run_in_threadpool(self.settle)
 
 
 def check_request_id(request_id: str | None) -> None:

@@ -6,15 +6,16 @@ A query's life is a reservation that is settled once (:meth:`Store.reserve`, the
 1. **reserve** before any model work: ``BEGIN IMMEDIATE`` (the database's write lock), the key's counters are
    read into a :class:`~stealkit.oracle.QueryLedger`, which charges ``n`` or refuses (the one budget rule),
    the new counters are written and a ``reserved`` log row appended, ``COMMIT``;
-2. **settle** after the answer is computed *and encoded*, just before it is sent: the row becomes ``answered``
-   with its output digest (and, with an idempotency key, the encoded answer is kept for replays);
+2. **settle** after the answer is computed, encoded *and handed to the client's connection*: the row becomes
+   ``answered`` with its output digest (and, with an idempotency key, the encoded answer is kept for replays);
 3. **refund** if the answer cannot be produced or delivered: the counters go back and the row becomes
    ``refunded`` with the reason.
 
 Invariant (checked by :meth:`Store.audit`): for every key and kind, the counter equals the sum of ``n`` over
 that key's rows that are not ``refunded``. The log is append-only except for that one settling update (a
 trigger enforces it). A crash leaves ``reserved`` rows for requests that were in flight: none of them was
-delivered (the log is written before the answer), so :meth:`Store.recover` refunds them at the next start.
+settled, so :meth:`Store.recover` refunds them at the next start (an answer sent in the instant before the
+crash is then free to the client: the error falls on the server's side, never the client's).
 
 WAL with ``synchronous=NORMAL`` keeps every committed transaction across a killed process (SIGKILL); only an
 operating-system crash or power loss can lose the last commits. The file is created readable by its owner only.
@@ -278,7 +279,7 @@ class Store:
                                                               bool(row[4])))
 
     def settle(self, reservation: Reservation, output_digest: str, *, answer: Replay | None = None) -> None:
-        """Mark a reservation answered (called after the answer is encoded, before it is sent); with ``answer``
+        """Mark a reservation answered (called once the answer is handed to the connection); with ``answer``
         the encoded answer is kept for replays of the same idempotency key."""
         with self._write() as conn:
             cur = conn.execute("UPDATE query_log SET status='answered', output_digest=? WHERE id=? AND "
@@ -306,11 +307,11 @@ class Store:
     def recover(self) -> int:
         """Refund every reservation left by a crash (call before any worker starts); returns how many.
 
-        Such a request was never delivered: its answer would have been logged before it was sent."""
+        Such a request was never settled: it was not delivered, or delivered in the instant before the crash."""
         with self._write() as conn:
             ids = [r[0] for r in conn.execute("SELECT id FROM query_log WHERE status='reserved'")]
             for row_id in ids:
-                self._refund(conn, row_id, "in flight when the server stopped; never delivered")
+                self._refund(conn, row_id, "in flight when the server stopped; never settled")
         return len(ids)
 
     def charge(self, key_id: str, kind: str, n: int, *, mode: str, input_digest: str, output_digest: str) -> Usage:
