@@ -18,6 +18,7 @@ same bytes) and not charged again. The query path itself is :mod:`stealkit.serve
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -42,7 +43,7 @@ from stealkit.oracle import OutputMode
 from stealkit.oracle.base import MAX_SMOOTHGRAD_SAMPLES, MAX_SMOOTHGRAD_SIGMA
 from stealkit.serve import metrics as prom
 from stealkit.serve import payloads
-from stealkit.serve.conn import ENV, fold_repeated_logs, return_freed_memory
+from stealkit.serve.conn import ENV, fold_repeated_logs, return_freed_memory, trim_memory
 from stealkit.serve.keys import KeyConfig, ServerConfig, load_keys
 from stealkit.serve.limits import FairScheduler, KeyQuota
 from stealkit.serve.service import ApiError, Service, SettleOnSend
@@ -54,6 +55,8 @@ ENDPOINTS = ("/v1/predict", "/v1/explain", "/v1/info", "/v1/charges", "/healthz"
 MAX_CHARGES_PAGE = 1000
 #: seconds a request body may take to arrive (``stealkit serve --body-timeout``)
 BODY_TIMEOUT_S = 30.0
+#: after a body this large, the worker hands its freed memory back to the system (at most once a second)
+TRIM_AFTER_BYTES = 1 << 20
 
 
 class CountResponses:
@@ -84,7 +87,8 @@ class CountResponses:
 async def read_body(request: Request, limit: int, timeout: float | None = None) -> bytearray:
     """The request body, refused (413) past ``limit`` bytes and (408, connection closed) if it has not all
     arrived ``timeout`` seconds after this call: a client that trickles its body holds only its own request.
-    A declared ``Content-Length`` is received into one buffer of that size (no list of chunks to join)."""
+    The body grows in one buffer as bytes arrive (no list of chunks to join, and nothing is allocated for bytes
+    a client only declared)."""
     length = request.headers.get("content-length")
     declared: int | None = None
     if length is not None:
@@ -94,7 +98,7 @@ async def read_body(request: Request, limit: int, timeout: float | None = None) 
         if declared > limit:
             raise ApiError(413, "too_large", f"request body of {declared} bytes exceeds the limit of {limit}; "
                            "send smaller batches")
-    buf = bytearray(declared) if declared is not None else bytearray()
+    buf = bytearray()
     total = 0
     try:
         with anyio.fail_after(timeout):
@@ -103,10 +107,7 @@ async def read_body(request: Request, limit: int, timeout: float | None = None) 
                 if end > (declared if declared is not None else limit):
                     raise ApiError(413, "too_large", f"request body exceeds the limit of {limit} bytes; "
                                    "send smaller batches")
-                if declared is not None:
-                    buf[total:end] = chunk
-                else:
-                    buf += chunk
+                buf += chunk
                 total = end
     except TimeoutError:
         raise ApiError(408, "body_timeout", f"the request body did not arrive within {timeout:g} s; send it "
@@ -297,6 +298,10 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
             finally:
                 inflight.release()
                 quota.release(key.key_id)
+                declared = request.headers.get("content-length", "")
+                if declared.isascii() and declared.isdigit() and len(declared) >= 7 \
+                        and int(declared) >= TRIM_AFTER_BYTES:
+                    asyncio.get_running_loop().call_later(1.0, trim_memory)
         except ClientDisconnect:
             return Response(status_code=400)  # nobody reads it; nothing was charged
         except payloads.UnsupportedMedia as exc:

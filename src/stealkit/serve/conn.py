@@ -100,6 +100,7 @@ def effective_limits(requested: ConnLimits) -> ConnLimits:
 class _State:
     limits: ConnLimits | None = None
     per_host: dict[str, int] = field(default_factory=dict)
+    admitted: int = 0
     refused: int = 0
     timed_out: int = 0
 
@@ -122,40 +123,51 @@ def current() -> ConnLimits:
 
 def stats() -> dict[str, Any]:
     """Counters of this process: connections refused at accept, closed for slow headers, open per address."""
-    return {"refused": _STATE.refused, "header_timeouts": _STATE.timed_out, "open": sum(_STATE.per_host.values())}
+    return {"refused": _STATE.refused, "header_timeouts": _STATE.timed_out, "open": _STATE.admitted}
 
 
 class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a header deadline and connection caps (see the module docstring)."""
+    """uvicorn's h11 protocol with a header deadline and connection caps (see the module docstring). A refused
+    connection never builds uvicorn's per-connection state (its h11 parser and flow control)."""
 
     _guard_host: str = ""
     _guard_counted: bool = False
     _header_timer: Any = None
 
+    def __init__(self, config: Any, server_state: Any, app_state: Any, _loop: Any = None) -> None:  # noqa: ANN401
+        self._deferred = (config, server_state, app_state, _loop)  # H11Protocol.__init__ runs once admitted
+
     def connection_made(self, transport: Any) -> None:  # noqa: ANN401
-        super().connection_made(transport)
         limits = current()
-        host = self.client[0] if self.client else ""
+        peer = transport.get_extra_info("peername")
+        host = str(peer[0]) if isinstance(peer, tuple | list) and peer else ""
         held = _STATE.per_host.get(host, 0)
-        if len(self.connections) > limits.max_connections or (held >= limits.per_address
-                                                                 and not limits.exempt(host)):
+        if _STATE.admitted >= limits.max_connections or (held >= limits.per_address and not limits.exempt(host)):
             _STATE.refused += 1
             transport.abort()  # frees the descriptor now; connection_lost follows
             return
+        super().__init__(*self._deferred)
+        super().connection_made(transport)
         self._guard_host, self._guard_counted = host, True
         _STATE.per_host[host] = held + 1
+        _STATE.admitted += 1
         self._arm_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self._guard_counted:
+            return  # refused: nothing was built
         self._cancel_header_timer()
-        if self._guard_counted:
-            self._guard_counted = False
-            left = _STATE.per_host.get(self._guard_host, 1) - 1
-            if left > 0:
-                _STATE.per_host[self._guard_host] = left
-            else:
-                _STATE.per_host.pop(self._guard_host, None)
+        self._guard_counted = False
+        _STATE.admitted -= 1
+        left = _STATE.per_host.get(self._guard_host, 1) - 1
+        if left > 0:
+            _STATE.per_host[self._guard_host] = left
+        else:
+            _STATE.per_host.pop(self._guard_host, None)
         super().connection_lost(exc)
+
+    def eof_received(self) -> None:
+        pass
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -218,6 +230,26 @@ def return_freed_memory(threshold: int = 256 * 1024) -> bool:
         libc = ctypes.CDLL(None)
         m_mmap_threshold = -3
         return bool(libc.mallopt(m_mmap_threshold, threshold))
+    except (OSError, AttributeError):  # not glibc
+        return False
+
+
+_last_trim = [0.0]
+
+
+def trim_memory(min_interval: float = 1.0) -> bool:
+    """Hand the allocator's free pages back to the operating system (glibc ``malloc_trim``), at most once per
+    ``min_interval`` seconds: request bodies are received in many blocks below the mapping threshold, spread
+    over the thread pool's arenas, which glibc otherwise keeps. Returns whether it ran."""
+    now = time.monotonic()
+    if now - _last_trim[0] < min_interval:
+        return False
+    _last_trim[0] = now
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+        return True
     except (OSError, AttributeError):  # not glibc
         return False
 
