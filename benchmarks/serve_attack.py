@@ -41,6 +41,8 @@ JSON flood     after       19.6 / 37.4 / 56.5 (0 of 276)         26.7 s, 420 / 3
 
 With ``--half-open 10000 --server-nofile 20000 --reopen 15`` (after): honest 5.6 / 10.0 / 221 ms (0 of 512
 failed), server CPU 4.5 s against 1.65 s for the baseline phase, 0 log bytes, 20,000 connections opened.
+With ``--workers 2 --phases baseline,json_flood``: the quiet tenant's p50 / p95 / p99 under the flood was
+14.9 / 51.2 / 217 ms before and 13.2 / 31.6 / 39.9 ms after.
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ NOISY = "noisy-Mn7bV5cX3zL1kJ9hG8fD4"
 JUNK_BYTES = 6_200_000
 
 
-def start(model: Path, tmp: Path, server_src: Path, port: int, nofile: int, log: Path) -> subprocess.Popen[bytes]:
+def start(model: Path, tmp: Path, server_src: Path, port: int, nofile: int, log: Path,
+          workers: int = 1) -> subprocess.Popen[bytes]:
     keys = tmp / "keys.toml"
     keys.write_text("".join(f'[[key]]\nkey = "{k}"\nname = "{n}"\nmode = "probs"\n\n' for k, n in (
         (HONEST, "honest"), (HOSTILE[0], "hostile1"), (HOSTILE[1], "hostile2"), (NOISY, "noisy"))))
@@ -80,7 +83,8 @@ def start(model: Path, tmp: Path, server_src: Path, port: int, nofile: int, log:
         resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
     return subprocess.Popen([sys.executable, "-m", "stealkit.cli", "-q", "serve", "--model", str(model), "--keys",
-                             str(keys), "--db", str(tmp / "db.sqlite"), "--port", str(port), "--threads", "1"],
+                             str(keys), "--db", str(tmp / "db.sqlite"), "--port", str(port), "--threads", "1",
+                             "--workers", str(workers)],
                             cwd=tmp, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT,
                             start_new_session=True, preexec_fn=limit)  # noqa: PLW1509 - sets the fd limit only
 
@@ -289,6 +293,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
     ap.add_argument("--slow-seconds", type=float, default=40.0, help="length of the slow-bodies phase")
     ap.add_argument("--gap", type=float, default=0.05, help="seconds between the honest tenant's requests")
+    ap.add_argument("--workers", type=int, default=1, help="server worker processes")
     ap.add_argument("--server-nofile", type=int, default=1024, help="the server's open-file limit (soft = hard)")
     ap.add_argument("--phases", default="baseline,half_open,slow_bodies,junk,json_flood")
     ap.add_argument("--server-src", type=Path, default=ROOT / "src", help="the src/ directory the server runs from")
@@ -305,13 +310,14 @@ def main() -> None:
         model, log = tmp / "victim", tmp / "server.log"
         log.touch()
         train_victim("digits", "mlp2", TrainConfig(epochs=3, batch_size=64, seed=0), out=model)
-        proc = start(model, tmp, args.server_src.resolve(), args.port, args.server_nofile, log)
+        proc = start(model, tmp, args.server_src.resolve(), args.port, args.server_nofile, log, args.workers)
         url = f"http://127.0.0.1:{args.port}"
         try:
             deadline = time.monotonic() + 180
             while True:
                 with contextlib.suppress(httpx.HTTPError):
                     if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                        time.sleep(5.0 * (args.workers > 1))  # the other workers finish loading
                         break
                 if time.monotonic() > deadline or proc.poll() is not None:
                     raise SystemExit("the server did not start")
