@@ -108,22 +108,12 @@ class _State:
 _STATE = _State()
 
 
-def configure(limits: ConnLimits | None) -> None:
-    """Set this process's limits (``None``: read them from ``$STEALKIT_SERVE_CONFIG`` at the first connection)."""
-    _STATE.limits = None if limits is None else effective_limits(limits)
-
-
 def current() -> ConnLimits:
     if _STATE.limits is None:
         raw = json.loads(os.environ.get(ENV, "{}")).get("conn") or {}
         _STATE.limits = effective_limits(ConnLimits(**{k: tuple(v) if k == "trusted" else v
                                                        for k, v in raw.items()}))
     return _STATE.limits
-
-
-def stats() -> dict[str, Any]:
-    """Counters of this process: connections refused at accept, closed for slow headers, open per address."""
-    return {"refused": _STATE.refused, "header_timeouts": _STATE.timed_out, "open": _STATE.admitted}
 
 
 class GuardedH11Protocol(H11Protocol):
