@@ -208,5 +208,5 @@ def test_idempotency_key_reused_for_another_request_is_refused(client):
     headers = auth(KEY) | NPY | {"Idempotency-Key": "req-2"}
     assert client.post("/v1/predict", content=npy(images(2)), headers=headers).status_code == 200
     r = client.post("/v1/predict", content=npy(images(3)), headers=headers)
-    assert r.status_code == 400 and "different request" in r.json()["detail"]
+    assert r.status_code == 422 and "different request" in r.json()["detail"]
     assert used(client) == {"predict": 2, "explain": 0}

@@ -36,8 +36,22 @@ from stealkit.errors import InputError
                    "budgets and log.")
 @click.option("--model-name", default=None,
               help="The model's name under /v2/models/ (default: the model directory's or file's stem).")
+@click.option("--header-timeout", type=float, default=10.0, show_default=True,
+              help="Seconds a connection may take to send a request's headers (from opening, or from its previous "
+                   "answer) before it is closed.")
+@click.option("--body-timeout", type=float, default=30.0, show_default=True,
+              help="Seconds a request's body may take to arrive before it is answered 408 and its connection closed.")
+@click.option("--max-connections", type=int, default=4096, show_default=True,
+              help="Open connections per worker (kept below the open-file limit); more are closed at once.")
+@click.option("--max-connections-per-address", type=int, default=64, show_default=True,
+              help="Open connections per worker from one client address (trusted proxies exempt).")
+@click.option("--trusted-proxy", "trusted_proxies", multiple=True, metavar="ADDR",
+              help="An address or network (repeatable) whose X-Forwarded-For header names the client; no other "
+                   "peer's is believed (default: none).")
 def serve_cmd(model_dir: str, keys_path: str, db: str, host: str, port: int, workers: int, threads: int | None,
-              device: str, max_inflight: int, compute_slots: int, protocol: str, model_name: str | None) -> None:
+              device: str, max_inflight: int, compute_slots: int, protocol: str, model_name: str | None,
+              header_timeout: float, body_timeout: float, max_connections: int, max_connections_per_address: int,
+              trusted_proxies: tuple[str, ...]) -> None:
     """Serve MODEL over HTTP: POST /v1/predict, POST /v1/explain, GET /v1/info, /healthz, /metrics (and with
     --protocol v2 the Open Inference Protocol's /v2 routes).
 
@@ -59,6 +73,11 @@ def serve_cmd(model_dir: str, keys_path: str, db: str, host: str, port: int, wor
 
     if workers < 1 or not 0 < port < 65536 or max_inflight < 1 or compute_slots < 1:
         raise InputError("--workers, --max-inflight and --compute-slots must be >= 1 and --port in 1..65535")
+    if min(max_connections, max_connections_per_address) < 1 or not 0 < header_timeout <= 3600 \
+            or not 0 < body_timeout <= 3600:
+        raise InputError("--max-connections and --max-connections-per-address must be >= 1, and "
+                         "--header-timeout and --body-timeout in (0, 3600] seconds")
+    trusted = check_trusted(trusted_proxies)
     # fail fast, in this process, on a bad model, keys file or database (one clear line instead of N workers'
     # tracebacks), and create the schema once before the workers race to
     name = v2_model_name(model_dir, model_name)
@@ -67,15 +86,17 @@ def serve_cmd(model_dir: str, keys_path: str, db: str, host: str, port: int, wor
     check_explain_keys(spec, config, model_dir)
     store = Store(db)
     store.sync_keys(config.keys.values())
-    refunded = store.recover()  # requests in flight when a previous server died were never delivered
+    refunded = store.recover()  # requests in flight when a previous server died were never settled
     store.close()
     if refunded:
-        click.echo(f"refunded {refunded} request(s) left in flight by the previous run (never delivered)", err=True)
+        click.echo(f"refunded {refunded} request(s) left in flight by the previous run (never settled)", err=True)
     path, options = split_victim(model_dir)
     os.environ[ENV] = json.dumps({"model": join_victim(os.path.abspath(path), options), "keys": os.path.abspath(keys_path),
                                   "db": os.path.abspath(db), "workers": workers, "threads": threads,
                                   "device": device, "max_inflight": max_inflight, "compute_slots": compute_slots,
-                                  "protocol": protocol, "model_name": name,
+                                  "protocol": protocol, "model_name": name, "body_timeout": body_timeout,
+                                  "conn": {"header_timeout": header_timeout, "per_address": max_connections_per_address,
+                                           "max_connections": max_connections, "trusted": list(trusted)},
                                   "supervisor_pid": os.getpid() if workers > 1 else None})
     metrics_dir = None
     if workers > 1:  # prometheus_client's multiprocess mode: one aggregated series per metric
@@ -92,12 +113,29 @@ def serve_cmd(model_dir: str, keys_path: str, db: str, host: str, port: int, wor
     try:
         uvicorn.run("stealkit.serve.app:app_from_env", factory=True, host=host, port=port, workers=workers,
                     log_level="warning", access_log=False, timeout_graceful_shutdown=5,
+                    # connection guards (header deadline, connection caps): uvicorn has no such knobs
+                    http="stealkit.serve.conn:GuardedH11Protocol",
+                    timeout_keep_alive=5, h11_max_incomplete_event_size=16 * 1024,
+                    # X-Forwarded-For only from --trusted-proxy (uvicorn trusts loopback by default)
+                    proxy_headers=bool(trusted), forwarded_allow_ips=",".join(trusted) or None,
                     # a worker imports torch and loads the model before it answers the supervisor's health
                     # checks; uvicorn's 5 s default kills and restarts slow starters forever on a busy machine
                     timeout_worker_healthcheck=120)
     finally:
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def check_trusted(values: tuple[str, ...]) -> tuple[str, ...]:
+    """Validate ``--trusted-proxy`` values: IP addresses or networks (CIDR)."""
+    import ipaddress
+
+    for v in values:
+        try:
+            ipaddress.ip_network(v, strict=False)
+        except ValueError:
+            raise InputError(f"--trusted-proxy {v!r} is not an IP address or network (e.g. 10.0.0.0/8)") from None
+    return tuple(values)
 
 
 def register(cli: click.Group) -> None:

@@ -18,6 +18,7 @@ same bytes) and not charged again. The query path itself is :mod:`stealkit.serve
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -27,12 +28,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from stealkit import __version__
 from stealkit.errors import InputError
@@ -40,33 +43,106 @@ from stealkit.oracle import OutputMode
 from stealkit.oracle.base import MAX_SMOOTHGRAD_SAMPLES, MAX_SMOOTHGRAD_SIGMA
 from stealkit.serve import metrics as prom
 from stealkit.serve import payloads
+from stealkit.serve.conn import ENV, fold_repeated_logs, return_freed_memory, trim_memory
 from stealkit.serve.keys import KeyConfig, ServerConfig, load_keys
 from stealkit.serve.limits import FairScheduler, KeyQuota
-from stealkit.serve.service import ApiError, Service
+from stealkit.serve.service import ApiError, Service, SettleOnSend
 from stealkit.serve.store import Store
 
 log = logging.getLogger(__name__)
 
 ENDPOINTS = ("/v1/predict", "/v1/explain", "/v1/info", "/v1/charges", "/healthz", "/metrics")
-ENV = "STEALKIT_SERVE_CONFIG"
 MAX_CHARGES_PAGE = 1000
+#: seconds a request body may take to arrive (``stealkit serve --body-timeout``)
+BODY_TIMEOUT_S = 30.0
+#: after a body this large, the worker hands its freed memory back to the system (at most once a second)
+TRIM_AFTER_BYTES = 1 << 20
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+class CountResponses:
+    """Pure ASGI middleware: every HTTP response, whatever its status, is counted once (an unhandled error as a
+    500). Unlike ``@app.middleware("http")`` it passes ``send`` through untouched, so a route's ``send`` returns
+    once the bytes are handed to the server's transport (what settling after delivery relies on)."""
+
+    def __init__(self, app: Any, observe: Any, endpoint_of: Any) -> None:
+        self.app, self.observe, self.endpoint_of = app, observe, endpoint_of
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status = time.perf_counter(), [500]
+
+        async def counting_send(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            self.observe(self.endpoint_of(scope["path"]), status[0], time.perf_counter() - start)
+
+
+async def read_body(request: Request, limit: int, timeout: float | None = None) -> bytearray:
+    """The request body, refused (413) past ``limit`` bytes and (408, connection closed) if it has not all
+    arrived ``timeout`` seconds after this call: a client that trickles its body holds only its own request.
+    The body grows in one buffer as bytes arrive (no list of chunks to join, and nothing is allocated for bytes
+    a client only declared)."""
     length = request.headers.get("content-length")
+    declared: int | None = None
     if length is not None:
-        if not length.isdigit():
-            raise ApiError(400, "bad_input", f"invalid Content-Length {length!r}")
-        if int(length) > limit:
-            raise ApiError(413, "too_large", f"request body of {int(length)} bytes exceeds the limit of {limit}; "
+        if not length.isascii() or not length.isdigit() or len(length) > 18:
+            raise ApiError(400, "bad_input", f"invalid Content-Length {length[:40]!r}")
+        declared = int(length)
+        if declared > limit:
+            raise ApiError(413, "too_large", f"request body of {declared} bytes exceeds the limit of {limit}; "
                            "send smaller batches")
-    chunks, total = [], 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
-            raise ApiError(413, "too_large", f"request body exceeds the limit of {limit} bytes; send smaller batches")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    buf = bytearray()
+    total = 0
+    try:
+        with anyio.fail_after(timeout):
+            async for chunk in request.stream():
+                end = total + len(chunk)
+                if end > (declared if declared is not None else limit):
+                    raise ApiError(413, "too_large", f"request body exceeds the limit of {limit} bytes; "
+                                   "send smaller batches")
+                buf += chunk
+                total = end
+    except TimeoutError:
+        raise ApiError(408, "body_timeout", f"the request body did not arrive within {timeout:g} s; send it "
+                       "at once", {"Connection": "close"}) from None
+    if declared is not None and total != declared:
+        raise ApiError(400, "bad_input", f"the body ended after {total} of {declared} bytes")
+    return buf
+
+
+class disconnect_watch:  # noqa: N801 - used like a function
+    """Started after the body is read: whether the client has disconnected since. A pending ``receive()``
+    returns ``http.disconnect`` when the connection drops (and once the answer is complete, so it is asked only
+    before the answer is sent). :meth:`stop` remembers the answer so far and stops listening."""
+
+    def __init__(self, request: Request) -> None:
+        import asyncio
+
+        self._task = asyncio.ensure_future(request.receive())
+        self._gone: bool | None = None
+
+    def stop(self) -> None:
+        if self._gone is None:
+            task = self._task
+            self._gone = task.done() and not task.cancelled() and task.exception() is None \
+                and task.result().get("type") == "http.disconnect"
+            if not task.done():
+                task.cancel()
+
+    async def __call__(self) -> bool:
+        import asyncio
+
+        await asyncio.sleep(0)  # let a disconnect the loop has already seen wake the watcher first
+        if self._gone is None:
+            self.stop()
+        return bool(self._gone)
 
 
 def _respond(result: dict[str, Any], accept: str | None) -> Response:
@@ -134,15 +210,16 @@ def check_explain_keys(spec: Any, config: ServerConfig, model: str | Path) -> No
 
 def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str | Path, *, workers: int = 1,
                device: str = "cpu", max_inflight: int = 64, compute_slots: int = 4, protocol: str = "v1",
-               model_name: str | None = None) -> FastAPI:
+               model_name: str | None = None, body_timeout: float = BODY_TIMEOUT_S) -> FastAPI:
     """Build the API over a saved model directory, a keys file (or parsed config) and a SQLite file.
 
     ``protocol="v2"`` adds the Open Inference Protocol routes (:mod:`stealkit.serve.v2`) beside /v1, serving the
     model as ``model_name`` (default: the model directory's or file's stem).
 
     ``max_inflight`` bounds the requests a worker holds at once (body reads included; more are answered 503),
-    three quarters of it for one key (more are answered 429); ``compute_slots`` bounds the model computations it
-    runs at once, shared fairly between keys.
+    a quarter of it for one key (more are answered 429, before the body is read), so a few hostile keys cannot
+    fill it; ``body_timeout`` is the seconds a request's body may take to arrive (408 and the connection closed
+    after); ``compute_slots`` bounds the model computations it runs at once, shared fairly between keys.
     """
     from stealkit.models.locate import load_any_model
     from stealkit.serve import v2 as v2_routes
@@ -161,22 +238,13 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
                   description="A classifier behind a pay-per-query API, as in the model-extraction threat model.")
     app.state.service = service
     inflight = app.state.inflight = threading.BoundedSemaphore(max_inflight)
-    quota = app.state.quota = KeyQuota(max(1, max_inflight * 3 // 4))  # one key never holds the whole bound
+    quota = app.state.quota = KeyQuota(max(1, max_inflight // 4))  # a few keys never hold the whole bound
     scheduler = FairScheduler(compute_slots)
 
-    @app.middleware("http")
-    async def _count(request: Request, call_next: Any) -> Response:
-        """Every response, whatever its status, is counted once (an unhandled error as a 500)."""
-        start = time.perf_counter()
-        path = request.url.path
-        endpoint = path if path in ENDPOINTS else (protocol == "v2" and v2_routes.endpoint_label(path, name)) or "other"
-        try:
-            response = await call_next(request)
-        except Exception:
-            service.metrics.observe(endpoint, 500, time.perf_counter() - start)
-            raise
-        service.metrics.observe(endpoint, response.status_code, time.perf_counter() - start)
-        return response
+    def endpoint_of(path: str) -> str:
+        return path if path in ENDPOINTS else (protocol == "v2" and v2_routes.endpoint_label(path, name)) or "other"
+
+    app.add_middleware(CountResponses, observe=service.metrics.observe, endpoint_of=endpoint_of)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> Response:
@@ -204,6 +272,7 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
         try:
             key = service.authenticate(request.headers.get("authorization"), _client(request))
             service.rate_limit(key, "requests", 1)
+            service.check_budget(key)
             if not quota.try_acquire(key.key_id):
                 raise ApiError(429, "too_many_in_flight", f"this key already has {quota.per_key} requests in flight; "
                                "wait for some to finish", {"Retry-After": "1"})
@@ -212,15 +281,29 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
                 raise ApiError(503, "busy", "the server is busy; retry shortly", {"Retry-After": "1"})
             try:
                 ctype = request.headers.get("content-type")
-                body = await read_body(request, service.body_limit(ctype))
+                body = await read_body(request, service.body_limit(ctype), body_timeout)
                 run = handler or (lambda k, b: service.query(
                     k, endpoint, b, ctype, dict(request.query_params), request.headers.get("accept"),
                     request.headers.get("idempotency-key")))
-                async with scheduler.slot(key.key_id):
-                    return await run_in_threadpool(run, key, body)
+                gone, response = disconnect_watch(request), None
+                try:
+                    async with scheduler.slot(key.key_id):
+                        response = await run_in_threadpool(run, key, body)
+                finally:
+                    if isinstance(response, SettleOnSend):
+                        response.client_gone = gone  # asked just before the answer is sent
+                    else:
+                        gone.stop()
+                return response
             finally:
                 inflight.release()
                 quota.release(key.key_id)
+                declared = request.headers.get("content-length", "")
+                if declared.isascii() and declared.isdigit() and len(declared) >= 7 \
+                        and int(declared) >= TRIM_AFTER_BYTES:
+                    asyncio.get_running_loop().call_later(1.0, trim_memory)
+        except ClientDisconnect:
+            return Response(status_code=400)  # nobody reads it; nothing was charged
         except payloads.UnsupportedMedia as exc:
             error = ApiError(415, "unsupported_media_type", str(exc))
         except payloads.TooLarge as exc:
@@ -232,6 +315,9 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
             error = ApiError(503, "busy", "the query database is busy; retry shortly", {"Retry-After": "1"})
         except ApiError as exc:
             error = exc
+        except Exception as exc:  # a bug: one line to the client (not a reset connection), the traceback logged
+            log.error("unexpected error answering %s %s: %r", request.method, request.url.path, exc, exc_info=True)
+            error = ApiError(500, "internal_error", "the request could not be handled; it was not charged")
         if error.status < 500:
             service.metrics.refuse(key.key_id if key is not None else "-", error.code)
         return error.response(v2=v2)
@@ -309,12 +395,14 @@ def app_from_env() -> FastAPI:
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg["threads"]))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    fold_repeated_logs()
+    return_freed_memory()
     if cfg.get("supervisor_pid"):
         exit_with_parent(int(cfg["supervisor_pid"]))
     return create_app(cfg["model"], cfg["keys"], cfg["db"], workers=int(cfg.get("workers", 1)),
                       device=cfg.get("device", "cpu"), max_inflight=int(cfg.get("max_inflight", 64)),
                       compute_slots=int(cfg.get("compute_slots", 4)), protocol=cfg.get("protocol", "v1"),
-                      model_name=cfg.get("model_name"))
+                      model_name=cfg.get("model_name"), body_timeout=float(cfg.get("body_timeout", BODY_TIMEOUT_S)))
 
 
 __all__ = ["ApiError", "Service", "app_from_env", "create_app"]

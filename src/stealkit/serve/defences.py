@@ -23,6 +23,7 @@ Specs for configuration files: ``"round:decimals=2"``, ``"topk:k=3"``, ``"label"
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -98,18 +99,36 @@ class GaussianNoise:
         return torch.where(total > 0, out / total.clamp_min(1e-30), probs)
 
 
+#: the ranges a defence parameter may take: beyond them every answer is NaN, Inf or meaningless (a keys file
+#: with ``noise:sigma=inf`` or ``round:decimals=100000`` would make every query of that key fail)
+MAX_DECIMALS = 15  # float64 holds about 15-16 significant digits
+MAX_SIGMA = 10.0  # noise on probabilities in [0, 1]; sigma 10 already drowns them
+MAX_K = 1_000_000
+MAX_BETA_GAMMA = 1000.0
+
+
+def _number(value: Any, what: str, lo: float, hi: float, *, lo_open: bool = False) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and \
+        (lo < value if lo_open else lo <= value) and value <= hi
+    if not ok:
+        raise InputError(f"{what} must be a finite number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {value!r}")
+    return float(value)
+
+
+def _integer(value: Any, what: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise InputError(f"{what} must be an integer in [{lo}, {hi}], got {value!r}")
+    return value
+
+
 def rounding(decimals: int = 2) -> Rounding:
-    """Round probabilities to ``decimals`` places."""
-    if not isinstance(decimals, int) or decimals < 0:
-        raise InputError(f"rounding needs decimals >= 0 (an integer), got {decimals!r}")
-    return Rounding(decimals)
+    """Round probabilities to ``decimals`` places (0 to :data:`MAX_DECIMALS`)."""
+    return Rounding(_integer(decimals, "rounding decimals", 0, MAX_DECIMALS))
 
 
 def top_k(k: int = 1) -> TopK:
     """Reveal only the ``k`` largest probabilities."""
-    if not isinstance(k, int) or k < 1:
-        raise InputError(f"topk needs k >= 1 (an integer), got {k!r}")
-    return TopK(k)
+    return TopK(_integer(k, "topk k", 1, MAX_K))
 
 
 def label_only() -> LabelOnly:
@@ -118,15 +137,14 @@ def label_only() -> LabelOnly:
 
 
 def reverse_sigmoid(beta: float = 1.0, gamma: float = 0.1) -> ReverseSigmoid:
-    """Lee et al. 2019's reverse sigmoid perturbation."""
-    if not (beta >= 0 and gamma > 0):
-        raise InputError(f"reverse_sigmoid needs beta >= 0 and gamma > 0, got beta={beta}, gamma={gamma}")
-    return ReverseSigmoid(float(beta), float(gamma))
+    """Lee et al. 2019's reverse sigmoid perturbation (finite ``beta >= 0``, ``gamma > 0``)."""
+    return ReverseSigmoid(_number(beta, "reverse_sigmoid beta", 0.0, MAX_BETA_GAMMA),
+                          _number(gamma, "reverse_sigmoid gamma", 0.0, MAX_BETA_GAMMA, lo_open=True))
 
 
 def gaussian_noise(sigma: float = 0.05, seed: int = 0) -> GaussianNoise:
-    """Gaussian noise of standard deviation ``sigma`` on probabilities, renormalised."""
-    return GaussianNoise(float(sigma), int(seed))
+    """Gaussian noise of standard deviation ``sigma`` (0 to :data:`MAX_SIGMA`) on probabilities, renormalised."""
+    return GaussianNoise(_number(sigma, "noise sigma", 0.0, MAX_SIGMA), _integer(seed, "noise seed", 0, 2**63 - 1))
 
 
 DEFENCES: dict[str, Callable[..., Defence]] = {

@@ -64,6 +64,8 @@ MAX_RATE = 1e9
 TEMPERATURE_RANGE = (0.01, 100.0)  # softmax(logits / T) stays finite in float32 inside this range
 MAX_BATCH = 1_000_000
 MAX_BODY_MB = 4096.0
+#: tables and arrays a keys file may nest: the file, [[key]], the key's table, defences, a defence table
+MAX_NESTING = 6
 
 
 def legacy_hash(secret: str) -> str:
@@ -257,4 +259,18 @@ def load_keys(path: str | Path) -> ServerConfig:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"keys file {p} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise InputError(f"keys file {p} nests arrays or tables too deeply to read") from None
+    depth = _depth(data)
+    if depth > MAX_NESTING:
+        raise InputError(f"keys file {p} nests arrays or tables {depth} levels deep; at most {MAX_NESTING} are "
+                         "meaningful ([[key]] tables holding prada and defence tables)")
     return parse_keys(data, source=str(p))
+
+
+def _depth(value: Any, level: int = 0) -> int:
+    """How deeply ``value`` nests tables and arrays (stops counting past :data:`MAX_NESTING`)."""
+    if level > MAX_NESTING or not isinstance(value, dict | list):
+        return level
+    items = value.values() if isinstance(value, dict) else value
+    return max((_depth(v, level + 1) for v in items), default=level + 1)

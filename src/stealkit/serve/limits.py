@@ -55,13 +55,36 @@ class TokenBucket:
 class AuthThrottle:
     """Failed authentications per client address: a burst of ``burst`` failures, then ``rate`` per second.
 
-    While an address is over its allowance every request from it is refused before its key is even looked at,
-    so guessing cannot go faster than ``rate`` keys per second."""
+    While an address is over its allowance, a request from it is refused (429) unless it carries a key that
+    already authenticated from that address before (at most ``known_per_client`` remembered per address): a
+    guesser sharing an address (NAT, office) does not lock out the tenants already working there, and a guess,
+    right or wrong, gets the same 429, so guessing cannot go faster than ``rate`` keys per second."""
 
-    def __init__(self, rate: float = 1.0, burst: float = 20.0, max_clients: int = 10_000) -> None:
+    def __init__(self, rate: float = 1.0, burst: float = 20.0, max_clients: int = 10_000,
+                 known_per_client: int = 64) -> None:
         self.rate, self.burst, self.max_clients = rate, burst, max_clients
+        self.known_per_client = known_per_client
         self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+        self._known: OrderedDict[str, OrderedDict[str, None]] = OrderedDict()
         self._lock = threading.Lock()
+
+    def remember(self, client: str, key_id: str) -> None:
+        """``key_id`` authenticated from ``client``: it stays admitted there while the address is throttled."""
+        with self._lock:
+            known = self._known.get(client)
+            if known is None:
+                known = self._known[client] = OrderedDict()
+                while len(self._known) > self.max_clients:
+                    self._known.popitem(last=False)
+            self._known.move_to_end(client)
+            known[key_id] = None
+            known.move_to_end(key_id)
+            while len(known) > self.known_per_client:
+                known.popitem(last=False)
+
+    def known(self, client: str, key_id: str) -> bool:
+        with self._lock:
+            return key_id in self._known.get(client, ())
 
     def _bucket(self, client: str) -> TokenBucket:
         with self._lock:

@@ -13,9 +13,7 @@ headers (what :class:`~stealkit.oracle.http.HttpOracle` uses).
 from __future__ import annotations
 
 import io
-import json
 import math
-import re
 from typing import Any
 
 import numpy as np
@@ -23,6 +21,7 @@ import torch
 
 from stealkit.errors import InputError
 from stealkit.oracle import validate_images
+from stealkit.serve import jsonscan
 
 NPY = "application/x-npy"
 JSON = "application/json"
@@ -73,81 +72,34 @@ def decode_npy(body: bytes, input_shape: tuple[int, ...], *, max_batch: int) -> 
     return images(arr, input_shape)
 
 
-def decode_json(body: bytes, input_shape: tuple[int, ...], *, max_batch: int,
+def decode_json(body: bytes | bytearray, input_shape: tuple[int, ...], *, max_batch: int,
                 fields: frozenset[str] | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
     """Parse ``{"inputs": ..., options...}``; returns the images and the other fields. A field outside
-    ``fields`` (plus ``inputs``) is refused before any later value is parsed."""
+    ``fields`` (plus ``inputs``) is refused before any later value is parsed; the pixels are read without a
+    Python object per number (:mod:`stealkit.serve.jsonscan`)."""
     obj = parse_json_object(body, None if fields is None else fields | {"inputs"})
     if "inputs" not in obj:
         raise InputError('the JSON body needs "inputs": a nested list [B][C][H][W] of pixels in [0, 1]')
     inputs = obj.pop("inputs")
-    if not isinstance(inputs, list):
-        raise InputError(f'"inputs" must be a nested list [B][C][H][W], got {type(inputs).__name__}')
-    _check_json_shape(inputs, input_shape, max_batch)
-    try:
-        arr = np.array(inputs)
-    except (ValueError, TypeError, RecursionError, OverflowError) as exc:
-        raise InputError(f'"inputs" is not a regular array of numbers: {exc}') from None
-    if arr.dtype.kind in "iu":
-        arr = arr.astype(np.float64)
-    if arr.dtype.kind != "f":
-        raise InputError(f'"inputs" must hold only numbers (pixels in [0, 1]); found {arr.dtype} values')
-    return images(arr, input_shape), obj
+    shape_hint = f"[B][{']['.join(map(str, input_shape))}]"
+    if isinstance(inputs, list) and not inputs:
+        raise InputError("inputs is an empty batch; send at least one image")
+    if not isinstance(inputs, np.ndarray):
+        raise InputError(f'"inputs" must be a nested list {shape_hint} of numbers (pixels in [0, 1]), got '
+                         f"{type(inputs).__name__ if not isinstance(inputs, list) else 'a list of non-numbers'}")
+    check_batch(inputs.shape, input_shape, max_batch)
+    return images(inputs.astype(np.float64, copy=False), input_shape), obj
 
 
-_DECODER = json.JSONDecoder()
-_WS = re.compile(r"[ \t\n\r]*")
-
-
-def parse_json_object(body: bytes, fields: frozenset[str] | None = None) -> dict[str, Any]:
-    """Parse a JSON object field by field, refusing a name outside ``fields`` before its value is parsed (so a
-    body padded with a huge unknown array costs nothing). ``fields=None`` accepts any name."""
+def parse_json_object(body: bytes | bytearray, fields: frozenset[str] | None = None) -> dict[str, Any]:
+    """Parse a JSON object, refusing a name outside ``fields`` before its value is parsed (so a body padded
+    with a huge unknown array costs nothing). ``fields=None`` accepts any name. Arrays of numbers come back
+    as numpy arrays (:func:`stealkit.serve.jsonscan.loads`)."""
     if not body:
         return {}
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InputError("the body is not UTF-8 JSON") from None
-
-    def skip(pos: int) -> int:
-        return _WS.match(text, pos).end()  # type: ignore[union-attr]
-
-    def bad(what: str, pos: int) -> InputError:
-        return InputError(f"the body is not valid JSON: {what} at character {pos}")
-
-    pos = skip(0)
-    if not text.startswith("{", pos):
+    obj = jsonscan.loads(body, fields=fields)
+    if not isinstance(obj, dict):
         raise InputError("the JSON body must be an object like {\"inputs\": [...]}")
-    obj: dict[str, Any] = {}
-    pos = skip(pos + 1)
-    if text.startswith("}", pos):
-        pos += 1
-    else:
-        while True:
-            if not text.startswith('"', pos):
-                raise bad("expected a field name", pos)
-            try:
-                name, pos = _DECODER.raw_decode(text, pos)
-                if fields is not None and name not in fields:
-                    raise InputError(f"unknown field {name[:40]!r} in the JSON body; expected some of {sorted(fields)}")
-                pos = skip(pos)
-                if not text.startswith(":", pos):
-                    raise bad("expected ':'", pos)
-                obj[name], pos = _DECODER.raw_decode(text, skip(pos + 1))
-            except (ValueError, RecursionError) as exc:
-                if isinstance(exc, InputError):
-                    raise
-                raise InputError(f"the body is not valid JSON: {str(exc)[:200]}") from None
-            pos = skip(pos)
-            if text.startswith(",", pos):
-                pos = skip(pos + 1)
-                continue
-            if text.startswith("}", pos):
-                pos += 1
-                break
-            raise bad("expected ',' or '}'", pos)
-    if skip(pos) != len(text):
-        raise bad("extra data after the object", pos)
     return obj
 
 
@@ -158,23 +110,6 @@ def check_batch(shape: tuple[int, ...], input_shape: tuple[int, ...], max_batch:
         raise InputError("inputs is an empty batch; send at least one image")
     if shape[0] > max_batch:
         raise TooLarge(f"a request may hold at most {max_batch} images, got {shape[0]}; split the batch")
-
-
-def _check_json_shape(inputs: list[Any], input_shape: tuple[int, ...], max_batch: int) -> None:
-    """Check the nesting along the first element of each level before numpy sees the list."""
-    shape: list[int] = []
-    node: Any = inputs
-    for _ in range(len(input_shape) + 1):
-        if not isinstance(node, list):
-            break
-        shape.append(len(node))
-        if not node:
-            break
-        node = node[0]
-    if isinstance(node, list) or len(shape) != len(input_shape) + 1:
-        raise InputError(f'"inputs" must be nested [B][{"][".join(map(str, input_shape))}], got depth/shape '
-                         f"{shape}{'...' if isinstance(node, list) else ''}")
-    check_batch(tuple(shape), input_shape, max_batch)
 
 
 def images(arr: np.ndarray, input_shape: tuple[int, ...]) -> torch.Tensor:

@@ -5,21 +5,25 @@ Order of checks for a query: client address throttled after failed keys (429), k
 fair compute slot (waits), blocked by PRADA (403), body and options (400/415), mode (400/403), image rate
 (429). Then the charge is **reserved** in the store (402 when the budget cannot cover
 it; a retried idempotency key is answered from the log instead, uncharged), the answer computed and encoded,
-the reservation **settled** (logged as answered) and the answer sent. An answer that cannot be produced or
-encoded (e.g. a non-finite number) is refunded, logged as refunded, and answered 500. Answers are computed
+the answer sent, and only once its bytes are handed to the connection the reservation is **settled** (logged
+as answered; :class:`SettleOnSend`). An answer that cannot be produced or encoded (e.g. a non-finite number),
+or whose client is gone before it is sent, is refunded and logged as refunded (answered 500 if it could not be
+produced). Answers are computed
 exactly as :class:`~stealkit.oracle.LocalOracle` computes them (same code, same chunking).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from fastapi.responses import Response
 
@@ -38,7 +42,7 @@ from stealkit.serve.detection import Prada
 from stealkit.serve.keys import KeyConfig, ServerConfig
 from stealkit.serve.limits import AuthThrottle, TokenBucket
 from stealkit.serve.metrics import Metrics
-from stealkit.serve.store import InFlight, Replay, Reservation, Store
+from stealkit.serve.store import IdempotencyMismatch, InFlight, Replay, Reservation, Store
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +90,16 @@ class Query:
         """Queries charged: one per image, times the explanation's price per image."""
         return self.n * (explain_price(self.explain) if self.explain is not None else 1)
 
+    def fingerprint(self, answer_form: str) -> str:
+        """A digest of everything that shapes this request's answer (as Stripe's idempotency keys compare a
+        retry's parameters): endpoint, mode, explanation arguments, target, images, and ``answer_form`` (the
+        protocol, route and response encoding the caller will produce)."""
+        a = self.explain
+        doc = {"endpoint": self.endpoint, "mode": self.mode.value, "images": digest_tensor(self.x),
+               "explain": None if a is None else [a.method, a.output, a.n_samples, repr(float(a.sigma))],
+               "target": None if self.target is None else self.target.tolist(), "answer": answer_form}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
 
 @dataclass
 class Service:
@@ -119,21 +133,30 @@ class Service:
 
     # -- per-key helpers ---------------------------------------------------------------------------------
     def authenticate(self, header: str | None, client: str) -> KeyConfig:
+        """The request's key, or 401; from an address throttled for failed keys, 429 unless the key already
+        authenticated from there (:class:`~stealkit.serve.limits.AuthThrottle`)."""
+        scheme, _, token = (header or "").strip().partition(" ")
+        key = self.config.lookup(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
         wait = self.auth_throttle.blocked_for(client)
-        if wait > 0:
+        if wait > 0 and not (key is not None and self.auth_throttle.known(client, key.key_id)):
             retry = str(max(1, math.ceil(wait)))
             raise ApiError(429, "auth_throttled", f"too many failed API keys from this address; retry after {retry} s",
                            {"Retry-After": retry})
         if not header:
             raise ApiError(401, "unauthorized", "missing API key: send the header 'Authorization: Bearer <key>'",
                            {"WWW-Authenticate": "Bearer"})
-        scheme, _, token = header.strip().partition(" ")
-        key = self.config.lookup(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
         if key is None:
             self.auth_throttle.failed(client)
             raise ApiError(401, "unauthorized", "unknown API key; check the 'Authorization: Bearer <key>' header",
                            {"WWW-Authenticate": "Bearer"})
+        self.auth_throttle.remember(client, key.key_id)
         return key
+
+    def check_budget(self, key: KeyConfig) -> None:
+        """Refuse (402), before its body is read, a request of a key with no query left: an exhausted key
+        cannot hold the server's in-flight slots with bodies it never pays for."""
+        if key.budget is not None and self.store.usage(key.key_id).left == 0:
+            raise ApiError(402, "budget_exhausted", f"the budget of key {key.key_id!r} is used up", queries_left=0)
 
     def oracle(self, key: KeyConfig, mode: OutputMode) -> LocalExplanationOracle:
         with self._lock:
@@ -211,11 +234,15 @@ class Service:
         target = parse_target(opts.get("target"), int(x.shape[0]), self.num_classes)
         return Query("explain", x, key.mode, explain=args, target=target)
 
-    def reserve(self, key: KeyConfig, q: Query, request_id: str | None) -> Reservation | Replay:
+    def reserve(self, key: KeyConfig, q: Query, request_id: str | None,
+                answer_form: str = "") -> Reservation | Replay:
         mode = q.mode.value if q.explain is None else q.explain.method
         try:
             return self.store.reserve(key.key_id, q.endpoint, q.cost, mode=mode, input_digest=digest_tensor(q.x),
-                                      request_id=request_id)
+                                      request_id=request_id,
+                                      fingerprint=None if request_id is None else q.fingerprint(answer_form))
+        except IdempotencyMismatch as exc:
+            raise ApiError(422, "idempotency_key_reused", str(exc)) from None
         except BudgetExhausted as exc:
             raise ApiError(402, "budget_exhausted", str(exc), queries_left=exc.remaining) from None
         except InFlight:
@@ -238,14 +265,16 @@ class Service:
         """One /v1 query from parse to settled answer (see the module docstring)."""
         check_request_id(request_id)
         q = self.parse(key, endpoint, body, content_type, params)
-        return self.run(key, q, request_id, lambda out, res: encode(q, out, res, accept))
+        form = f"v1 {endpoint} {'npy' if accept and payloads.NPY in accept else 'json'}"
+        return self.run(key, q, request_id, lambda out, res: encode(q, out, res, accept), form)
 
     def run(self, key: KeyConfig, q: Query, request_id: str | None,
-            respond: Callable[[torch.Tensor, Reservation], Response]) -> Response:
+            respond: Callable[[torch.Tensor, Reservation], Response], answer_form: str = "") -> Response:
         """Limit, reserve, answer, encode (``respond``: the protocol's response for the outputs), settle; a
-        retried ``request_id`` is answered from the log, uncharged. Shared by the /v1 and /v2 endpoints."""
+        retried ``request_id`` is answered from the log, uncharged, if ``answer_form`` (the protocol, route
+        and encoding of the answer) and the query are the same. Shared by the /v1 and /v2 endpoints."""
         self.rate_limit(key, "images", q.cost)
-        res = self.reserve(key, q, request_id)
+        res = self.reserve(key, q, request_id, answer_form)
         if isinstance(res, Replay):
             return Response(res.body, media_type=res.media_type,
                             headers=json.loads(res.headers) | {"X-Stealkit-Replayed": "1"})
@@ -254,7 +283,9 @@ class Service:
             response = respond(out, res)
             kept = Replay(response.media_type or payloads.JSON, json.dumps(_replay_headers(response)), response.body) \
                 if request_id is not None else None
-            self.store.settle(res, digest_tensor(out), answer=kept)
+            digest = digest_tensor(out)
+            response = SettleOnSend(response, settle=lambda: self.store.settle(res, digest, answer=kept),
+                                    refund=lambda reason: self.store.refund(res, reason))
         except BaseException as exc:
             self.store.refund(res, f"not delivered: {type(exc).__name__}: {str(exc)[:200]}")
             log.error("refunded %d %s queries of key %s: the answer could not be produced (%r)", q.cost, q.endpoint,
@@ -293,6 +324,34 @@ class Service:
             "max_body_bytes": self.body_limit(payloads.NPY),
             "rate_limits": {"requests_per_s": key.rate, "images_per_s": key.image_rate},
         }
+
+
+class SettleOnSend(Response):
+    """An answer whose reservation is settled only once its bytes are handed to the connection, and refunded if
+    the client is gone before that or the send fails: a charge is an answer the client was sent.
+
+    The app sets :attr:`client_gone` (a callable) before the response is sent; without one, the answer is
+    assumed deliverable. A server killed between the send and the settle leaves the row reserved, which
+    :meth:`~stealkit.serve.store.Store.recover` refunds at the next start (the client may have had it free)."""
+
+    def __init__(self, inner: Response, *, settle: Callable[[], None], refund: Callable[[str], None]) -> None:
+        super().__init__(inner.body, status_code=inner.status_code, media_type=inner.media_type)
+        self.raw_headers = inner.raw_headers
+        self.settle, self.refund = settle, refund
+        self.client_gone: Callable[[], Awaitable[bool]] | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        from starlette.concurrency import run_in_threadpool
+
+        if self.client_gone is not None and await self.client_gone():
+            await run_in_threadpool(self.refund, "not delivered: the client disconnected before the answer was sent")
+            return
+        try:
+            await super().__call__(scope, receive, send)
+        except BaseException as exc:
+            await run_in_threadpool(self.refund, f"not delivered: {type(exc).__name__}: {str(exc)[:200]}")
+            raise
+        await run_in_threadpool(self.settle)
 
 
 def check_request_id(request_id: str | None) -> None:
@@ -337,6 +396,10 @@ def _replay_headers(response: Response) -> dict[str, str]:
 def parse_target(value: Any, n: int, num_classes: int) -> torch.Tensor | None:
     if value is None:
         return None
+    if isinstance(value, np.ndarray):  # a JSON array of numbers (stealkit.serve.jsonscan)
+        if value.ndim != 1 or value.dtype.kind not in "iu" or value.size not in (1, n):
+            raise InputError(f"target must be a class index or a list of one per image ({n}) of integers")
+        value = value.tolist()
     vals = value if isinstance(value, list) else [value]
     if not vals or any(isinstance(v, bool) or not isinstance(v, int) for v in vals):
         raise InputError("target must be a class index or a list of one per image")

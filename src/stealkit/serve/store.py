@@ -6,15 +6,16 @@ A query's life is a reservation that is settled once (:meth:`Store.reserve`, the
 1. **reserve** before any model work: ``BEGIN IMMEDIATE`` (the database's write lock), the key's counters are
    read into a :class:`~stealkit.oracle.QueryLedger`, which charges ``n`` or refuses (the one budget rule),
    the new counters are written and a ``reserved`` log row appended, ``COMMIT``;
-2. **settle** after the answer is computed *and encoded*, just before it is sent: the row becomes ``answered``
-   with its output digest (and, with an idempotency key, the encoded answer is kept for replays);
+2. **settle** after the answer is computed, encoded *and handed to the client's connection*: the row becomes
+   ``answered`` with its output digest (and, with an idempotency key, the encoded answer is kept for replays);
 3. **refund** if the answer cannot be produced or delivered: the counters go back and the row becomes
    ``refunded`` with the reason.
 
 Invariant (checked by :meth:`Store.audit`): for every key and kind, the counter equals the sum of ``n`` over
 that key's rows that are not ``refunded``. The log is append-only except for that one settling update (a
 trigger enforces it). A crash leaves ``reserved`` rows for requests that were in flight: none of them was
-delivered (the log is written before the answer), so :meth:`Store.recover` refunds them at the next start.
+settled, so :meth:`Store.recover` refunds them at the next start (an answer sent in the instant before the
+crash is then free to the client: the error falls on the server's side, never the client's).
 
 WAL with ``synchronous=NORMAL`` keeps every committed transaction across a killed process (SIGKILL); only an
 operating-system crash or power loss can lose the last commits. The file is created readable by its owner only.
@@ -58,7 +59,8 @@ CREATE TABLE IF NOT EXISTS query_log (
     output_digest TEXT NOT NULL,
     status TEXT NOT NULL DEFAULT 'answered',
     request_id TEXT,
-    note TEXT
+    note TEXT,
+    fingerprint TEXT
 );
 CREATE INDEX IF NOT EXISTS query_log_key ON query_log (key_id);
 CREATE TABLE IF NOT EXISTS answers (
@@ -83,7 +85,7 @@ TRIGGERS = (
     "BEGIN SELECT RAISE(ABORT, 'query_log is append-only'); END",
 )
 LOG_COLUMNS = ("id", "key_id", "time", "kind", "n", "mode", "input_digest", "output_digest", "status",
-               "request_id", "note")
+               "request_id", "note", "fingerprint")
 #: how long an answer kept for idempotent replays is stored
 ANSWER_RETENTION_S = 24 * 3600.0
 _USED = {"predict": "predict_used", "explain": "explain_used"}
@@ -143,6 +145,10 @@ class Replay:
 
 class InFlight(Exception):
     """A request with this idempotency key is being answered right now."""
+
+
+class IdempotencyMismatch(InputError):
+    """An idempotency key already used for a request that differs in something that shapes the answer."""
 
 
 class Store:
@@ -234,18 +240,22 @@ class Store:
 
     # -- charging --------------------------------------------------------------------------------------
     def reserve(self, key_id: str, kind: str, n: int, *, mode: str, input_digest: str,
-                request_id: str | None = None) -> Reservation | Replay:
+                request_id: str | None = None, fingerprint: str | None = None) -> Reservation | Replay:
         """Charge ``n`` before the work, or raise :class:`~stealkit.errors.BudgetExhausted` having changed
         nothing. With a ``request_id`` already answered, returns its :class:`Replay` and charges nothing; one
-        still being answered raises :class:`InFlight`."""
+        still being answered raises :class:`InFlight`; one first used for a request with another ``fingerprint``
+        (a digest of everything that shapes the answer), or another kind, cost or images, raises
+        :class:`IdempotencyMismatch`."""
         with self._write() as conn:
             if request_id is not None:
-                prior = conn.execute("SELECT status, kind, n, input_digest FROM query_log WHERE key_id=? AND "
-                                     "request_id=? AND status != 'refunded' ORDER BY id DESC LIMIT 1",
+                prior = conn.execute("SELECT status, kind, n, input_digest, fingerprint FROM query_log WHERE "
+                                     "key_id=? AND request_id=? AND status != 'refunded' ORDER BY id DESC LIMIT 1",
                                      (key_id, request_id)).fetchone()
-                if prior is not None and tuple(prior[1:]) != (kind, n, input_digest):
-                    raise InputError(f"Idempotency-Key {request_id[:40]!r} was already used for a different request; "
-                                     "use a new key for each distinct request")
+                if prior is not None and (tuple(prior[1:4]) != (kind, n, input_digest) or prior[4] != fingerprint):
+                    raise IdempotencyMismatch(
+                        f"Idempotency-Key {request_id[:40]!r} was first used for a different request (its route, "
+                        "protocol, mode, options, images or response format differ); a key is replayed only for "
+                        "the identical request: use a new key for each distinct request")
                 if prior is not None and prior[0] == "reserved":
                     raise InFlight(request_id)
                 if prior is not None:
@@ -263,13 +273,13 @@ class Store:
                          (counts["predict"], counts["explain"], key_id))
             cur = conn.execute(
                 "INSERT INTO query_log (key_id, time, kind, n, mode, input_digest, output_digest, status, "
-                "request_id) VALUES (?, ?, ?, ?, ?, ?, '', 'reserved', ?)",
-                (key_id, time.time(), kind, n, mode, input_digest, request_id))
+                "request_id, fingerprint) VALUES (?, ?, ?, ?, ?, ?, '', 'reserved', ?, ?)",
+                (key_id, time.time(), kind, n, mode, input_digest, request_id, fingerprint))
             return Reservation(int(cur.lastrowid or 0), Usage(counts["predict"], counts["explain"], row[2], row[3],
                                                               bool(row[4])))
 
     def settle(self, reservation: Reservation, output_digest: str, *, answer: Replay | None = None) -> None:
-        """Mark a reservation answered (called after the answer is encoded, before it is sent); with ``answer``
+        """Mark a reservation answered (called once the answer is handed to the connection); with ``answer``
         the encoded answer is kept for replays of the same idempotency key."""
         with self._write() as conn:
             cur = conn.execute("UPDATE query_log SET status='answered', output_digest=? WHERE id=? AND "
@@ -297,11 +307,11 @@ class Store:
     def recover(self) -> int:
         """Refund every reservation left by a crash (call before any worker starts); returns how many.
 
-        Such a request was never delivered: its answer would have been logged before it was sent."""
+        Such a request was never settled: it was not delivered, or delivered in the instant before the crash."""
         with self._write() as conn:
             ids = [r[0] for r in conn.execute("SELECT id FROM query_log WHERE status='reserved'")]
             for row_id in ids:
-                self._refund(conn, row_id, "in flight when the server stopped; never delivered")
+                self._refund(conn, row_id, "in flight when the server stopped; never settled")
         return len(ids)
 
     def charge(self, key_id: str, kind: str, n: int, *, mode: str, input_digest: str, output_digest: str) -> Usage:
@@ -357,7 +367,8 @@ def _migrate(conn: sqlite3.Connection) -> None:
         if "key_hash" in log_cols:
             conn.execute("DROP INDEX IF EXISTS query_log_key")
             conn.execute("ALTER TABLE query_log RENAME COLUMN key_hash TO key_id")
-        for col, decl in (("status", "TEXT NOT NULL DEFAULT 'answered'"), ("request_id", "TEXT"), ("note", "TEXT")):
+        for col, decl in (("status", "TEXT NOT NULL DEFAULT 'answered'"), ("request_id", "TEXT"), ("note", "TEXT"),
+                          ("fingerprint", "TEXT")):
             if col not in log_cols:
                 conn.execute(f"ALTER TABLE query_log ADD COLUMN {col} {decl}")
 

@@ -97,9 +97,10 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     """The JSON part and the binary part of a request (binary tensor extension)."""
     if header_length is None:
         return body, b""
-    if not header_length.isdigit() or int(header_length) > len(body):
-        raise InputError(f"Inference-Header-Content-Length {header_length!r} must be an integer no larger than the "
-                         f"body ({len(body)} bytes)")
+    if not (header_length.isascii() and header_length.isdigit() and len(header_length) <= 18) \
+            or int(header_length) > len(body):
+        raise InputError(f"Inference-Header-Content-Length {header_length[:40]!r} must be an integer no larger than "
+                         f"the body ({len(body)} bytes)")
     n = int(header_length)
     return body[:n], body[n:]
 
@@ -109,12 +110,14 @@ def _tensor(spec: Any, binary: bytes, offset: int, where: str) -> tuple[Any, lis
     if not isinstance(spec, dict):
         raise InputError(f"{where} must be an object with name, shape, datatype and data")
     shape, dtype = spec.get("shape"), spec.get("datatype")
+    if isinstance(shape, np.ndarray) and shape.ndim == 1 and shape.dtype.kind == "i":
+        shape = shape.tolist()
     if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
                                               for s in shape):
         raise InputError(f"{where}: shape must be a list of non-negative integers, got {str(shape)[:80]}")
-    if dtype not in NUMPY:
+    if not isinstance(dtype, str) or dtype not in NUMPY:
         raise InputError(f"{where}: datatype must be one of {sorted(NUMPY)}, got {str(dtype)[:20]!r}")
-    params = spec.get("parameters") or {}
+    params = _absent_is_empty(spec.get("parameters"))
     if not isinstance(params, dict):
         raise InputError(f"{where}: parameters must be an object")
     size = params.get("binary_data_size")
@@ -122,25 +125,30 @@ def _tensor(spec: Any, binary: bytes, offset: int, where: str) -> tuple[Any, lis
         if "data" not in spec:
             raise InputError(f"{where} has no data (nor parameters.binary_data_size)")
         return spec["data"], shape, dtype, 0
+    if "data" in spec:
+        raise InputError(f"{where} has both data and parameters.binary_data_size; send the tensor one way")
     itemsize = np.dtype(NUMPY[dtype]).itemsize
-    if not isinstance(size, int) or size != math.prod(shape) * itemsize or offset + size > len(binary):
+    if isinstance(size, bool) or not isinstance(size, int) or size != math.prod(shape) * itemsize or offset + size > len(binary):
         raise InputError(f"{where}: binary_data_size {size!r} must be {math.prod(shape) * itemsize} bytes "
                          f"({dtype} {shape}) and lie within the body")
     return np.frombuffer(binary, dtype=NUMPY[dtype], count=math.prod(shape), offset=offset), shape, dtype, size
 
 
-def _array(data: Any, shape: list[int], dtype: str, where: str) -> np.ndarray:
-    if isinstance(data, np.ndarray):
+def _array(data: Any, shape: list[int], dtype: str, where: str, binary: bool) -> np.ndarray:
+    """The tensor's values as an array of ``shape``: JSON data (flat row-major or nested) must be numbers only
+    (no strings, no booleans), integers for an INT datatype; binary data is copied out of the body."""
+    if binary:
         return data.reshape(shape).copy()  # a writable copy of the body's bytes
-    if not isinstance(data, list):
-        raise InputError(f"{where}: data must be a list (flat row-major or nested)")
-    try:
-        arr = np.asarray(data, dtype=np.float64 if dtype.startswith("FP") else np.int64)
-    except (ValueError, TypeError, OverflowError, RecursionError):
-        raise InputError(f"{where}: data must hold only numbers of datatype {dtype}") from None
-    if arr.size != math.prod(shape):
-        raise InputError(f"{where}: data holds {arr.size} values, shape {shape} needs {math.prod(shape)}")
-    return arr.reshape(shape)
+    if isinstance(data, list) and not data and math.prod(shape) == 0:
+        data = np.zeros(0)
+    if not isinstance(data, np.ndarray):
+        raise InputError(f"{where}: data must be a list (flat row-major or nested) of numbers of datatype {dtype}, "
+                         "without strings or booleans")
+    if dtype.startswith("INT") and data.dtype.kind != "i":
+        raise InputError(f"{where}: data of datatype {dtype} must hold integers (no fractions or exponents)")
+    if data.size != math.prod(shape):
+        raise InputError(f"{where}: data holds {data.size} values, shape {shape} needs {math.prod(shape)}")
+    return data.astype(np.float64 if dtype.startswith("FP") else np.int64, copy=False).reshape(shape)
 
 
 def parse_infer(service: Service, key: KeyConfig, explain: bool, body: bytes,
@@ -152,7 +160,7 @@ def parse_infer(service: Service, key: KeyConfig, explain: bool, body: bytes,
     request_id = obj.get("id")
     if request_id is not None and (not isinstance(request_id, str) or len(request_id) > MAX_ID):
         raise InputError(f"id must be a string of at most {MAX_ID} characters")
-    params = obj.get("parameters") or {}
+    params = _absent_is_empty(obj.get("parameters"))
     allowed = EXPLAIN_PARAMETERS if explain else PREDICT_PARAMETERS
     if not isinstance(params, dict) or set(params) - allowed:
         raise InputError(f"unknown request parameters {sorted(set(params) - allowed) if isinstance(params, dict) else params}"
@@ -177,13 +185,13 @@ def parse_infer(service: Service, key: KeyConfig, explain: bool, body: bytes,
             payloads.check_batch(tuple(shape), service.input_shape, service.config.max_batch)
         elif not dtype.startswith("INT") or len(shape) != 1:
             raise InputError(f"{where}: must be INT64 or INT32 of shape [N] (one class per image)")
-        tensors[name] = _array(data, shape, dtype, where)
+        tensors[name] = _array(data, shape, dtype, where, binary=used > 0 or "data" not in spec)
     if offset != len(binary):
         raise InputError(f"the body holds {len(binary)} bytes of binary tensor data but the inputs declare {offset}")
     if INPUT not in tensors:
         raise InputError(f"the request has no input {INPUT!r} [N, {', '.join(map(str, service.input_shape))}]")
     x = payloads.images(tensors[INPUT], service.input_shape)
-    binary_out = params.get("binary_data_output", False)
+    binary_out = _flag(params.get("binary_data_output", False), "parameters.binary_data_output")
     out_name, binary_out = _wanted_output(obj.get("outputs"), binary_out)
     wanted = Wanted(request_id, out_name or (EXPLANATION if explain else key.mode.value), bool(binary_out))
     if explain:
@@ -208,10 +216,21 @@ def _wanted_output(outputs: Any, binary: Any) -> tuple[str | None, bool]:
     if not outputs:
         return None, bool(binary)
     o = outputs[0]
-    params = o.get("parameters") or {}
+    params = _absent_is_empty(o.get("parameters"))
     if not isinstance(o.get("name"), str) or not isinstance(params, dict):
         raise InputError('each requested output is {"name": NAME, "parameters": {...}}')
-    return o["name"], bool(params.get("binary_data", binary))
+    return o["name"], _flag(params.get("binary_data", binary), "outputs[0].parameters.binary_data")
+
+
+def _absent_is_empty(value: Any) -> Any:
+    """JSON ``null`` for an optional object means no object (``[]``, ``0`` or ``""`` are refused later)."""
+    return {} if value is None else value
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise InputError(f"{where} must be true or false, got {str(value)[:40]}")
+    return value
 
 
 def respond(q: Query, wanted: Wanted, name: str, out: torch.Tensor, res: Reservation) -> Response:
@@ -309,6 +328,7 @@ def add_routes(app: FastAPI, service: Service, guarded: Any, name: str) -> None:
                 raise ApiError(403, "explain_not_allowed", f"this key may not use {model!r} (explain = false)")
             service.check_blocked(key)
             q, wanted = parse_infer(service, key, explain, body, header_length)
-            return service.run(key, q, request_id, lambda out, res: respond(q, wanted, name, out, res))
+            form = json.dumps(["v2", model, wanted.output, wanted.binary, wanted.id])
+            return service.run(key, q, request_id, lambda out, res: respond(q, wanted, name, out, res), form)
 
         return await guarded(request, "explain" if explain else "predict", handle, v2=True)
