@@ -118,13 +118,17 @@ def main(argv: list[str] | None = None) -> int:
     from stealkit.data import load_splits
     from stealkit.victims import standard_victim
 
+    dataset = "fashion-mnist"
     if Path(args.victim).is_dir():
         from stealkit.models import load_model
 
         model = load_model(args.victim)[0].eval()
     else:
+        from stealkit.victims import RECIPES
+
         model = standard_victim(args.victim).model.eval()
-    test = load_splits("fashion-mnist").test
+        dataset = RECIPES[args.victim].dataset if args.victim in RECIPES else dataset
+    test = load_splits(dataset).test
     x, y = test.x[: args.n].contiguous(), test.y[: args.n]
     with torch.no_grad():
         clean_pred = model(x).argmax(1)

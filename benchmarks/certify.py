@@ -62,13 +62,24 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     import numpy as np
     import torch
 
-    from stealkit.victims import benchmark_recipe, robust_victim
-
     torch.set_num_threads(args.threads)
-    trained = robust_victim(benchmark_recipe())
+    trained = _model(args.dataset)
     x = torch.from_numpy(np.load(Path(args.images) / "x.npy"))[: args.num]
     y = torch.from_numpy(np.load(Path(args.images) / "y.npy"))[: args.num]
     return trained.model.eval(), x, y
+
+
+def _recipe(dataset: str) -> Any:
+    """The benchmark's model (Fashion-MNIST), or the same recipe on digits for a smoke run."""
+    from stealkit.victims import benchmark_recipe, robust_recipe
+
+    return benchmark_recipe() if dataset == "fashion-mnist" else robust_recipe(dataset, "conv2", "gaussian", 0.5)
+
+
+def _model(dataset: str) -> Any:
+    from stealkit.victims import robust_victim
+
+    return robust_victim(_recipe(dataset))
 
 
 def worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -117,7 +128,7 @@ def spawn(args: argparse.Namespace, name: str, n: int, num: int) -> dict[str, An
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", name, "--n", str(n), "--num", str(num),
            "--n0", str(args.n0), "--sigma", str(args.sigma), "--alpha", str(args.alpha), "--threads",
            str(args.threads), "--seed", str(args.seed), "--batch", str(args.batch), "--art-batch", str(args.art_batch),
-           "--images", args.images]
+           "--images", args.images, "--dataset", args.dataset]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         return {"worker": name, "error": out.stderr.strip().splitlines()[-1:] or ["failed"]}
@@ -143,6 +154,8 @@ def main() -> None:
     p.add_argument("--equal-batches", default="",
                    help="comma list of batch sizes at which to time both certifiers with interleaved repeats")
     p.add_argument("--repeats", type=int, default=3, help="repeats per certifier and batch for --equal-batches")
+    p.add_argument("--dataset", default="fashion-mnist", choices=["fashion-mnist", "digits"],
+                   help="fashion-mnist (the benchmark) or digits (a smoke run: the same recipe on 8x8 digits)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--images", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -156,10 +169,9 @@ def main() -> None:
     import numpy as np
 
     from stealkit.data import load_splits
-    from stealkit.victims import benchmark_recipe, robust_victim
 
-    trained = robust_victim(benchmark_recipe())  # train once, before any timed worker
-    test = load_splits("fashion-mnist").test
+    trained = _model(args.dataset)  # train once, before any timed worker
+    test = load_splits(args.dataset).test
     tmp = tempfile.TemporaryDirectory()
     args.images = tmp.name
     np.save(Path(tmp.name) / "x.npy", test.x[: args.num].numpy())
@@ -190,7 +202,7 @@ def main() -> None:
                           "median": {k: round(v, 3) for k, v in med.items()},
                           "ratio_stealkit_over_art": round(med["stealkit"] / med["art"], 2)}
         machine["load_average_end"] = os.getloadavg()
-        print(json.dumps({"benchmark": "certify-equal-batch", "model": benchmark_recipe().name,
+        print(json.dumps({"benchmark": "certify-equal-batch", "model": _recipe(args.dataset).name,
                           "settings": {k: getattr(args, k) for k in ("num", "n0", "n", "alpha", "sigma", "threads",
                                                                      "seed", "repeats")},
                           "machine": machine, "equal_batch": eq}, indent=1))
@@ -209,7 +221,7 @@ def main() -> None:
             row[f"certified_accuracy_{b}"] = certified_accuracy(res, b)
             row[f"abstain_{b}"] = round(sum(v == -1 for v in res["labels"][b]) / res["num"], 4)
         table[name] = row
-    out: dict[str, Any] = {"benchmark": "certify", "model": benchmark_recipe().name,
+    out: dict[str, Any] = {"benchmark": "certify", "model": _recipe(args.dataset).name,
                            "model_clean_accuracy": trained.metrics.get("test_accuracy"),
                            "settings": {k: getattr(args, k) for k in ("num", "n0", "n", "alpha", "sigma", "threads",
                                                                       "seed", "batch", "art_batch")},

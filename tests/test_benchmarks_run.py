@@ -1,0 +1,93 @@
+"""Every benchmark kept in ``benchmarks/`` runs end to end at a tiny size and prints the JSON it promises.
+
+These are not measurements (the sizes are far too small to mean anything); they keep the scripts from rotting:
+a change to the package that breaks a benchmark fails here. Digits victims throughout, so nothing needs
+Fashion-MNIST; the scripts that compare against ART skip their ART rows where ART is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_ART = importlib.util.find_spec("art") is not None
+
+#: script -> (tiny arguments, keys its JSON must have); ``{tmp}`` is the test's temporary folder
+RUNS: dict[str, tuple[list[str], set[str]]] = {
+    "attack_speed": (["--victim", "digits-conv2", "--n", "64", "--batches", "32", "--repeats", "1",
+                      "--threads", "1", "--libraries", "stealkit,plain"], {"results"}),
+    "certify": (["--dataset", "digits", "--num", "2", "--n0", "20", "--n", "100", "--threads", "1",
+                 "--mem-ns", "", "--skip-art"], set()),
+    "data_free": (["--victim", "digits-conv2", "--methods", "codfe", "--modes", "label", "--budget", "1000",
+                   "--marks", "500,1000", "--recipe", "labelonly-v3", "--seeds", "0", "--threads", "1"],
+                  {"runs"}),
+    "decision_attacks": (["--dataset", "digits", "--n", "2", "--val", "1", "--seeds", "0", "--budgets", "60",
+                          "--tools", "hsj,boundary", "--jsonl", "{tmp}/decision.jsonl"], set()),
+    "exact_recovery": (["--quick", "--variants", "secant,mq"], set()),
+    "gradient_matching": (["--quick", "--queries", "10", "--steps", "20"], set()),
+    "http_throughput": (["--victim", "digits-conv2", "--batches", "8", "--images", "64", "--threads", "1",
+                         "--clients", "1", "--workers", "1"], set()),
+    "oracle_overhead": (["--victim", "digits-conv2", "--batches", "4", "--batch-size", "32", "--repeats", "1"],
+                        set()),
+    "surrogate_extraction": (["--active", "--victim", "digits-conv2", "--budgets", "20", "--modes", "label",
+                              "--seeds", "0", "--rows", "ours-default" + (",art" if HAS_ART else ""),
+                              "--epochs", "1"], {"rows", "table"}),
+    "noisy_neighbour": (["--flood", "2", "--batch", "1", "--samples", "2", "--probes", "5", "--gap", "0.01",
+                         "--port", "{port}", "--out", "{tmp}/noisy.json"], set()),
+    "serve_attack": (["--half-open", "20", "--slow-per-key", "2", "--junk", "2", "--flood", "1", "--flood-batch", "8",
+                      "--seconds", "1", "--slow-seconds", "2", "--port", "{port}", "--out", "{tmp}/attack.json"],
+                     set()),
+}
+#: scripts that write their JSON to --out instead of printing it
+OUT_FILE = {"noisy_neighbour": "noisy.json", "serve_attack": "attack.json"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _json_doc(stdout: str) -> Any:
+    """The JSON document a benchmark printed: the whole stdout, else its last line that parses."""
+    try:
+        return json.loads(stdout)
+    except json.JSONDecodeError:
+        for line in reversed(stdout.strip().splitlines()):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    raise AssertionError(f"no JSON in the benchmark's output:\n{stdout[-2000:]}")
+
+
+def test_every_kept_benchmark_has_a_tiny_run() -> None:
+    helpers = {"pool_image_sets", "evidence", "results_tables"}  # modules, tested in their own files
+    scripts = {p.stem for p in (ROOT / "benchmarks").glob("*.py")} - helpers
+    assert scripts == set(RUNS), f"benchmarks without a tiny run here: {sorted(scripts - set(RUNS))}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_benchmark_runs_at_a_tiny_size(name: str, tmp_path: Path) -> None:
+    args, keys = RUNS[name]
+    port = str(_free_port())
+    args = [a.replace("{tmp}", str(tmp_path)).replace("{port}", port) for a in args]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "STEALKIT_QUIET": "1"}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    out = tmp_path / OUT_FILE.get(name, "-")
+    doc = json.loads(out.read_text()) if out.is_file() else _json_doc(proc.stdout)
+    assert isinstance(doc, dict), f"{name} printed {type(doc).__name__}, not a JSON object"
+    assert keys <= set(doc), f"{name}: missing keys {sorted(keys - set(doc))}"
