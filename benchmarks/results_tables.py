@@ -143,6 +143,7 @@ def labelonly(name: str) -> str:
 #: table name (= rows file stem) -> renderer
 TABLES: dict[str, Callable[[str], str]] = {
     "surrogate-digits-sealed": surrogate,
+    "surrogate-digits-sealed-artsearch": surrogate,
     "decision-fmnist-sealed": decision,
     "labelonly-digits-sealed": labelonly,
 }
