@@ -164,3 +164,25 @@ def test_kinds_are_checked_and_enums_accepted() -> None:
         ledger.charge("gradient", 1)
     with pytest.raises(InputError):
         ledger.remaining("gradient")
+
+
+def test_a_ledger_built_with_partial_counts_treats_missing_kinds_as_zero() -> None:
+    ledger = QueryLedger(budget=10, counts={})
+    ledger.charge("predict", 2)
+    ledger.refund("explain", 0)
+    assert ledger.as_dict() == {"predict": 2, "explain": 0}
+    assert budget_left({"predict": 3}, None, {"explain": 8}, "explain") == 8
+
+
+def test_digest_is_the_first_16_hex_digits_of_the_sha256_of_the_bytes_for_tensors_and_arrays() -> None:
+    import hashlib
+
+    import numpy as np
+    import torch
+
+    from stealkit.oracle.ledger import digest_tensor
+
+    arr = np.arange(12, dtype=np.float32).reshape(3, 4)
+    want = hashlib.sha256(arr.tobytes()).hexdigest()[:16]
+    assert digest_tensor(arr) == want and digest_tensor(torch.from_numpy(arr)) == want
+    assert digest_tensor(arr.T) == hashlib.sha256(np.ascontiguousarray(arr.T).tobytes()).hexdigest()[:16]
