@@ -60,6 +60,10 @@ def test_validate_images_accepts_the_unit_range_and_clips_only_within_tolerance(
     tiny = torch.tensor([-1e-6, 1 + 1e-6, 0.5, 0.5]).reshape(1, 1, 2, 2)
     clipped = validate_images(tiny, (1, 2, 2))
     assert float(clipped.min()) == 0.0 and float(clipped.max()) == 1.0
+    low_only = validate_images(torch.tensor([-1e-6, 0.5, 0.5, 0.5]).reshape(1, 1, 2, 2), (1, 2, 2))
+    assert float(low_only.min()) == 0.0
+    high_only = validate_images(torch.tensor([1 + 1e-6, 0.5, 0.5, 0.5]).reshape(1, 1, 2, 2), (1, 2, 2))
+    assert float(high_only.max()) == 1.0
     for bad in (-1e-3, 1 + 1e-3):
         with pytest.raises(InputError):
             validate_images(torch.full((1, 1, 2, 2), bad), (1, 2, 2))
@@ -71,6 +75,8 @@ def test_validate_images_refuses_before_any_charge() -> None:
         validate_images(torch.zeros(1, 2, 2), shape)  # a single image without batch dimension
     with pytest.raises(InputError):
         validate_images(torch.zeros(2, 1, 2, 3), shape)
+    with pytest.raises(InputError, match="must have shape"):
+        validate_images(torch.zeros(1, 2, 3), shape)  # as many dimensions as one image, but not its shape
     with pytest.raises(InputError):
         validate_images(torch.zeros(0, 1, 2, 2), shape)
     with pytest.raises(InputError):
@@ -81,7 +87,10 @@ def test_validate_images_refuses_before_any_charge() -> None:
         validate_images([[0.0]], shape)
     nan = torch.zeros(3, 1, 2, 2)
     nan[1, 0, 0, 0] = float("nan")
+    nan[1, 0, 1, 1] = float("inf")  # two bad pixels of one image: one image to repair
     with pytest.raises(InputError, match="1 image"):
         validate_images(nan, shape)
     ok = validate_images(np.full((2, 1, 2, 2), 0.5, dtype=np.float64), shape)
+    graded = validate_images(torch.full((1, 1, 2, 2), 0.5, requires_grad=True), shape)
+    assert not graded.requires_grad  # the oracle answers pixels, it does not join the caller's graph
     assert ok.dtype == torch.float32 and ok.shape == (2, 1, 2, 2) and ok.is_contiguous()
