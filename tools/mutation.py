@@ -245,7 +245,7 @@ def main() -> None:
                 raise SystemExit(f"{name}: the tests fail on the unmutated code ({outcome})")
             limit = 3 * base + 30
             chosen = [mutants[i] for i in args.only] if args.only else mutants
-            for i, m in enumerate(chosen):
+            for m in chosen:
                 target.write_bytes(_apply(raw, m))
                 m.outcome, m.seconds = run_one(tests, limit)
                 target.write_bytes(raw)
