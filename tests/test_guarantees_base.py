@@ -84,6 +84,8 @@ def test_validate_images_refuses_before_any_charge() -> None:
     with pytest.raises(InputError):
         validate_images(np.zeros((2, 1, 2, 2), dtype=np.uint8), shape)
     with pytest.raises(InputError):
+        validate_images(np.full((2, 1, 2, 2), "a"), shape)  # a dtype torch cannot even convert
+    with pytest.raises(InputError):
         validate_images([[0.0]], shape)
     nan = torch.zeros(3, 1, 2, 2)
     nan[1, 0, 0, 0] = float("nan")
