@@ -115,3 +115,23 @@ def test_a_float32_fidelity_at_the_threshold_reaches_it() -> None:
     point = {"part": {"answers": "topk", "attacker": "like", "budget": 100}, "total_queries": 100,
              "fidelity": 0.8999999761581421}  # 405/450 in float32
     assert headline([point])[0]["Q90"] == 100
+
+
+def test_defences_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "d"
+    assert main(["-q", "audit", "--victim", VICTIM, "--answers", "probs", "--budgets", "20", *TINY,
+                 "--defence", "round:decimals=1", "--defence", "label", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    rows = {r["defence"]: r for r in summary["headline"]}
+    assert set(rows) == {"none", "round:decimals=1", "label"}
+    assert rows["label"]["served accuracy"] == pytest.approx(summary["victim_accuracy"], abs=1e-6)  # top-1 kept
+    assert summary["queries"] == 80 == sum(r["total_queries"] for r in summary["parts"])
+    assert "through the defence label" in (out / "report.html").read_text()
+    assert "defence" in capsys.readouterr().out
+
+
+def test_defence_of_a_remote_victim_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["-q", "audit", "--victim", "http://127.0.0.1:9", "--key", "k", "--defence", "label",
+                 "--out", str(tmp_path / "r")]) == 2
+    assert "remote victim" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

@@ -62,10 +62,12 @@ class Part:
     pool: str
     budget: int
     estimate_s: float = 0.0
+    defence: str = ""  # an output defence the victim wears (stealkit serve --defence SPEC), "" for none
 
     @property
     def id(self) -> str:
-        return f"extract-{self.answers}-{self.attacker}-{self.budget}"
+        worn = "+" + "".join(c if c.isalnum() or c == "." else "_" for c in self.defence) if self.defence else ""
+        return f"extract-{self.answers}{worn}-{self.attacker}-{self.budget}"
 
 
 #: called after each part with the part and its result (a hook: a test stops the audit here)
@@ -98,12 +100,16 @@ def estimate_seconds(budget: int, answers: str, num_classes: int, extra: Sequenc
 
 
 def make_plan(answers: Sequence[str], attackers: dict[str, str], ladder: Sequence[int], max_queries: int, *,
-              num_classes: int, extra: Sequence[str]) -> tuple[list[Part], list[str]]:
+              num_classes: int, extra: Sequence[str], defences: Sequence[str] = ()) -> tuple[list[Part], list[str]]:
     """The parts, in the order they run (cheapest rung of every cell first, so a stopped audit has a whole first
-    row), and notes. Rungs are dropped from the top until the total fits ``max_queries``."""
+    row), and notes. A cell is an answer kind and an attacker, or a defence (probabilities through it, the
+    attacker with data like the victim's). Rungs are dropped from the top until the total fits ``max_queries``."""
     rungs = sorted(set(ladder))
     notes = []
-    cells = len(answers) * len(attackers)
+    like = next(iter(attackers.items()))
+    cell_list = [(a, name, pool, "") for a in answers for name, pool in attackers.items()]
+    cell_list += [("probs", like[0], like[1], d) for d in defences]
+    cells = len(cell_list)
     while rungs and cells * sum(rungs) > max_queries:
         notes.append(f"rung {rungs[-1]:,} dropped: the ladder would spend {cells * sum(rungs):,} queries, more than "
                      f"--max-queries {max_queries:,}")
@@ -111,8 +117,8 @@ def make_plan(answers: Sequence[str], attackers: dict[str, str], ladder: Sequenc
     if not rungs:
         raise InputError(f"--max-queries {max_queries:,} is too small for any part: the smallest rung "
                          f"({min(ladder):,} queries) for {cells} cells needs {cells * min(ladder):,}")
-    parts = [Part(a, name, pool, b, round(estimate_seconds(b, a, num_classes, extra), 1))
-             for b in rungs for a in answers for name, pool in attackers.items()]
+    parts = [Part(a, name, pool, b, round(estimate_seconds(b, a, num_classes, extra), 1), d)
+             for b in rungs for a, name, pool, d in cell_list]
     return parts, notes
 
 
@@ -137,11 +143,13 @@ def run_part(part: Part, *, victim: str, key: str | None, top_k: int, dataset: s
     from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
     from stealkit.extract.registry import METHODS
     from stealkit.extract.surrogate_data.surrogate import FLIP_INVARIANT
+    from stealkit.serve.defences import parse_defence
 
     started = time.perf_counter()
     params = command_params(*recipe_args(part.budget, part.answers, part.pool, seed, extra))
+    worn = (parse_defence(part.defence),) if part.defence else ()
     v = open_victim(victim, mode=part.answers, budget=part.budget, top_k=top_k, key=key, dataset=dataset,
-                    device=device, seed=seed)
+                    device=device, seed=seed, defences=worn)
     try:
         resolved, config = surrogate_config(params, part.budget, v.num_classes, flip=v.dataset in FLIP_INVARIANT)
         splits = victim_splits(v, data_dir)
@@ -156,9 +164,15 @@ def run_part(part: Part, *, victim: str, key: str | None, top_k: int, dataset: s
         if close is not None:
             close()
     queries = v.oracle.ledger.as_dict()
+    served = None
+    if part.defence and v.model is not None:  # the honest users' cost: top-1 accuracy of what is served (no query)
+        from stealkit.studies.defences import served_accuracy
+
+        served = served_accuracy(v.model, worn[0], splits.test.x, splits.test.y)
     return {"part": asdict(part), "id": part.id, "queries": queries, "total_queries": sum(queries.values()),
             "accuracy": result.accuracy, "fidelity": result.fidelity, "victim_accuracy": result.victim_accuracy,
-            "preset_resolved": resolved, "elapsed_s": round(time.perf_counter() - started, 2)}
+            "served_accuracy": served, "preset_resolved": resolved,
+            "elapsed_s": round(time.perf_counter() - started, 2)}
 
 
 def q_at(points: Sequence[dict[str, Any]], threshold: float) -> int | None:
@@ -171,13 +185,17 @@ def q_at(points: Sequence[dict[str, Any]], threshold: float) -> int | None:
 
 def headline(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (answer kind, attacker): fidelity at each rung, Q90 and Q95 (or "not reached within N")."""
-    cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    cells: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in results:
-        cells.setdefault((r["part"]["answers"], r["part"]["attacker"]), []).append(r)
+        p = r["part"]
+        cells.setdefault((p["answers"], p["attacker"], p.get("defence", "")), []).append(r)
     rows = []
-    for (answers, attacker), points in cells.items():
+    for (answers, attacker, defence), points in cells.items():
         points = sorted(points, key=lambda r: r["part"]["budget"])
         row: dict[str, Any] = {"answers": answers, "attacker": attacker}
+        if any(k[2] for k in cells):
+            row["defence"] = defence or "none"
+            row["served accuracy"] = points[0].get("served_accuracy") if defence else points[0].get("victim_accuracy")
         for p in points:
             row[f"fidelity @{p['part']['budget']}"] = p["fidelity"]
         top = max(p["total_queries"] for p in points)
@@ -253,10 +271,14 @@ def plain_words(rows: Sequence[dict[str, Any]], results: Sequence[dict[str, Any]
         out.append(f"With {best['total_queries']:,} queries answered with {words[answers]} and "
                    f"{best['part']['attacker']} data ({best['part']['pool']}), an attacker gets a copy that agrees "
                    f"with your model on {100 * best['fidelity']:.1f} % of test inputs.")
-    q = {(r["answers"], r["attacker"]): r["Q90"] for r in rows}
+    q = {(r["answers"], r["attacker"]): r["Q90"] for r in rows if r.get("defence", "none") == "none"}
     if ("probs", "like") in q and ("label", "like") in q:
         out.append(f"With data like yours, Q90 (queries to a 90 % copy) is {_words(q[('probs', 'like')])} with "
                    f"probabilities and {_words(q[('label', 'like')])} with top-1 labels only.")
+    for r in rows:
+        if r.get("defence", "none") != "none":
+            out.append(f"Serving probabilities through the defence {r['defence']} gives honest users "
+                       f"{_pct(r['served accuracy'])} accuracy and puts Q90 at {_words(r['Q90'])}.")
     return out
 
 
@@ -306,7 +328,8 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
         out[1].figures.append(Figure(uri, "Fidelity of the stolen copy against queries, per answer kind and "
                                           "attacker"))
     table = [{"part": r["id"], "queries": r["total_queries"], "fidelity": r["fidelity"], "accuracy": r["accuracy"],
-              "recipe": r["preset_resolved"], "seconds": r["elapsed_s"]} for r in results]
+              "served accuracy": r.get("served_accuracy"), "recipe": r["preset_resolved"],
+              "seconds": r["elapsed_s"]} for r in results]
     out.append(Section("Parts", tables=[("", table)]))
     return out
 
@@ -322,6 +345,10 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
 @click.option("--unrelated", default=DEFAULT_UNRELATED, show_default=True,
               help="The data of the attacker with only unrelated natural data: a query source (patches: crops of "
                    "natural photographs; or another data set).")
+@click.option("--defence", "defences", multiple=True, metavar="SPEC",
+              help="Also audit probabilities served through this output defence, side by side (repeat; the specs "
+                   "of stealkit serve --defence, e.g. round:decimals=1, topk:k=1, label, noise:sigma=0.05; a local "
+                   "victim only).")
 @click.option("--budgets", default=None, help="The ladder of query budgets per cell (default "
               f"{','.join(map(str, LADDER))}; --quick {','.join(map(str, QUICK_LADDER))}).")
 @click.option("--max-queries", type=int, default=DEFAULT_MAX_QUERIES, show_default=True,
@@ -337,17 +364,18 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
               help="Audit directory (run again with the same plan: it resumes).")
 @device_option
 def audit_cmd(victim: str, key: str | None, answers: str, top_k: int, pool: str, unrelated: str,
-              budgets: str | None, max_queries: int, plan_only: bool, quick: bool, recipe: tuple[str, ...],
+              defences: tuple[str, ...], budgets: str | None, max_queries: int, plan_only: bool, quick: bool, recipe: tuple[str, ...],
               dataset: str | None, data_dir: str | None, seed: int, out: str, device: str) -> None:
     """Audit a victim's exposure to model extraction: the default surrogate recipe at a ladder of budgets, per
     answer kind and attacker; fidelity against queries and Q90/Q95 in one report. Prints the plan first."""
     run_audit_command(victim=victim, key=key, answers=answers, top_k=top_k, pool=pool, unrelated=unrelated,
-                      budgets=budgets, max_queries=max_queries, plan_only=plan_only, quick=quick, recipe=recipe,
+                      defences=defences, budgets=budgets, max_queries=max_queries, plan_only=plan_only, quick=quick, recipe=recipe,
                       dataset=dataset, data_dir=data_dir, seed=seed, out=out, device=device)
 
 
 def run_audit_command(*, victim: str, key: str | None = None, answers: str = ",".join(ANSWERS), top_k: int = 1,
-                      pool: str = "pool", unrelated: str = DEFAULT_UNRELATED, budgets: str | None = None,
+                      pool: str = "pool", unrelated: str = DEFAULT_UNRELATED, defences: Sequence[str] = (),
+                      budgets: str | None = None,
                       max_queries: int = DEFAULT_MAX_QUERIES, plan_only: bool = False, quick: bool = False,
                       recipe: Sequence[str] = (), dataset: str | None = None, data_dir: str | None = None,
                       seed: int = 0, out: str, device: str = "cpu", on_part: PartHook | None = None) -> None:
@@ -366,11 +394,20 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
         if bad in extra:
             raise InputError(f"--recipe {bad} is the audit's to set")
     command_params(*recipe_args(1, "label", "pool", seed, extra))  # refuse a bad recipe argument before any work
+    from stealkit.extract.common import is_url
+    from stealkit.serve.defences import parse_defence
+
+    for spec in defences:
+        parse_defence(spec)  # refuse a bad spec before any work
+    if defences and is_url(victim):
+        raise InputError("--defence audits a local victim; a remote victim's defences are its server's")
     num_classes = _num_classes(victim, key, dataset)
     attackers = {"like": pool, "unrelated": unrelated}
-    parts, notes = make_plan(kinds, attackers, ladder, max_queries, num_classes=num_classes, extra=extra)
+    parts, notes = make_plan(kinds, attackers, ladder, max_queries, num_classes=num_classes, extra=extra,
+                             defences=list(dict.fromkeys(defences)))
     run = RunDir(out)
     config = {"victim": victim, "answers": list(kinds), "top_k": top_k, "attackers": attackers,
+              "defences": list(dict.fromkeys(defences)),
               "ladder": sorted({p.budget for p in parts}), "max_queries": max_queries, "recipe": extra,
               "dataset": dataset, "parts": [p.id for p in parts]}
     done = _check_resume(run, config, seed)
