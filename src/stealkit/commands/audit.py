@@ -62,7 +62,7 @@ class Part:
     pool: str
     budget: int
     estimate_s: float = 0.0
-    defence: str = ""  # an output defence the victim wears (stealkit serve --defence SPEC), "" for none
+    defence: str = ""  # an output defence the victim wears (a spec of stealkit.serve.defences), "" for none
 
     @property
     def id(self) -> str:
@@ -123,13 +123,13 @@ def make_plan(answers: Sequence[str], attackers: dict[str, str], ladder: Sequenc
 
 
 def format_plan(parts: Sequence[Part], max_queries: int, done: set[str]) -> str:
-    lines = [f"{'part':<34} {'queries':>8} {'est. time':>10}"]
+    lines = [f"{'part':<42} {'queries':>8} {'est. time':>10}"]
     for p in parts:
         mark = "  (done: resumed)" if p.id in done else ""
-        lines.append(f"{p.id:<34} {p.budget:>8,} {p.estimate_s:>9.0f}s{mark}")
+        lines.append(f"{p.id:<42} {p.budget:>8,} {p.estimate_s:>9.0f}s{mark}")
     total = sum(p.budget for p in parts)
     est = sum(p.estimate_s for p in parts)
-    lines.append(f"{'total':<34} {total:>8,} {est:>9.0f}s  (of --max-queries {max_queries:,}; "
+    lines.append(f"{'total':<42} {total:>8,} {est:>9.0f}s  (of --max-queries {max_queries:,}; "
                  "times are rough, one CPU thread)")
     return "\n".join(lines)
 
@@ -268,9 +268,10 @@ def plain_words(rows: Sequence[dict[str, Any]], results: Sequence[dict[str, Any]
         if not mine:
             continue
         best = max(mine, key=lambda r: (r["fidelity"], -r["total_queries"]))
-        out.append(f"With {best['total_queries']:,} queries answered with {words[answers]} and "
-                   f"{best['part']['attacker']} data ({best['part']['pool']}), an attacker gets a copy that agrees "
-                   f"with your model on {100 * best['fidelity']:.1f} % of test inputs.")
+        data = {"like": "data like yours", "unrelated": "only unrelated data"}.get(best["part"]["attacker"], "data")
+        out.append(f"With {best['total_queries']:,} queries answered with {words[answers]} and {data} "
+                   f"({best['part']['pool']}), an attacker gets a copy that agrees with your model on "
+                   f"{100 * best['fidelity']:.1f} % of test inputs.")
     q = {(r["answers"], r["attacker"]): r["Q90"] for r in rows if r.get("defence", "none") == "none"}
     if ("probs", "like") in q and ("label", "like") in q:
         out.append(f"With data like yours, Q90 (queries to a 90 % copy) is {_words(q[('probs', 'like')])} with "
@@ -347,7 +348,7 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
                    "natural photographs; or another data set).")
 @click.option("--defence", "defences", multiple=True, metavar="SPEC",
               help="Also audit probabilities served through this output defence, side by side (repeat; the specs "
-                   "of stealkit serve --defence, e.g. round:decimals=1, topk:k=1, label, noise:sigma=0.05; a local "
+                   "of stealkit defences --defence and of a serve key's defences, e.g. round:decimals=1, topk:k=1, label, noise:sigma=0.05; a local "
                    "victim only).")
 @click.option("--budgets", default=None, help="The ladder of query budgets per cell (default "
               f"{','.join(map(str, LADDER))}; --quick {','.join(map(str, QUICK_LADDER))}).")

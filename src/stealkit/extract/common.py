@@ -64,14 +64,14 @@ def open_victim(
     as an ``nn.Module`` and answered by the same :class:`~stealkit.oracle.LocalOracle`, so the ledger counts
     the same. (The CLI's ``--victim standard:NAME`` is resolved to a directory by the command layer, which may
     build victims; this layer only opens them.) ``defences`` (:func:`stealkit.serve.defences.parse_defence`)
-    perturb a local victim's answers, as ``stealkit serve --defence`` does; a remote victim's are its server's.
+    perturb a local victim's answers, as a ``stealkit serve`` key's ``defences`` do; a remote victim's are its server's.
     """
     victim = str(victim)
     if victim.startswith("standard:"):
         raise InputError(f"{victim}: resolve standard victims first (stealkit.victims.standard_victim(NAME).path)")
     if is_url(victim):
         if defences:
-            raise InputError(f"{victim} is a remote victim: its defences are its server's (stealkit serve --defence)")
+            raise InputError(f"{victim} is a remote victim: its defences are its server's (a stealkit serve key's defences)")
         try:
             from stealkit.oracle.http import HttpOracle
             from stealkit.oracle.http_v2 import V2HttpOracle, is_v2
