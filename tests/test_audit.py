@@ -135,3 +135,31 @@ def test_defence_of_a_remote_victim_is_refused(tmp_path: Path, capsys: pytest.Ca
                  "--out", str(tmp_path / "r")]) == 2
     assert "remote victim" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_fail_if_gates_on_q90() -> None:
+    from stealkit.commands.audit import failed_gates, parse_fail_if
+
+    rows = [{"answers": "label", "attacker": "like", "Q90": 100, "Q95": "not reached within 200"},
+            {"answers": "probs", "attacker": "like", "Q90": 50, "Q95": 100},
+            {"answers": "label", "attacker": "unrelated", "Q90": 20, "Q95": 20}]
+    assert parse_fail_if("label:q95<5000") == ("label", 95, 5000)
+    assert failed_gates(rows, ["q90<60"]) == ["--fail-if q90<60: probs answers reach 90 % fidelity with 50 queries"]
+    assert failed_gates(rows, ["label:q90<100", "q95<100"]) == []  # the unrelated attacker is not gated
+    with pytest.raises(InputError, match="--fail-if"):
+        parse_fail_if("q80<5")
+
+
+def test_fail_if_exits_one_after_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "g"
+    args = ["-q", "audit", "--victim", VICTIM, "--answers", "label", "--budgets", "20", *TINY, "--out", str(out)]
+    assert main([*args, "--fail-if", "q90<10"]) == 0  # nothing reaches 90 % below 10 queries
+    assert main([*args, "--fail-if", "q90<10", "--fail-if", "bad"]) == 2
+    assert "--fail-if" in capsys.readouterr().err
+    import stealkit.commands.audit as audit
+
+    monkeypatch.setattr(audit, "failed_gates", lambda rows, gates: [f"--fail-if {g}: tripped" for g in gates])
+    assert main([*args, "--fail-if", "q90<10"]) == 1  # resumed: every part done, no query; the gate trips
+    assert "--fail-if q90<10: tripped" in capsys.readouterr().err
+    assert (out / "report.html").exists()

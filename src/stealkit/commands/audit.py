@@ -206,6 +206,30 @@ def headline(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def parse_fail_if(text: str) -> tuple[str | None, int, int]:
+    """``"q90<1000"`` or ``"label:q95<5000"`` -> (answer kind or ``None`` for every kind, 90, 1000)."""
+    import re
+
+    m = re.fullmatch(r"(?:(label|topk|probs):)?q(90|95)<(\d+)", text.strip().lower().replace(" ", ""))
+    if m is None:
+        raise InputError(f"--fail-if takes q90<N or q95<N, optionally after an answer kind (label:q90<N); got {text!r}")
+    return m.group(1), int(m.group(2)), int(m.group(3))
+
+
+def failed_gates(rows: Sequence[dict[str, Any]], gates: Sequence[str]) -> list[str]:
+    """The gates an audit fails: an undefended cell of the attacker with data like the victim's whose Q90 (Q95)
+    was reached with fewer queries than the gate's N."""
+    out = []
+    for gate in gates:
+        answers, level, n = parse_fail_if(gate)
+        for r in rows:
+            q = r.get(f"Q{level}")
+            if (r["attacker"] == "like" and r.get("defence", "none") == "none" and isinstance(q, int) and q < n
+                    and answers in (None, r["answers"])):
+                out.append(f"--fail-if {gate}: {r['answers']} answers reach {level} % fidelity with {q:,} queries")
+    return out
+
+
 def load_done(parts_dir: Path, parts: Sequence[Part]) -> dict[str, dict[str, Any]]:
     done = {}
     for p in parts:
@@ -350,6 +374,9 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
               help="Also audit probabilities served through this output defence, side by side (repeat; the specs "
                    "of stealkit defences --defence and of a serve key's defences, e.g. round:decimals=1, topk:k=1, label, noise:sigma=0.05; a local "
                    "victim only).")
+@click.option("--fail-if", "fail_if", multiple=True, metavar="q90<N",
+              help="Exit 1 when an attacker with data like the victim's reaches 90 % (q90) or 95 % (q95) fidelity "
+                   "with fewer than N queries (repeat; label:q90<N checks one answer kind): a deployment gate.")
 @click.option("--budgets", default=None, help="The ladder of query budgets per cell (default "
               f"{','.join(map(str, LADDER))}; --quick {','.join(map(str, QUICK_LADDER))}).")
 @click.option("--max-queries", type=int, default=DEFAULT_MAX_QUERIES, show_default=True,
@@ -365,26 +392,33 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
               help="Audit directory (run again with the same plan: it resumes).")
 @device_option
 def audit_cmd(victim: str, key: str | None, answers: str, top_k: int, pool: str, unrelated: str,
-              defences: tuple[str, ...], budgets: str | None, max_queries: int, plan_only: bool, quick: bool, recipe: tuple[str, ...],
+              defences: tuple[str, ...], fail_if: tuple[str, ...], budgets: str | None, max_queries: int, plan_only: bool, quick: bool, recipe: tuple[str, ...],
               dataset: str | None, data_dir: str | None, seed: int, out: str, device: str) -> None:
     """Audit a victim's exposure to model extraction: the default surrogate recipe at a ladder of budgets, per
     answer kind and attacker; fidelity against queries and Q90/Q95 in one report. Prints the plan first."""
-    run_audit_command(victim=victim, key=key, answers=answers, top_k=top_k, pool=pool, unrelated=unrelated,
-                      defences=defences, budgets=budgets, max_queries=max_queries, plan_only=plan_only, quick=quick, recipe=recipe,
+    failed = run_audit_command(victim=victim, key=key, answers=answers, top_k=top_k, pool=pool,
+                      unrelated=unrelated, defences=defences, fail_if=fail_if, budgets=budgets, max_queries=max_queries, plan_only=plan_only, quick=quick, recipe=recipe,
                       dataset=dataset, data_dir=data_dir, seed=seed, out=out, device=device)
+    for line in failed:
+        click.echo(line, err=True)
+    if failed:
+        click.get_current_context().exit(1)
 
 
 def run_audit_command(*, victim: str, key: str | None = None, answers: str = ",".join(ANSWERS), top_k: int = 1,
                       pool: str = "pool", unrelated: str = DEFAULT_UNRELATED, defences: Sequence[str] = (),
-                      budgets: str | None = None,
+                      fail_if: Sequence[str] = (), budgets: str | None = None,
                       max_queries: int = DEFAULT_MAX_QUERIES, plan_only: bool = False, quick: bool = False,
                       recipe: Sequence[str] = (), dataset: str | None = None, data_dir: str | None = None,
-                      seed: int = 0, out: str, device: str = "cpu", on_part: PartHook | None = None) -> None:
-    """The command's body (``on_part``: a hook called after each part, e.g. to stop a test's audit)."""
+                      seed: int = 0, out: str, device: str = "cpu", on_part: PartHook | None = None) -> list[str]:
+    """The command's body (``on_part``: a hook called after each part, e.g. to stop a test's audit); returns
+    the ``--fail-if`` gates the audit failed, one line each."""
     from stealkit.commands.extract_surrogate import command_params
     from stealkit.rundir import RunDir
 
     kinds = parse_answers(answers)
+    for gate in fail_if:
+        parse_fail_if(gate)
     if max_queries < 1:
         raise InputError(f"--max-queries must be a positive number of queries, got {max_queries}")
     ladder = parse_int_list(budgets) if budgets else (QUICK_LADDER if quick else LADDER)
@@ -416,7 +450,7 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
     for n in notes:
         click.echo(f"note: {n}")
     if plan_only:
-        return
+        return []
     run.create(command="audit", seed=seed, config=config)
     results = run_audit(parts, run, on_part=on_part, echo=lambda s: click.echo(s, err=True), victim=victim, key=key,
                         top_k=top_k, dataset=dataset, data_dir=data_dir, device=device, seed=seed, extra=extra)
@@ -428,6 +462,7 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
     click.echo(format_table(summary["headline"]))
     click.echo(f"queries {summary['queries']:,} of --max-queries {max_queries:,} (from the ledgers); "
                f"report: {run.report_path}")
+    return failed_gates(summary["headline"], fail_if)
 
 
 def _num_classes(victim: str, key: str | None, dataset: str | None) -> int:
