@@ -180,6 +180,17 @@ def test_probabilities_at_the_edges_accepted() -> None:
     assert B.renyi_radius(0.6, 0.4 + 1e-10, 1.0) > 0  # p1 + p2 within rounding of 1
     assert B.cohen_radius(0.0, 1.0, 0.0) == 0.0  # p1 = p2 = 0: abstain, not nan
     assert B.renyi_radius(0.0, 0.0, 1.0) == 0.0 and B.pixeldp_radius(0.0, 0.0, 1.0) == 0.0
+    assert B.renyi_radius(0.0, 1.0, 1.0) == 0.0 and B.cohen_radius(0.0, 1.0, 1.0) == 0.0  # p2 = 1 is a probability
+    # the tolerance on p1 + p2 is inclusive: exactly 1 + 1e-9 is accepted
+    a = 0.5
+    b = (1 + 1e-9) - a
+    assert a + b == 1 + 1e-9 and B.renyi_radius(a, b, 1.0) == 0.0
+    with pytest.raises(InputError, match="p2 must lie"):  # not only the sum check
+        B.renyi_radius(0.0, 1.5, 1.0)
+    with pytest.raises(InputError, match="p1 must lie"):
+        B.renyi_radius(1.5, 0.0, 1.0)
+    with pytest.raises(InputError, match="p1 \\+ p2"):
+        B.renyi_radius(0.6, 0.45, 1.0)
 
 
 def test_scalar_in_float_out_array_in_array_out() -> None:
