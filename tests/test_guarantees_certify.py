@@ -95,7 +95,8 @@ def test_alpha_limits_accepted() -> None:
 
 SG_CASES = [([900, 50, 30, 20], 0.05), ([60, 20, 10, 5, 5], 0.05), ([30, 20, 10], 0.1), ([500, 300, 150, 50], 0.01),
             ([12, 8, 5], 0.2), ([200, 190, 10, 0], 0.05), ([40, 35, 25], 0.001),
-            ([6, 3, 1], 0.3), ([4, 3, 3], 0.05), ([20, 15, 10], 0.5)]  # the last three: widths c = 1, 2, 2
+            ([6, 3, 1], 0.3), ([4, 3, 3], 0.05), ([20, 15, 10], 0.5),  # these three: widths c = 1, 2, 2
+            ([60, 40], 0.05), ([30, 70], 0.1)]  # two classes are enough
 
 
 @pytest.mark.parametrize(("counts", "alpha"), SG_CASES)
@@ -113,6 +114,10 @@ def test_sison_glaz_coverage_function() -> None:
     widths = np.arange(1.0, 30.0)
     nu = C._sg_coverage(x, 100.0, widths)
     assert np.all(np.diff(nu[:15]) > 0) and 0.99 < nu[-1] <= 1.0 + 1e-6 and nu[0] < 0.5
+    # tiny counts (total variance of the truncated Poissons about 1) still go through formula (1): pinned values
+    # of this port (which equals statsmodels on the cases above), not the s2 <= 0 guard's 1
+    np.testing.assert_allclose(C._sg_coverage(np.array([1.0, 1.0]), 2.0, np.array([1.0, 2.0])), [0.983863] * 2,
+                               rtol=1e-5)
 
 
 def test_sison_glaz_fallback_is_bonferroni_clopper_pearson() -> None:
