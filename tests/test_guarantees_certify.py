@@ -129,6 +129,12 @@ def test_sison_glaz_fallback_is_bonferroni_clopper_pearson() -> None:
     assert lo.dtype == np.float64 and hi.dtype == np.float64
 
 
+def test_sison_glaz_one_sample() -> None:
+    """n = 1 is a valid (if useless) sample: intervals come back, and they contain the observed proportions."""
+    lo, hi = C.sison_glaz([1, 0], 0.05)
+    assert lo.shape == hi.shape == (2,) and np.all(lo <= [1.0, 0.0]) and np.all(hi >= [1.0, 0.0])
+
+
 @pytest.mark.parametrize("counts", [[5], [[1, 2], [3, 4]], [3, -1, 2], [0, 0, 0], []])
 def test_sison_glaz_rejects_bad_counts(counts: list) -> None:
     with pytest.raises(InputError):
