@@ -120,12 +120,18 @@ def test_sison_glaz_coverage_function() -> None:
                                rtol=1e-5)
 
 
-def test_sison_glaz_fallback_is_bonferroni_clopper_pearson() -> None:
-    counts = np.array([1000, 0, 0])
-    lo, hi = C.sison_glaz(counts, 0.001)
-    a = 0.001 / (2 * 3)
-    np.testing.assert_allclose(lo, C.clopper_pearson_lower(counts, 1000, a), rtol=1e-12)
-    np.testing.assert_allclose(hi, C.clopper_pearson_upper(counts, 1000, a), rtol=1e-12)
+@pytest.mark.parametrize(("counts", "alpha"), [([1000, 0, 0], 0.001), ([3, 2, 1], 0.5), ([2, 1, 1], 0.9)])
+def test_sison_glaz_fallback_is_bonferroni_clopper_pearson(counts: list[int], alpha: float,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """No width brackets 1 - alpha (all-in-one-class counts, or nu(1) already above 1 - alpha): Clopper-Pearson at
+    alpha / (2K), and a debug line says so."""
+    x = np.array(counts)
+    with caplog.at_level("DEBUG", logger="stealkit.certify.confidence"):
+        lo, hi = C.sison_glaz(x, alpha)
+    assert "Sison-Glaz approximation failed" in caplog.text
+    a = alpha / (2 * len(x))
+    np.testing.assert_allclose(lo, C.clopper_pearson_lower(x, x.sum(), a), rtol=1e-12)
+    np.testing.assert_allclose(hi, C.clopper_pearson_upper(x, x.sum(), a), rtol=1e-12)
     assert lo.dtype == np.float64 and hi.dtype == np.float64
 
 
