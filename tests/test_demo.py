@@ -55,3 +55,12 @@ def test_worker_setup_uses_at_least_one_thread() -> None:
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_cli_default_budgets_are_the_demos() -> None:
+    from stealkit.commands.common import parse_int_list
+    from stealkit.commands.demo import demo_cmd
+    from stealkit.demo import DEFAULT_BUDGETS
+
+    default = next(p.default for p in demo_cmd.params if p.name == "budgets")
+    assert parse_int_list(default) == DEFAULT_BUDGETS

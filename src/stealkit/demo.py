@@ -1,7 +1,9 @@
 """The demo: train a digits victim, steal it through a metered oracle at several budgets, write a report.
 
-Runs on the embedded scikit-learn digits in seconds on 2 CPU cores (the two oracles in parallel processes). The same student is stolen
-through a probability oracle and a label-only oracle, so the report shows what the richer answer buys.
+Runs on the embedded scikit-learn digits in seconds on 2 CPU cores: the two oracles are stolen in two worker
+processes, started before the victim is loaded (or trained, the first time) so that their start-up overlaps it.
+The same student is stolen through a probability oracle and a label-only oracle, so the report shows what the
+richer answer buys.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from stealkit.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BUDGETS = (20, 50, 100, 200, 400)
+#: four budgets: 20 and 50 queries (the steep start), 100 (most of the way) and 400 (the plateau). A fifth, 200,
+#: cost 26% more student steps for a point between the last two (0.956 / 0.962, probabilities / labels).
+DEFAULT_BUDGETS = (20, 50, 100, 400)
 
 
 def run_demo(out: str | Path, *, seed: int = 0, budgets: tuple[int, ...] = DEFAULT_BUDGETS,
