@@ -11,6 +11,10 @@ rate = the fraction of images the model misclassifies after the attack (the anch
 
     .venv/bin/python benchmarks/attack_speed.py                  # 1,000 images, batches 32 and 1000, 3 repeats
     .venv/bin/python benchmarks/attack_speed.py --quick          # smoke run: 200 images, batch 100, 1 repeat
+    python3 benchmarks/attack_speed.py --device cuda --n 10000 --batches 256,1000   # the GPU check's row
+
+On a GPU every library gets the model and the images on the device (ART as ``device_type="gpu"``), and each
+timing ends with ``torch.cuda.synchronize()``; one untimed warm-up call per library and batch comes first.
 
 The anchors are benchmark-only extras: ``pip install adversarial-robustness-toolbox==1.20.1`` and
 ``pip install --no-deps torchattacks==3.5.1`` (its torchvision requirement is not needed for PGD). A library
@@ -58,15 +62,18 @@ def run_torchattacks(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: 
 
 
 def run_art(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> Result:
+    """ART takes and returns numpy arrays: the copies to and from the host are part of its cost."""
     from art.attacks.evasion import ProjectedGradientDescent
     from art.estimators.classification import PyTorchClassifier
 
     np.random.seed(seed)
     clf = PyTorchClassifier(model=model, loss=nn.CrossEntropyLoss(), input_shape=tuple(x.shape[1:]),
-                            nb_classes=10, clip_values=(0.0, 1.0), device_type="cpu")
+                            nb_classes=10, clip_values=(0.0, 1.0),
+                            device_type="gpu" if x.device.type == "cuda" else "cpu")
     atk = ProjectedGradientDescent(clf, norm=np.inf, eps=0.1, eps_step=0.01, max_iter=20, num_random_init=1,
                                    targeted=False, batch_size=batch, verbose=False)
-    return labelled(model, torch.from_numpy(atk.generate(x.numpy(), y=y.numpy())), batch)
+    x_adv = torch.from_numpy(atk.generate(x.cpu().numpy(), y=y.cpu().numpy())).to(x.device)
+    return labelled(model, x_adv, batch)
 
 
 def run_plain(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> Result:
@@ -110,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--libraries", default="stealkit,torchattacks,art,plain")
     ap.add_argument("--victim", default="fmnist-conv2",
                     help="standard victim name, or a model directory (a Fashion-MNIST classifier)")
+    ap.add_argument("--device", default="cpu", help="torch device of the model and images (cpu, cuda, cuda:N)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 200 images, batch 100, 1 repeat")
     args = ap.parse_args(argv)
     if args.quick:
@@ -126,10 +134,17 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from stealkit.victims import RECIPES
 
-        model = standard_victim(args.victim).model.eval()
+        model = standard_victim(args.victim, device=args.device).model.eval()
         dataset = RECIPES[args.victim].dataset if args.victim in RECIPES else dataset
+    device = torch.device(args.device)
+    model = model.to(device)
     test = load_splits(dataset).test
-    x, y = test.x[: args.n].contiguous(), test.y[: args.n]
+    x, y = test.x[: args.n].contiguous().to(device), test.y[: args.n].to(device)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     with torch.no_grad():
         clean_pred = model(x).argmax(1)
     correct = clean_pred == y
@@ -139,11 +154,17 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     times: dict[tuple[str, int], list[float]] = {(lib, b): [] for lib in libs for b in batches}
     rates: dict[tuple[str, int], list[tuple[float, float]]] = {k: [] for k in times}
+    if device.type == "cuda":  # kernels, cuDNN plans and allocator pools are made once, outside the timings
+        for b in batches:
+            for lib in libs:
+                LIBRARIES[lib](model, x[: 2 * b], y[: 2 * b], b, 0)
     for r in range(args.repeats):
         for b in batches:
             for lib in libs:
+                sync()
                 t0 = time.perf_counter()
                 x_adv, labels = LIBRARIES[lib](model, x, y, b, r)
+                sync()
                 times[(lib, b)].append(time.perf_counter() - t0)
                 with torch.no_grad():
                     wrong = model(x_adv).argmax(1) != y
@@ -163,13 +184,15 @@ def main(argv: list[str] | None = None) -> int:
     import stealkit
 
     versions = {"stealkit": stealkit.__version__, "torch": torch.__version__}
+    if device.type == "cuda":
+        versions |= {"cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(device)}
     for lib, mod in (("torchattacks", "torchattacks"), ("art", "art")):
         if lib in libs:
             versions[lib] = __import__(mod).__version__
     print(json.dumps({
         "benchmark": "pgd_linf_speed", "attack": {"eps": 0.1, "step": 0.01, "steps": 20, "random_start": True},
         "victim": args.victim, "n": int(x.shape[0]), "clean_accuracy": round(float(correct.float().mean()), 4),
-        "threads": args.threads, "repeats": args.repeats, "versions": versions, "skipped": missing,
+        "device": str(device), "threads": args.threads, "repeats": args.repeats, "versions": versions, "skipped": missing,
         "results": results}, indent=2))
     return 0
 

@@ -18,6 +18,11 @@ repeats interleaved (stealkit, ART, ART, stealkit, ... alternating which goes fi
 images/s of each and their ratio per batch. The main table's single pair (stealkit at ``--batch``, ART at
 ``--art-batch``) compares each tool at its own default batch, which is not an equal-batch comparison.
 
+Rate against the bare loop (the GPU check, issue 41): ``--rate-batches 1000,10000 --device cuda`` times
+``certify`` beside a ``bare`` worker that only draws the same ``n0 + n`` Gaussian copies of each image at the
+same batch, runs the model and counts the argmax (no bookkeeping, no bounds): the ratio says how much of the
+device's noise+forward rate the certifier keeps. Repeats interleaved; median images/s.
+
 Memory scaling: ``--mem-ns`` runs each certifier on ``--mem-num`` images for growing n and reports peak RSS.
 Prints one JSON object. ``--quick`` is a smoke run (20 images, small n).
 
@@ -25,6 +30,8 @@ Prints one JSON object. ``--quick`` is a smoke run (20 images, small n).
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/certify.py --num 20 --threads 1 --equal-batches 32,400 \
         --repeats 3 --mem-ns ''                                         # equal-batch speed only
     .venv/bin/python benchmarks/certify.py --quick
+    python3 benchmarks/certify.py --device cuda --n 10000 --rate-batches 1000,10000 --repeats 3 --skip-art \
+        --mem-ns ''                                                     # the GPU check's certification row
 """
 
 from __future__ import annotations
@@ -66,7 +73,13 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     trained = _model(args.dataset)
     x = torch.from_numpy(np.load(Path(args.images) / "x.npy"))[: args.num]
     y = torch.from_numpy(np.load(Path(args.images) / "y.npy"))[: args.num]
-    return trained.model.eval(), x, y
+    device = torch.device(args.device)
+    model = trained.model.eval().to(device)
+    if device.type == "cuda":  # CUDA context, kernels and cuDNN plans made before the timing
+        with torch.no_grad():
+            model(torch.rand(args.batch, *x.shape[1:], device=device))
+        torch.cuda.synchronize(device)
+    return model, x.to(device), y
 
 
 def _recipe(dataset: str) -> Any:
@@ -76,10 +89,35 @@ def _recipe(dataset: str) -> Any:
     return benchmark_recipe() if dataset == "fashion-mnist" else robust_recipe(dataset, "conv2", "gaussian", 0.5)
 
 
-def _model(dataset: str) -> Any:
+def _model(dataset: str, device: str = "cpu") -> Any:
     from stealkit.victims import robust_victim
 
-    return robust_victim(_recipe(dataset))
+    return robust_victim(_recipe(dataset), device=device)
+
+
+def _sync(x: Any) -> None:
+    import torch
+
+    if x.device.type == "cuda":
+        torch.cuda.synchronize(x.device)
+
+
+def bare_counts(model: Any, x: Any, samples: int, sigma: float, batch: int, seed: int) -> Any:
+    """The floor of any certifier: ``samples`` Gaussian copies of each image, the model's argmax counted."""
+    import torch
+
+    gen = torch.Generator(device=x.device).manual_seed(seed)
+    counts = torch.zeros(x.shape[0], 10, dtype=torch.long, device=x.device)
+    with torch.no_grad():
+        for i in range(x.shape[0]):
+            left = samples
+            while left > 0:
+                b = min(batch, left)
+                noisy = x[i].expand(b, *x.shape[1:]) + sigma * torch.randn(b, *x.shape[1:], device=x.device,
+                                                                           generator=gen)
+                counts[i] += torch.bincount(model(noisy).argmax(1), minlength=10)
+                left -= b
+    return counts.cpu()
 
 
 def worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -89,13 +127,21 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     model, x, y = _load(args)
     _reset_peak()
     base_rss = _proc_status_mib("VmRSS")
-    if args.worker.startswith("stealkit"):
+    if args.worker == "bare":
+        t0, c0 = time.perf_counter(), time.process_time()
+        counts = bare_counts(model, x, args.n0 + args.n, args.sigma, args.batch, args.seed)
+        _sync(x)
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        labels = {"argmax": [int(v) for v in counts.argmax(1)]}
+        radii = {"argmax": [0.0] * len(x)}
+    elif args.worker.startswith("stealkit"):
         from stealkit.certify.smoothing import SmoothingConfig, certify
 
         cfg = SmoothingConfig(sigma=args.sigma, n0=args.n0, n=args.n, alpha=args.alpha, batch_size=args.batch,
                               seed=args.seed, fast=args.worker == "stealkit")
         t0, c0 = time.perf_counter(), time.process_time()
         certs = certify(model, x, cfg)
+        _sync(x)
         seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
         labels = {b: [c.prediction(b) for c in certs] for b in cfg.bounds}
         radii = {b: [c.radius[b] or 0.0 for c in certs] for b in cfg.bounds}
@@ -105,10 +151,11 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 
         np.random.seed(args.seed)
         clf = PyTorchRandomizedSmoothing(model=model, loss=nn.CrossEntropyLoss(), input_shape=tuple(x.shape[1:]),
-                                         nb_classes=10, clip_values=(0.0, 1.0), device_type="cpu",
+                                         nb_classes=10, clip_values=(0.0, 1.0),
+                                         device_type="gpu" if x.device.type == "cuda" else "cpu",
                                          sample_size=args.n0, scale=args.sigma, alpha=args.alpha)
         t0, c0 = time.perf_counter(), time.process_time()
-        pred, rad = clf.certify(x.numpy(), n=args.n, batch_size=args.art_batch)
+        pred, rad = clf.certify(x.cpu().numpy(), n=args.n, batch_size=args.art_batch)
         seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
         labels = {"cohen": [int(v) for v in pred]}
         radii = {"cohen": [float(v) for v in rad]}
@@ -128,7 +175,7 @@ def spawn(args: argparse.Namespace, name: str, n: int, num: int) -> dict[str, An
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", name, "--n", str(n), "--num", str(num),
            "--n0", str(args.n0), "--sigma", str(args.sigma), "--alpha", str(args.alpha), "--threads",
            str(args.threads), "--seed", str(args.seed), "--batch", str(args.batch), "--art-batch", str(args.art_batch),
-           "--images", args.images, "--dataset", args.dataset]
+           "--images", args.images, "--dataset", args.dataset, "--device", args.device]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         return {"worker": name, "error": out.stderr.strip().splitlines()[-1:] or ["failed"]}
@@ -156,6 +203,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="repeats per certifier and batch for --equal-batches")
     p.add_argument("--dataset", default="fashion-mnist", choices=["fashion-mnist", "digits"],
                    help="fashion-mnist (the benchmark) or digits (a smoke run: the same recipe on 8x8 digits)")
+    p.add_argument("--device", default="cpu", help="torch device of the model, images and noise (cpu, cuda)")
+    p.add_argument("--rate-batches", default="",
+                   help="comma list of batch sizes at which to time certify beside the bare noise+forward loop")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--images", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -170,7 +220,7 @@ def main() -> None:
 
     from stealkit.data import load_splits
 
-    trained = _model(args.dataset)  # train once, before any timed worker
+    trained = _model(args.dataset, args.device)  # train once (on the device), before any timed worker
     test = load_splits(args.dataset).test
     tmp = tempfile.TemporaryDirectory()
     args.images = tmp.name
@@ -182,6 +232,32 @@ def main() -> None:
 
     machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": args.threads,
                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "load_average_start": os.getloadavg()}
+    if args.rate_batches:
+        rate: dict[str, Any] = {}
+        for b in [int(v) for v in args.rate_batches.split(",") if v.strip()]:
+            a = argparse.Namespace(**vars(args))
+            a.batch = b
+            ips: dict[str, list[float]] = {"stealkit": [], "bare": []}
+            for r in range(args.repeats):
+                for name in (["stealkit", "bare"] if r % 2 == 0 else ["bare", "stealkit"]):
+                    res = spawn(a, name, args.n, args.num)
+                    if "error" in res:
+                        raise SystemExit(f"{name} at batch {b} failed: {res['error']}")
+                    ips[name].append(res["images_per_second"])
+            med = {k: statistics.median(v) for k, v in ips.items()}
+            rate[str(b)] = {"images_per_second": {k: [round(v, 3) for v in vs] for k, vs in ips.items()},
+                            "median": {k: round(v, 3) for k, v in med.items()},
+                            "stealkit_over_bare": round(med["stealkit"] / med["bare"], 3)}
+        machine["load_average_end"] = os.getloadavg()
+        if args.device.startswith("cuda"):
+            import torch
+
+            machine |= {"gpu": torch.cuda.get_device_name(0), "cuda": torch.version.cuda}
+        print(json.dumps({"benchmark": "certify-rate", "model": _recipe(args.dataset).name, "device": args.device,
+                          "settings": {k: getattr(args, k) for k in ("num", "n0", "n", "alpha", "sigma", "threads",
+                                                                     "seed", "repeats")},
+                          "machine": machine, "rate": rate}, indent=1))
+        return
     if args.equal_batches:
         eq: dict[str, Any] = {}
         for b in [int(v) for v in args.equal_batches.split(",") if v.strip()]:

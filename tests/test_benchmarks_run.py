@@ -33,6 +33,7 @@ RUNS: dict[str, tuple[list[str], set[str]]] = {
     "decision_attacks": (["--dataset", "digits", "--n", "2", "--val", "1", "--seeds", "0", "--budgets", "60",
                           "--tools", "hsj,boundary", "--jsonl", "{tmp}/decision.jsonl"], set()),
     "exact_recovery": (["--quick", "--variants", "secant,mq"], set()),
+    "gpu_check": (["--tiny", "--device", "cpu", "--steps", "tier,dfme", "--out", "{tmp}/gpu"], {"device", "figures"}),
     "gradient_matching": (["--quick", "--queries", "10", "--steps", "20"], set()),
     "http_throughput": (["--victim", "digits-conv2", "--batches", "8", "--images", "64", "--threads", "1",
                          "--clients", "1", "--workers", "1"], set()),
@@ -48,7 +49,7 @@ RUNS: dict[str, tuple[list[str], set[str]]] = {
                      set()),
 }
 #: scripts that write their JSON to --out instead of printing it
-OUT_FILE = {"noisy_neighbour": "noisy.json", "serve_attack": "attack.json"}
+OUT_FILE = {"noisy_neighbour": "noisy.json", "serve_attack": "attack.json", "gpu_check": "gpu/gpu_check.json"}
 
 
 def _free_port() -> int:
