@@ -92,3 +92,20 @@ def test_benchmark_runs_at_a_tiny_size(name: str, tmp_path: Path) -> None:
     doc = json.loads(out.read_text()) if out.is_file() else _json_doc(proc.stdout)
     assert isinstance(doc, dict), f"{name} printed {type(doc).__name__}, not a JSON object"
     assert keys <= set(doc), f"{name}: missing keys {sorted(keys - set(doc))}"
+
+
+@pytest.mark.slow
+def test_gpu_papers_script_runs_a_step_at_a_tiny_size_and_packs_its_state(tmp_path: Path) -> None:
+    """``benchmarks/gpu_papers.sh`` (issues 42-43) dry run: one step on the CPU; the run folder is packed for
+    the next call."""
+    import tarfile
+
+    env = {**os.environ, "PYTHON": sys.executable, "RUNS": str(tmp_path / "runs"), "OUT": str(tmp_path / "out"),
+           "OMP_NUM_THREADS": "1", "STEALKIT_QUIET": "1"}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_papers.sh"), "table4", "--tiny", "--device", "cpu"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "exit 0 after" in (tmp_path / "out" / "steps.log").read_text()
+    with tarfile.open(tmp_path / "out" / "papers-state.tgz") as tar:
+        assert any(n.endswith("table4-tiny/summary.json") for n in tar.getnames())
+    assert json.loads((tmp_path / "out" / "device.json").read_text())["device"] == "cpu"

@@ -230,3 +230,39 @@ def test_sweep_jobs_default_to_the_cores(tiny_config, tmp_path, monkeypatch):
                                           "--out", str(tmp_path / "s")])
         assert result.exit_code == 0, result.output
         assert seen[-1] == want
+
+
+@pytest.mark.parametrize("scale", ["small", "full"])
+def test_packaged_reproduce_steps_parse_against_the_cli(scale, tmp_path):
+    """Every step of every packaged study is a valid command line (options exist, values convert), so a GPU
+    run of ``reproduce --scale full`` cannot fail on a typo after minutes of device time."""
+    import click
+
+    from stealkit.cli import cli
+    from stealkit.experiments.config import to_argv
+    from stealkit.experiments.reproduce import config_paths
+
+    for path in config_paths(scale):
+        for step in load_config(path).steps:
+            argv = to_argv(step.command, {**step.args, "out": str(tmp_path / step.id)})
+            group: click.Command = cli
+            ctx = None
+            while isinstance(group, click.Group):
+                name, argv = argv[0], argv[1:]
+                group = group.get_command(click.Context(group), name)
+                assert group is not None, f"{path.name}: unknown command {step.command!r}"
+            ctx = group.make_context(step.command, list(argv), resilient_parsing=False)
+            assert ctx.params, path
+
+
+def test_full_scale_stn_is_the_papers_sizes():
+    from stealkit.errors import InputError
+    from stealkit.studies.stn_certify import StudyConfig
+
+    full = StudyConfig.for_dataset("fashion-mnist", full=True)
+    assert (full.n, full.n0, full.num_certify) == (100_000, 100, 500)
+    assert full.sigmas == (0.25, 0.5, 0.7, 1.0) and full.main_sigma == 0.7
+    small = StudyConfig.for_dataset("fashion-mnist")
+    assert (small.n, small.num_certify) == (1000, 200)
+    with pytest.raises(InputError, match="exclude"):
+        StudyConfig.for_dataset("fashion-mnist", quick=True, full=True)

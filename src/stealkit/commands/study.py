@@ -59,15 +59,17 @@ def list_cmd() -> None:
 @click.option("--schedules", default="cyclic,step", show_default=True)
 @click.option("--max-distinct", type=int, default=None, help="Override the cap on distinct samples of every victim.")
 @click.option("--epochs", type=int, default=None, help="Override the student epochs of every victim.")
+@click.option("--batch-size", type=int, default=None, help="Override the student batch size of every victim.")
 @study_options
 def table4_cmd(preset: str, victims: str | None, columns: str | None, taus: str, schedules: str, max_distinct: int | None,
-               epochs: int | None, data_dir: str | None, seed: int, out: str, device: str) -> None:
+               epochs: int | None, batch_size: int | None, data_dir: str | None, seed: int, out: str,
+               device: str) -> None:
     """DFME appendix Table 4: extraction accuracy for every (victim, surrogate source) pair."""
     from stealkit.studies.dfme_table4 import Table4Config, table4_rows
 
     config = Table4Config(preset=preset, victims=_names(victims), columns=_names(columns), taus=_floats(taus),
-                          schedules=_names(schedules), max_distinct=max_distinct, epochs=epochs, seed=seed,
-                          device=device, data_dir=data_dir)
+                          schedules=_names(schedules), max_distinct=max_distinct, epochs=epochs,
+                          batch_size=batch_size, seed=seed, device=device, data_dir=data_dir)
     summary = _execute("dfme-table4", config, out)
     for row in table4_rows(summary["table"]):
         click.echo("  ".join(f"{k}={v}" for k, v in row.items()))
@@ -214,8 +216,10 @@ def transfer_cmd(dataset: str, victim: str | None, n: int, substitute_arch: str,
 @click.option("--parts", default="bounds,certify,ablation,table1,empirical,soundness", show_default=True,
               help="Comma-separated parts of the study to run.")
 @click.option("--quick", is_flag=True, help="Smoke run: few images, few samples, 2-epoch models.")
+@click.option("--scale", type=click.Choice(["small", "full"]), default="small", show_default=True,
+              help="full: the paper's sizes (n = 100k noise samples, 500 test points, four sigmas); for a GPU.")
 @study_options
-def certify_study_cmd(dataset: str, parts: str, quick: bool, seed: int, data_dir: str | None, out: str,
+def certify_study_cmd(dataset: str, parts: str, quick: bool, scale: str, seed: int, data_dir: str | None, out: str,
                       device: str) -> None:
     """Li et al. (2019) Sec. 6 at CPU scale: bounds, certified accuracy, ablation, Table 1, EOT attacks,
     soundness check. Models are trained once and cached in runs/victims."""
@@ -224,8 +228,8 @@ def certify_study_cmd(dataset: str, parts: str, quick: bool, seed: int, data_dir
     chosen = _names(parts)
     if not chosen or any(p not in PARTS for p in chosen):
         raise InputError(f"--parts must name some of {', '.join(PARTS)}, got {parts!r}")
-    config = dataclasses.replace(StudyConfig.for_dataset(dataset, quick=quick), seed=seed, parts=chosen,
-                                 device=device, data_dir=data_dir)
+    config = dataclasses.replace(StudyConfig.for_dataset(dataset, quick=quick, full=scale == "full"), seed=seed,
+                                 parts=chosen, device=device, data_dir=data_dir)
     summary = _execute("stn-certify", config, out)
     click.echo(f"study done in {summary['seconds']:.0f}s; report: {out}/report.html")
 

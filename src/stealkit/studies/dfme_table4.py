@@ -5,6 +5,11 @@ sets that differ from the victim's by feature space (A), marginal (B) or class b
 samples at 50,000, train students with SGD (max lr 0.1, cyclic or step-decay schedule) under the tau-scaled KL
 for tau in {1, 3, 5, 10}, and report the best accuracy over those settings.
 
+The paper picks each cell's best setting on the test set it reports. Here the victim's test split is cut in
+two seeded halves: each cell's setting is **chosen on the validation half** and its accuracy is reported on the
+other half; the paper's protocol (the best over the grid on the reported half) is kept beside it as
+``best_in_hindsight``.
+
 ``preset="cpu"`` runs the same grid at CPU scale: the standard Fashion-MNIST CNN (a task of CIFAR-like
 difficulty here) and the digits CNN (an easy, SVHN-like task), each queried with its own attacker pool, a
 skewed pool (first 5 classes: C), the other data set adapted by resizing (A: 8x8 digits <-> 28x28 Fashion-
@@ -93,6 +98,7 @@ class Table4Config:
     schedules: tuple[str, ...] = ("cyclic", "step")
     max_distinct: int | None = None  # override every plan's cap
     epochs: int | None = None  # override every plan's epochs
+    batch_size: int | None = None  # override every plan's student batch size (the full scale's 50,000 samples)
     seed: int = 0
     device: str = "cpu"
     data_dir: str | None = None
@@ -106,6 +112,10 @@ class Table4Config:
         bad = [s for s in self.schedules if s not in ("cyclic", "step")]
         if bad or not self.schedules:
             raise InputError(f"schedules must be cyclic and/or step, got {self.schedules}")
+        for name in ("max_distinct", "epochs", "batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise InputError(f"{name} must be a positive integer, got {value}")
 
     def selected(self) -> tuple[VictimPlan, ...]:
         plans = self.plans or (CPU_PLANS if self.preset == "cpu" else PAPER_PLANS)
@@ -150,11 +160,15 @@ def run_table4(config: Table4Config, *, on_row: Callable[[dict[str, Any]], None]
         vdir = _victim_dir(plan, config)
         probe = open_victim(vdir, mode="probs", device=config.device)
         splits = victim_splits(probe, config.data_dir)
-        evaluator = make_evaluator(probe, splits.test.x, splits.test.y, config.device)
+        val_idx, test_idx = halves(len(splits.test.y), config.seed)
+        evaluator = make_evaluator(probe, splits.test.x[test_idx], splits.test.y[test_idx], config.device)
+        validator = make_evaluator(probe, splits.test.x[val_idx], splits.test.y[val_idx], config.device)
         cap = config.max_distinct or plan.max_distinct
         epochs = config.epochs or plan.epochs
+        batch_size = config.batch_size or plan.batch_size
         victims[plan.name] = {"accuracy": evaluator.victim_accuracy, "dataset": probe.dataset, "cap": cap,
-                              "epochs": epochs, "student": plan.student}
+                              "epochs": epochs, "batch_size": batch_size, "student": plan.student,
+                              "validation_images": len(val_idx), "test_images": len(test_idx)}
         table[plan.name] = {"victim": evaluator.victim_accuracy}
         for label, spec, letter in plan.columns:
             if config.columns and label not in config.columns:
@@ -162,28 +176,41 @@ def run_table4(config: Table4Config, *, on_row: Callable[[dict[str, Any]], None]
             pool = load_query_source(spec, input_shape=probe.input_shape, n=cap, seed=config.seed,
                                      data_dir=config.data_dir, victim_dataset=probe.dataset,
                                      split_seed=probe.split_seed)
-            best: dict[str, Any] | None = None
+            chosen: dict[str, Any] | None = None
+            hindsight = 0.0
             for schedule in config.schedules:
                 for tau in config.taus:
                     v = open_victim(vdir, mode="probs", budget=cap, device=config.device)
                     sc = SurrogateConfig(max_distinct=cap, tau=tau, schedule=schedule, epochs=epochs,  # type: ignore[arg-type]
-                                         batch_size=plan.batch_size, seed=config.seed)
+                                         batch_size=batch_size, seed=config.seed)
                     make = student_factory(plan.student, v, config.seed, **dict(plan.student_kwargs))
                     r = extract_surrogate(v.oracle, pool, make_student=make, config=sc, evaluator=evaluator,
                                           device=config.device)
                     row = {"victim": plan.name, "column": label, "source": spec, "taxonomy": letter, "tau": tau,
                            "schedule": schedule, "accuracy": r.accuracy, "fidelity": r.fidelity,
+                           "validation_accuracy": validator(r.student)["accuracy"],
                            "queries": r.queries["predict"], "n_distinct": r.extra["n_distinct"]}
                     rows.append(row)
                     log.info("%s", row)
                     if on_row is not None:
                         on_row(row)
-                    if best is None or (r.accuracy or 0) > best["accuracy"]:
-                        best = row
-            assert best is not None
-            table[plan.name][label] = {k: best[k] for k in ("accuracy", "fidelity", "tau", "schedule",
-                                                            "n_distinct", "taxonomy", "source")}
+                    hindsight = max(hindsight, r.accuracy or 0.0)
+                    if chosen is None or row["validation_accuracy"] > chosen["validation_accuracy"]:
+                        chosen = row
+            assert chosen is not None
+            table[plan.name][label] = {k: chosen[k] for k in ("accuracy", "fidelity", "validation_accuracy", "tau",
+                                                              "schedule", "n_distinct", "taxonomy", "source")}
+            table[plan.name][label]["best_in_hindsight"] = hindsight
     return {"rows": rows, "table": table, "victims": victims, "conclusions": conclusions(table, victims)}
+
+
+def halves(n: int, seed: int) -> tuple[Any, Any]:
+    """A seeded cut of the ``n`` test images into a validation half (settings are chosen on it) and a
+    reported half (accuracies are measured on it); disjoint, together all ``n``."""
+    import torch
+
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(10_000 + seed))
+    return perm[: n // 2].sort().values, perm[n // 2 :].sort().values
 
 
 def conclusions(table: dict[str, dict[str, Any]], victims: dict[str, Any]) -> list[dict[str, Any]]:
@@ -245,7 +272,8 @@ def table4_rows(table: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
         row = {"victim": name, "victim acc.": _pct(cells.get("victim"))}
         for col, c in cells.items():
             if isinstance(c, dict):
-                row[f"{col} ({c['taxonomy']})"] = f"{_pct(c['accuracy'])} (tau {c['tau']:g}, {c['schedule']})"
+                hind = f", hindsight {_pct(c['best_in_hindsight'])}" if "best_in_hindsight" in c else ""
+                row[f"{col} ({c['taxonomy']})"] = f"{_pct(c['accuracy'])} (tau {c['tau']:g}, {c['schedule']}{hind})"
         rows.append(row)
     return rows
 
@@ -259,9 +287,11 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
     records = run.records()
     return [
         Section("Table 4: ours beside the paper's", paragraphs=[
-            "Each cell is the best test accuracy of the extracted student over the grid tau in {1, 3, 5, 10} x "
-            "{cyclic, step} schedules, at the cap of distinct samples given per victim (A.2). Columns are the "
-            "surrogate source, with its letter in the A/B/C taxonomy of appendix A."],
+            "Each cell is the test accuracy of the extracted student at the setting of the grid tau in "
+            "{1, 3, 5, 10} x {cyclic, step} schedules chosen on a validation half of the victim's test split; "
+            "the accuracy is measured on the other half. The paper reports the best over the grid on its test "
+            "set; that figure is beside each cell as 'hindsight'. Caps of distinct samples per victim as in "
+            "A.2. Columns are the surrogate source, with its letter in the A/B/C taxonomy of appendix A."],
             tables=[("ours", table4_rows(table)), ("paper (Truong et al. 2021, Table 4)", paper),
                     ("victims", [{"victim": k, **v} for k, v in summary.get("victims", {}).items()])]),
         Section("Where the conclusions agree", tables=[("", concl)]),
