@@ -44,14 +44,15 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "confidence": ("src/stealkit/certify/confidence.py", (),
                    ("tests/test_guarantees_certify.py", "tests/test_certify_bounds.py")),
     "store": ("src/stealkit/serve/store.py",
-              ("Usage.left", "Usage.explain_left", "Usage.remaining", "Usage.ledger", "Usage.as_dict",
+              ("Usage.left", "Usage.explain_left", "Usage.remaining", "Usage.ledger", "Usage.as_dict", "Store.usage",
                "Store.reserve", "Store.settle", "Store.refund", "Store._refund", "Store.recover", "Store.charge",
                "Store.audit"),
-              ("tests/test_guarantees_serve.py", "tests/test_serve_charging.py", "tests/test_replay.py",
-               "tests/test_serve_units.py")),
+              ("tests/test_guarantees_serve.py", "tests/test_serve_units.py", "tests/test_serve_charging.py")),
     "service": ("src/stealkit/serve/service.py",
-                ("Query.n", "Query.cost", "Service.reserve", "Service.run", "check_finite", "encode"),
-                ("tests/test_guarantees_serve.py", "tests/test_serve_charging.py", "tests/test_serve_units.py")),
+                ("Query.n", "Query.cost", "Query.fingerprint", "Service.check_budget", "Service.reserve",
+                 "Service.run", "SettleOnSend.__init__", "SettleOnSend.__call__", "check_request_id",
+                 "check_finite", "encode", "_replay_headers"),
+                ("tests/test_guarantees_serve.py", "tests/test_serve_units.py", "tests/test_serve_charging.py")),
 }
 
 _CMP_FLIP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
@@ -87,13 +88,13 @@ def _span(node: ast.AST, starts: list[int], raw: bytes) -> tuple[int, int]:
             starts[node.end_lineno - 1] + node.end_col_offset)  # type: ignore[attr-defined]
 
 
-def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef]]:
+def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             yield node.name, node
         elif isinstance(node, ast.ClassDef):
             for item in node.body:
-                if isinstance(item, ast.FunctionDef):
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
                     yield f"{node.name}.{item.name}", item
 
 
@@ -142,7 +143,7 @@ def enumerate_mutants(name: str) -> tuple[list[Mutant], bytes]:
             for node in ast.walk(stmt):
                 if isinstance(node, ast.JoinedStr):
                     continue
-                if isinstance(node, ast.stmt) and not isinstance(node, ast.FunctionDef | ast.ClassDef):
+                if isinstance(node, ast.stmt) and not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                     if isinstance(node, ast.Return) and node.value is not None and not (
                             isinstance(node.value, ast.Constant) and node.value.value is None):
                         s, e = _span(node, starts, raw)
