@@ -53,6 +53,21 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
                  "Service.run", "SettleOnSend.__init__", "SettleOnSend.__call__", "check_request_id",
                  "check_finite", "encode", "_replay_headers"),
                 ("tests/test_guarantees_serve.py", "tests/test_serve_units.py", "tests/test_serve_charging.py")),
+    "selection": ("src/stealkit/extract/datafree/selection.py",
+                  ("ExponentialAverage.__init__", "ExponentialAverage.update", "agreement", "HeldOutStore.__init__",
+                   "HeldOutStore.add", "HeldOutStore.scalars", "HeldOutStore.load", "StudentSelector.__init__",
+                   "StudentSelector.add", "StudentSelector.consider", "StudentSelector.beats",
+                   "StudentSelector.tensors", "StudentSelector.scalars", "StudentSelector.load"),
+                  ("tests/test_guarantees_selection.py",
+                   *(f"tests/test_datafree_labelonly.py::{t}" for t in (
+                       "test_selector_never_trades_its_student_for_a_worse_one",
+                       "test_reservoir_store_keeps_rows_from_every_round_and_recent_store_only_the_last",
+                       "test_selection_margin_keeps_the_snapshot_within_the_store_noise",
+                       "test_a_selector_plugs_in_through_make_selector",
+                       "test_exponential_average_moves_towards_the_weights",
+                       "test_holdout_rows_are_paid_for_but_never_trained_on",
+                       "test_curve_reports_the_selected_student_and_its_gap",
+                       "test_selection_settings_are_checked")))),
 }
 
 _CMP_FLIP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
@@ -234,7 +249,7 @@ def main() -> None:
         rows = []
         for name in args.modules:
             path, _, tests = MODULES[name]
-            tests = tuple(t for t in tests if (ROOT / t).exists())
+            tests = tuple(t for t in tests if (ROOT / t.split("::")[0]).exists())
             mutants, raw = enumerate_mutants(name)
             if args.list:
                 for i, m in enumerate(mutants):
