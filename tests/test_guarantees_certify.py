@@ -10,6 +10,8 @@ this file first with ``-x``.
 
 from __future__ import annotations
 
+from decimal import Decimal, localcontext
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -254,6 +256,52 @@ def test_renyi_against_brute_force_theorem_2(p1: float, p2: float) -> None:
     brute = _renyi_brute(p1, p2, 0.8)
     got = B.renyi_radius(p1, p2, 0.8)
     assert got >= brute - 1e-9 and got == pytest.approx(brute, rel=2e-6)
+
+
+def _renyi_exact(p1: float, p2: float, alpha: float) -> float:
+    """Lemma 1's bound divided by alpha, ``-log(1 - p1 - p2 + 2 M_{1-alpha}(p1, p2)) / alpha``, in 60-digit
+    decimal arithmetic (the float inputs taken exactly)."""
+    with localcontext() as ctx:
+        ctx.prec, ctx.Emax, ctx.Emin = 60, 10**8, -(10**8)
+        a, b, al = Decimal(p1), Decimal(p2), Decimal(alpha)
+        t = 1 - al
+        m = ((a**t + b**t) / 2) ** (1 / t)
+        return float(-(1 - a - b + 2 * m).ln() / al)
+
+
+NEAR_TIES = [(0.025032954365576177, 0.025032406412029373), (0.1609843636031575, 0.1609585882137287),
+             (0.4, 0.4 * (1 - 1e-12)), (0.49990, 0.49985), (0.5118, 0.4972), (0.9, 0.1), (0.7, 0.001)]
+
+
+@pytest.mark.parametrize(("p1", "p2"), NEAR_TIES)
+def test_renyi_divergence_bound_is_accurate_near_a_tie(p1: float, p2: float) -> None:
+    """Near a tie ``1 - p1 - p2 + 2 M`` is ``1 - O(eps)``: evaluated plainly, its rounding noise divided by a small
+    ``1 - alpha`` overstated the bound by up to 1e15 times (and the radius by 13 times at the first pair)."""
+    for alpha in (1 + 1e-9, 1 + 1e-6, 1.001, 1.5, 3.0, 100.0, 1e6):
+        want = _renyi_exact(p1, p2, alpha)
+        got = float(B.renyi_divergence_bound(np.array(p1), np.array(p2), np.array(alpha)))
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-300), alpha
+
+
+@pytest.mark.parametrize(("p1", "p2"), NEAR_TIES[:4])
+def test_renyi_radius_near_a_tie_is_not_overstated(p1: float, p2: float) -> None:
+    """The bound is nearly flat in alpha near a tie; the radius must match the exact supremum on a wide alpha grid
+    (it overstated it 13 times at the first pair when the bound was evaluated plainly)."""
+    best = max(_renyi_exact(p1, p2, 1 + 10.0**k) for k in np.linspace(-8, 6, 15))
+    assert B.renyi_radius(p1, p2, 1.0) == pytest.approx(np.sqrt(2 * best), rel=1e-4)
+    assert B.renyi_radius_reference(p1, p2, 1.0) <= np.sqrt(2 * best) * (1 + 1e-4)
+
+
+def test_renyi_radius_broadcasts_a_scalar_against_an_array() -> None:
+    p2 = np.array([0.05, 0.1, 0.01])
+    for fn in (B.renyi_radius, B.renyi_radius_reference, B.pixeldp_radius):
+        r = fn(0.9, p2, 1.0)
+        assert isinstance(r, np.ndarray) and r.shape == (3,)
+        np.testing.assert_allclose(r, [fn(0.9, float(q), 1.0) for q in p2], rtol=1e-12)
+        r = fn(np.array([0.9, 0.8, 0.7]), 0.05, 1.0)
+        assert r.shape == (3,)
+    r2 = B.cohen_radius(0.9, 1.0, p2)
+    assert isinstance(r2, np.ndarray) and r2.shape == (3,)
 
 
 def test_renyi_closed_form_at_p2_zero() -> None:
