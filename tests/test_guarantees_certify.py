@@ -327,6 +327,9 @@ def test_renyi_divergence_bound_formula() -> None:
     # never negative, never nan (p1 = p2 gives 0; p1 < p2 gives the symmetric value, gated by the radius)
     v = B.renyi_divergence_bound(np.array([0.4, 0.0]), np.array([0.4, 0.0]), np.array([2.0, 2.0]))
     assert np.all(v == 0.0)
+    # outside the domain (the radii check their inputs first) the bound is 0, not nan
+    v = B.renyi_divergence_bound(np.array([-0.1, 0.2, np.nan]), np.array([0.2, np.nan, 0.1]), np.full(3, 2.0))
+    assert np.all(v == 0.0)
 
 
 def test_renyi_zero_without_a_gap_and_monotone() -> None:
