@@ -67,6 +67,8 @@ def test_exponential_average_is_exact_and_copies_buffers() -> None:
     with pytest.raises(ValueError):
         avg.update(nn.Linear(3, 2))  # another architecture is refused, not averaged in part
     with pytest.raises(ValueError):
+        ExponentialAverage(nn.Linear(2, 2), 0.5).update(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)))
+    with pytest.raises(ValueError):
         ExponentialAverage(nn.BatchNorm1d(2), 0.5).update(nn.LayerNorm(2))  # buffers must match too
 
 
