@@ -378,6 +378,21 @@ def test_pixeldp_against_brute_force(p1: float, p2: float) -> None:
     assert small == pytest.approx(_pixeldp_brute(p1, p2, 0.7, 0.2), rel=1e-6) and small <= got + 1e-15
 
 
+def test_pixeldp_refines_at_both_ends_of_the_eps_grid() -> None:
+    """The best eps in the first grid cell (a near tie) and in the last one: the golden-section refinement must
+    search the cells on both sides of the best grid point (against a 2,000,001-point eps search)."""
+    def brute(p1: float, p2: float) -> float:
+        e = np.linspace(1e-7, 1.0, 2_000_001)
+        d = (p1 - np.exp(2 * e) * p2) / (1 + np.exp(e))
+        ok = d > 0
+        return float((e[ok] / np.sqrt(2 * np.log(1.25 / d[ok]))).max())
+
+    p1, p2 = 0.1881545037427702, 0.1875534974706971  # best eps below the second grid point, 0.002
+    assert B.pixeldp_radius(p1, p2, 1.0) == pytest.approx(brute(p1, p2), rel=1e-6)
+    p1, p2 = 0.2296449339164094, 0.02527356149772473  # best eps between the last two grid points
+    assert B.pixeldp_radius(p1, p2, 1.0) == pytest.approx(brute(p1, p2), rel=1e-10)
+
+
 def test_pixeldp_value_and_grid() -> None:
     # eps / sqrt(2 log(1.25 / delta)), delta = (p1 - e^{2 eps} p2) / (1 + e^eps)
     eps = np.array([0.1, 0.5, 1.0])
@@ -395,6 +410,11 @@ def test_pixeldp_value_and_grid() -> None:
     got = B.pixeldp_radius_grid(0.9, 0.05, 1.0, [0.1, 0.5], [1e-3, 0.01])
     assert got == pytest.approx(0.5 / np.sqrt(2 * np.log(125.0)))
     assert type(got) is float
+    # feasibility is p1 >= e^{2 eps} p2 + (1 + e^eps) delta, the boundary included
+    e_, p2_, d_ = np.array([[0.3]]), 0.1, np.array([[0.02]])
+    p1_ = float((np.exp(2 * e_) * p2_ + (1 + np.exp(e_)) * d_)[0, 0])
+    assert B.pixeldp_radius_grid(p1_, p2_, 1.0, [0.3], [0.02]) == pytest.approx(0.3 / np.sqrt(2 * np.log(62.5)))
+    assert B.pixeldp_radius_grid(np.nextafter(p1_, 0), p2_, 1.0, [0.3], [0.02]) == 0.0
 
 
 def test_radius_dispatch() -> None:

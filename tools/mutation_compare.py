@@ -1,7 +1,7 @@
 """Numerical evidence for equivalent mutants of ``certify/bounds.py`` (docs/mutation.md, "Bounds").
 
 Loads the unmutated module and each given mutant (the same mutants ``tools/mutation.py --list bounds`` prints),
-evaluates ``renyi_radius`` on 12,000 random ``(p1, p2)`` pairs (near ties, ``p1`` near 0 and 1, ``p2`` down to
+evaluates ``renyi_radius`` (or ``--fn pixeldp_radius``) on 12,000 random ``(p1, p2)`` pairs (near ties, ``p1`` near 0 and 1, ``p2`` down to
 1e-15 x ``p1``; seed 0), and prints the largest absolute and relative difference and where the grid maximum falls.
 
     PYTHONPATH=src python tools/mutation_compare.py 62 66 77 90 91 94 95 96 98 243 245 277 281 283
@@ -39,10 +39,11 @@ def pairs(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("indices", type=int, nargs="+")
+    ap.add_argument("--fn", default="renyi_radius", help="the radius compared (renyi_radius or pixeldp_radius)")
     args = ap.parse_args()
     p1, p2 = pairs()
     orig = load(None)
-    ref = orig.renyi_radius(p1, p2, 1.0)
+    ref = getattr(orig, args.fn)(p1, p2, 1.0)
     grid = 1.0 + np.exp(orig._RENYI_LOG_GRID)[None, :]
     i = orig.renyi_divergence_bound(p1[:, None], p2[:, None], grid).argmax(axis=1)
     print(f"{len(p1)} pairs; grid argmax index {i.min()}..{i.max()} of {grid.shape[1]}")
@@ -50,7 +51,7 @@ def main() -> None:
     for idx in args.indices:
         m = mutants[idx]
         try:
-            got = load(idx).renyi_radius(p1, p2, 1.0)
+            got = getattr(load(idx), args.fn)(p1, p2, 1.0)
         except Exception as exc:  # noqa: BLE001 - a mutant may raise: that is a difference
             print(f"bounds[{idx}] {m.function}: raises {type(exc).__name__}")
             continue
