@@ -195,6 +195,12 @@ def _run_child(tests: tuple[str, ...]) -> int:
         return int(pytest.main(args))
 
 
+def _test_digest(tests: tuple[str, ...]) -> str:
+    import hashlib
+
+    return hashlib.sha256(b"".join((ROOT / t.split("::")[0]).read_bytes() for t in tests)).hexdigest()
+
+
 def run_one(tests: tuple[str, ...], limit: float) -> tuple[str, float]:
     t0 = time.monotonic()
     pid = os.fork()
@@ -256,12 +262,15 @@ def main() -> None:
                     print(f"{name}[{i}] {m.function}:{m.line} {m.operator}: {m.original!r} -> {m.replacement!r}")
                 continue
             target = copy / Path(path).relative_to("src")
+            checked = _test_digest(tests)
             outcome, base = run_one(tests, 1800)
             if outcome != "survived":
                 raise SystemExit(f"{name}: the tests fail on the unmutated code ({outcome})")
             limit = 3 * base + 30
             chosen = [mutants[i] for i in args.only] if args.only else mutants
             for m in chosen:
+                if _test_digest(tests) != checked:  # a changed test was never run on the unmutated code
+                    raise SystemExit(f"{name}: a test file changed during the run; run again")
                 target.write_bytes(_apply(raw, m))
                 m.outcome, m.seconds = run_one(tests, limit)
                 target.write_bytes(raw)
