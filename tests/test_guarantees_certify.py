@@ -10,6 +10,8 @@ this file first with ``-x``.
 
 from __future__ import annotations
 
+from decimal import Decimal, localcontext
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -256,6 +258,54 @@ def test_renyi_against_brute_force_theorem_2(p1: float, p2: float) -> None:
     assert got >= brute - 1e-9 and got == pytest.approx(brute, rel=2e-6)
 
 
+def _renyi_exact(p1: float, p2: float, alpha: float) -> float:
+    """Lemma 1's bound divided by alpha, ``-log(1 - p1 - p2 + 2 M_{1-alpha}(p1, p2)) / alpha``, in 60-digit
+    decimal arithmetic (the float inputs taken exactly)."""
+    with localcontext() as ctx:
+        ctx.prec, ctx.Emax, ctx.Emin = 60, 10**8, -(10**8)
+        a, b, al = Decimal(p1), Decimal(p2), Decimal(alpha)
+        t = 1 - al
+        m = ((a**t + b**t) / 2) ** (1 / t)
+        return float(-(1 - a - b + 2 * m).ln() / al)
+
+
+NEAR_TIES = [(0.025032954365576177, 0.025032406412029373), (0.1609843636031575, 0.1609585882137287),
+             (0.4, 0.4 * (1 - 1e-12)), (0.49990, 0.49985), (0.9999999999999988, 1.2212453270876722e-15),
+             (0.6, 0.4 - 1e-10), (0.5118, 0.4872), (0.9, 0.1), (0.7, 0.001), (0.5988338682751526, 0.00442273618626355)]
+
+
+@pytest.mark.parametrize(("p1", "p2"), NEAR_TIES)
+def test_renyi_divergence_bound_is_accurate_near_a_tie(p1: float, p2: float) -> None:
+    """Near a tie ``1 - p1 - p2 + 2 M`` is ``1 - O(eps)``: evaluated plainly, its rounding noise divided by a small
+    ``1 - alpha`` overstated the bound by up to 1e15 times (and the radius by 13 times at the first pair); near
+    ``p1 + p2 = 1`` it is tiny and must not be taken as ``1 - (p1 + p2 - 2 M)``."""
+    for alpha in (1 + 1e-9, 1 + 1e-7, 1 + 1e-6, 1.001, 1.5, 3.0, 100.0, 1e6):
+        want = _renyi_exact(p1, p2, alpha)
+        got = float(B.renyi_divergence_bound(np.array(p1), np.array(p2), np.array(alpha)))
+        assert got == pytest.approx(want, rel=1e-10, abs=1e-300), alpha
+
+
+@pytest.mark.parametrize(("p1", "p2"), NEAR_TIES[:4])
+def test_renyi_radius_near_a_tie_is_not_overstated(p1: float, p2: float) -> None:
+    """The bound is nearly flat in alpha near a tie; the radius must match the exact supremum on a wide alpha grid
+    (it overstated it 13 times at the first pair when the bound was evaluated plainly)."""
+    best = max(_renyi_exact(p1, p2, 1 + 10.0**k) for k in np.linspace(-8, 6, 15))
+    assert B.renyi_radius(p1, p2, 1.0) == pytest.approx(np.sqrt(2 * best), rel=1e-4)
+    assert B.renyi_radius_reference(p1, p2, 1.0) <= np.sqrt(2 * best) * (1 + 1e-4)
+
+
+def test_renyi_radius_broadcasts_a_scalar_against_an_array() -> None:
+    p2 = np.array([0.05, 0.1, 0.01])
+    for fn in (B.renyi_radius, B.renyi_radius_reference, B.pixeldp_radius):
+        r = fn(0.9, p2, 1.0)
+        assert isinstance(r, np.ndarray) and r.shape == (3,)
+        np.testing.assert_allclose(r, [fn(0.9, float(q), 1.0) for q in p2], rtol=1e-12)
+        r = fn(np.array([0.9, 0.8, 0.7]), 0.05, 1.0)
+        assert r.shape == (3,)
+    r2 = B.cohen_radius(0.9, 1.0, p2)
+    assert isinstance(r2, np.ndarray) and r2.shape == (3,)
+
+
 def test_renyi_closed_form_at_p2_zero() -> None:
     """p2 = 0: M_{1-alpha}(p1, 0) = 0 for alpha > 1, so the sup is at alpha -> 1: sigma sqrt(-2 log(1 - p1))."""
     p1 = np.array([0.1, 0.5, 0.9, 0.999])
@@ -276,6 +326,9 @@ def test_renyi_divergence_bound_formula() -> None:
     np.testing.assert_allclose(B.renyi_divergence_bound(p1, p2, np.full(3, 1 + 1e-13)), geo, rtol=1e-9)
     # never negative, never nan (p1 = p2 gives 0; p1 < p2 gives the symmetric value, gated by the radius)
     v = B.renyi_divergence_bound(np.array([0.4, 0.0]), np.array([0.4, 0.0]), np.array([2.0, 2.0]))
+    assert np.all(v == 0.0)
+    # outside the domain (the radii check their inputs first) the bound is 0, not nan
+    v = B.renyi_divergence_bound(np.array([-0.1, 0.2, np.nan]), np.array([0.2, np.nan, 0.1]), np.full(3, 2.0))
     assert np.all(v == 0.0)
 
 
@@ -325,6 +378,21 @@ def test_pixeldp_against_brute_force(p1: float, p2: float) -> None:
     assert small == pytest.approx(_pixeldp_brute(p1, p2, 0.7, 0.2), rel=1e-6) and small <= got + 1e-15
 
 
+def test_pixeldp_refines_at_both_ends_of_the_eps_grid() -> None:
+    """The best eps in the first grid cell (a near tie) and in the last one: the golden-section refinement must
+    search the cells on both sides of the best grid point (against a 2,000,001-point eps search)."""
+    def brute(p1: float, p2: float) -> float:
+        e = np.linspace(1e-7, 1.0, 2_000_001)
+        d = (p1 - np.exp(2 * e) * p2) / (1 + np.exp(e))
+        ok = d > 0
+        return float((e[ok] / np.sqrt(2 * np.log(1.25 / d[ok]))).max())
+
+    p1, p2 = 0.1881545037427702, 0.1875534974706971  # best eps below the second grid point, 0.002
+    assert B.pixeldp_radius(p1, p2, 1.0) == pytest.approx(brute(p1, p2), rel=1e-6)
+    p1, p2 = 0.2296449339164094, 0.02527356149772473  # best eps between the last two grid points
+    assert B.pixeldp_radius(p1, p2, 1.0) == pytest.approx(brute(p1, p2), rel=1e-10)
+
+
 def test_pixeldp_value_and_grid() -> None:
     # eps / sqrt(2 log(1.25 / delta)), delta = (p1 - e^{2 eps} p2) / (1 + e^eps)
     eps = np.array([0.1, 0.5, 1.0])
@@ -342,6 +410,11 @@ def test_pixeldp_value_and_grid() -> None:
     got = B.pixeldp_radius_grid(0.9, 0.05, 1.0, [0.1, 0.5], [1e-3, 0.01])
     assert got == pytest.approx(0.5 / np.sqrt(2 * np.log(125.0)))
     assert type(got) is float
+    # feasibility is p1 >= e^{2 eps} p2 + (1 + e^eps) delta, the boundary included
+    e_, p2_, d_ = np.array([[0.3]]), 0.1, np.array([[0.02]])
+    p1_ = float((np.exp(2 * e_) * p2_ + (1 + np.exp(e_)) * d_)[0, 0])
+    assert B.pixeldp_radius_grid(p1_, p2_, 1.0, [0.3], [0.02]) == pytest.approx(0.3 / np.sqrt(2 * np.log(62.5)))
+    assert B.pixeldp_radius_grid(np.nextafter(p1_, 0), p2_, 1.0, [0.3], [0.02]) == 0.0
 
 
 def test_radius_dispatch() -> None:

@@ -44,14 +44,30 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "confidence": ("src/stealkit/certify/confidence.py", (),
                    ("tests/test_guarantees_certify.py", "tests/test_certify_bounds.py")),
     "store": ("src/stealkit/serve/store.py",
-              ("Usage.left", "Usage.explain_left", "Usage.remaining", "Usage.ledger", "Usage.as_dict",
+              ("Usage.left", "Usage.explain_left", "Usage.remaining", "Usage.ledger", "Usage.as_dict", "Store.usage",
                "Store.reserve", "Store.settle", "Store.refund", "Store._refund", "Store.recover", "Store.charge",
                "Store.audit"),
-              ("tests/test_guarantees_serve.py", "tests/test_serve_charging.py", "tests/test_replay.py",
-               "tests/test_serve_units.py")),
+              ("tests/test_guarantees_serve.py", "tests/test_serve_units.py", "tests/test_serve_charging.py")),
     "service": ("src/stealkit/serve/service.py",
-                ("Query.n", "Query.cost", "Service.reserve", "Service.run", "check_finite", "encode"),
-                ("tests/test_guarantees_serve.py", "tests/test_serve_charging.py", "tests/test_serve_units.py")),
+                ("Query.n", "Query.cost", "Query.fingerprint", "Service.check_budget", "Service.reserve",
+                 "Service.run", "SettleOnSend.__init__", "SettleOnSend.__call__", "check_request_id",
+                 "check_finite", "encode", "_replay_headers"),
+                ("tests/test_guarantees_serve.py", "tests/test_serve_units.py", "tests/test_serve_charging.py")),
+    "selection": ("src/stealkit/extract/datafree/selection.py",
+                  ("ExponentialAverage.__init__", "ExponentialAverage.update", "agreement", "HeldOutStore.__init__",
+                   "HeldOutStore.add", "HeldOutStore.scalars", "HeldOutStore.load", "StudentSelector.__init__",
+                   "StudentSelector.add", "StudentSelector.consider", "StudentSelector.beats",
+                   "StudentSelector.tensors", "StudentSelector.scalars", "StudentSelector.load"),
+                  ("tests/test_guarantees_selection.py",
+                   *(f"tests/test_datafree_labelonly.py::{t}" for t in (
+                       "test_selector_never_trades_its_student_for_a_worse_one",
+                       "test_reservoir_store_keeps_rows_from_every_round_and_recent_store_only_the_last",
+                       "test_selection_margin_keeps_the_snapshot_within_the_store_noise",
+                       "test_a_selector_plugs_in_through_make_selector",
+                       "test_exponential_average_moves_towards_the_weights",
+                       "test_holdout_rows_are_paid_for_but_never_trained_on",
+                       "test_curve_reports_the_selected_student_and_its_gap",
+                       "test_selection_settings_are_checked")))),
 }
 
 _CMP_FLIP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
@@ -87,13 +103,13 @@ def _span(node: ast.AST, starts: list[int], raw: bytes) -> tuple[int, int]:
             starts[node.end_lineno - 1] + node.end_col_offset)  # type: ignore[attr-defined]
 
 
-def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef]]:
+def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             yield node.name, node
         elif isinstance(node, ast.ClassDef):
             for item in node.body:
-                if isinstance(item, ast.FunctionDef):
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
                     yield f"{node.name}.{item.name}", item
 
 
@@ -142,7 +158,7 @@ def enumerate_mutants(name: str) -> tuple[list[Mutant], bytes]:
             for node in ast.walk(stmt):
                 if isinstance(node, ast.JoinedStr):
                     continue
-                if isinstance(node, ast.stmt) and not isinstance(node, ast.FunctionDef | ast.ClassDef):
+                if isinstance(node, ast.stmt) and not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                     if isinstance(node, ast.Return) and node.value is not None and not (
                             isinstance(node.value, ast.Constant) and node.value.value is None):
                         s, e = _span(node, starts, raw)
@@ -177,6 +193,12 @@ def _run_child(tests: tuple[str, ...]) -> int:
         os.dup2(null.fileno(), 1)
         os.dup2(null.fileno(), 2)
         return int(pytest.main(args))
+
+
+def _test_digest(tests: tuple[str, ...]) -> str:
+    import hashlib
+
+    return hashlib.sha256(b"".join((ROOT / t.split("::")[0]).read_bytes() for t in tests)).hexdigest()
 
 
 def run_one(tests: tuple[str, ...], limit: float) -> tuple[str, float]:
@@ -233,19 +255,22 @@ def main() -> None:
         rows = []
         for name in args.modules:
             path, _, tests = MODULES[name]
-            tests = tuple(t for t in tests if (ROOT / t).exists())
+            tests = tuple(t for t in tests if (ROOT / t.split("::")[0]).exists())
             mutants, raw = enumerate_mutants(name)
             if args.list:
                 for i, m in enumerate(mutants):
                     print(f"{name}[{i}] {m.function}:{m.line} {m.operator}: {m.original!r} -> {m.replacement!r}")
                 continue
             target = copy / Path(path).relative_to("src")
+            checked = _test_digest(tests)
             outcome, base = run_one(tests, 1800)
             if outcome != "survived":
                 raise SystemExit(f"{name}: the tests fail on the unmutated code ({outcome})")
             limit = 3 * base + 30
             chosen = [mutants[i] for i in args.only] if args.only else mutants
             for m in chosen:
+                if _test_digest(tests) != checked:  # a changed test was never run on the unmutated code
+                    raise SystemExit(f"{name}: a test file changed during the run; run again")
                 target.write_bytes(_apply(raw, m))
                 m.outcome, m.seconds = run_one(tests, limit)
                 target.write_bytes(raw)
