@@ -259,3 +259,14 @@ def test_data_free_attacker_is_a_row_of_the_extraction_table(tmp_path: Path) -> 
     assert row["answers"] == "label" and row["fidelity @500"] == free["fidelity"]
     assert summary["queries"] <= 540
     assert "no data at all" in (out / "report.html").read_text()
+
+
+def test_unknown_victim_and_too_small_a_budget_are_one_line_each(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["-q", "audit", "--victim", "standard:nope", "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "unknown standard victim" in err and len(err.splitlines()) == 1
+    assert main(["-q", "audit", "--victim", VICTIM, "--max-queries", "10", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "too small for any part" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
