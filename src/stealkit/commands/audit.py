@@ -621,6 +621,12 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
                         logx=True, hlines={"90 %": 0.9, "95 %": 0.95}, ylim=(0, 1.02))
         out[1].figures.append(Figure(uri, "Fidelity of the stolen copy against queries, per answer kind and "
                                           "attacker"))
+    rec = summary.get("reconciliation")
+    if rec and rec.get("server") is not None:
+        out.append(Section("Queries reconciled with the server", paragraphs=[
+            f"The server's count for this key over the audit (GET /v1/charges, queries used at the end less at "
+            f"the start): {rec['server']}. The audit's ledgers: {rec['audit']}. "
+            + ("Equal." if rec["equal"] else "Not equal: another client may share the key.")]))
     if summary.get("enables"):
         out.append(Section("What the stolen copy enables", paragraphs=[
             "Transfer: `stealkit attack pgd` crafts on the best stolen copy at the paper's eps (CoDFe's transfer "
@@ -758,9 +764,23 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
     if plan_only:
         return []
     run.create(command="audit", seed=seed, config=config)
+    usage_path = run.path / "server_usage_before.json"
+    if not usage_path.exists():  # the server's count when the audit first started (a resumed audit keeps it)
+        from stealkit.fsutil import atomic_write_json
+
+        before = server_usage(victim, key)
+        if before is not None:
+            atomic_write_json(usage_path, before)
     results = run_audit(parts, run, on_part=on_part, echo=lambda s: click.echo(s, err=True), victim=victim, key=key,
                         top_k=top_k, dataset=dataset, data_dir=data_dir, device=device, seed=seed, extra=extra)
     summary = summarise(parts, results, max_queries, notes)
+    if usage_path.exists():
+        spent: dict[str, int] = {}
+        for r in results:
+            for k, v in r["queries"].items():
+                spent[k] = spent.get(k, 0) + int(v)
+        summary["reconciliation"] = reconcile(json.loads(usage_path.read_text(encoding="utf-8")),
+                                              server_usage(victim, key), spent)
     run.write_summary(summary)
     from stealkit.report.builders import write_report
 
@@ -771,7 +791,41 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
         click.echo(format_table(summary["enables"]))
     click.echo(f"queries {summary['queries']:,} of --max-queries {max_queries:,} (from the ledgers); "
                f"report: {run.report_path}")
+    rec = summary.get("reconciliation")
+    if rec and rec.get("server") is not None:
+        click.echo(f"server's /v1/charges over the audit: {rec['server']}; the audit's ledgers: {rec['audit']}: "
+                   + ("equal" if rec["equal"] else "NOT EQUAL"))
     return failed_gates(summary["headline"], fail_if)
+
+
+def server_usage(victim: str, key: str | None) -> dict[str, int] | None:
+    """The key's queries used as ``stealkit serve`` counts them (``GET /v1/charges``: ``queries_used``), or
+    ``None`` for a victim that is not a stealkit server (a local model, an Open Inference Protocol endpoint)."""
+    import httpx
+
+    from stealkit.extract.common import is_url
+
+    if not is_url(victim) or victim.startswith("v2+"):
+        return None
+    try:
+        r = httpx.get(victim.rstrip("/") + "/v1/charges", params={"limit": 1},
+                      headers={"authorization": f"Bearer {key}"} if key else {}, timeout=30)
+    except httpx.HTTPError as exc:
+        raise InputError(f"{victim} does not answer ({type(exc).__name__}); is the server running?") from None
+    if r.status_code != 200:
+        return None
+    used = r.json().get("queries_used") or {}
+    return {k: int(v) for k, v in used.items()}
+
+
+def reconcile(before: dict[str, int] | None, after: dict[str, int] | None, spent: dict[str, int]) -> dict[str, Any]:
+    """The audit's ledgers against the server's count over the audit: equal, or the difference."""
+    if before is None or after is None:
+        return {"server": None, "note": "the victim is not a stealkit server: no /v1/charges to reconcile with"}
+    server = {k: after.get(k, 0) - before.get(k, 0) for k in set(after) | set(before)}
+    kinds = set(server) | set(spent)
+    equal = all(server.get(k, 0) == spent.get(k, 0) for k in kinds)
+    return {"server": server, "audit": spent, "equal": equal}
 
 
 def _num_classes(victim: str, key: str | None, dataset: str | None) -> int:

@@ -1,0 +1,33 @@
+"""``stealkit audit`` over HTTP as a real client of ``stealkit serve``: its ledgers equal the server's count."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stealkit.cli import main
+from tests.test_serve_support import live_server, make_victim, write_keys
+
+pytestmark = pytest.mark.slow
+
+KEY = "audit-key-Zx81QpLw6RtV3mNb7Yc4"
+TINY = ["--recipe=--student=mlp2", "--recipe=--student-arg=hidden=8", "--recipe=--epochs=1",
+        "--recipe=--set=min_steps=0"]
+
+
+def test_audit_over_http_reconciles_with_the_servers_charges(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    victim = make_victim(tmp_path / "victim")
+    keys = write_keys(tmp_path / "keys.toml", [{"key": KEY, "name": "audit", "mode": "probs", "budget": 5000}])
+    with live_server(victim, keys, tmp_path / "db.sqlite", log=tmp_path / "server.log") as url:
+        out = tmp_path / "a"
+        assert main(["-q", "audit", "--victim", url, "--key", KEY, "--dataset", "digits", "--answers", "label",
+                     "--budgets", "20", *TINY, "--transfer-images", "10", "--decision-images", "0",
+                     "--decision-queries", "10", "--datafree-budget", "0", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    rec = summary["reconciliation"]
+    assert rec["equal"] is True and rec["server"]["predict"] == summary["queries"] > 40
+    assert "equal" in capsys.readouterr().out
+    assert "Queries reconciled with the server" in (out / "report.html").read_text()
