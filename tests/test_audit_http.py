@@ -31,3 +31,17 @@ def test_audit_over_http_reconciles_with_the_servers_charges(tmp_path: Path,
     assert rec["equal"] is True and rec["server"]["predict"] == summary["queries"] > 40
     assert "equal" in capsys.readouterr().out
     assert "Queries reconciled with the server" in (out / "report.html").read_text()
+
+
+def test_probs_from_a_label_only_key_is_one_line_before_any_query(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    victim = make_victim(tmp_path / "victim")
+    label_key = "label-key-Zx81QpLw6RtV3mNb7Yc4"
+    keys = write_keys(tmp_path / "keys.toml", [{"key": label_key, "name": "labels", "mode": "label"}])
+    with live_server(victim, keys, tmp_path / "db.sqlite", log=tmp_path / "server.log") as url:
+        code = main(["-q", "audit", "--victim", url, "--key", label_key, "--dataset", "digits", "--answers", "probs",
+                     "--budgets", "20", *TINY, "--transfer-images", "0", "--decision-images", "0",
+                     "--datafree-budget", "0", "--out", str(tmp_path / "p")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--answers probs" in err[0], err
+    assert not (tmp_path / "p").exists()  # refused before the plan: nothing written, nothing queried

@@ -749,6 +749,8 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
         if value < 0:
             raise InputError(f"--{name.replace('_', '-')} must be 0 (leave the part out) or positive, got {value}")
     num_classes = _num_classes(victim, key, dataset)
+    if is_url(victim):
+        _check_answers(victim, key, dataset, kinds, top_k)
     attackers = {"like": pool, "unrelated": unrelated}
     parts, notes = make_plan(kinds, attackers, ladder, max_queries, num_classes=num_classes, extra=extra,
                              defences=list(dict.fromkeys(defences)), extras=extras)
@@ -826,6 +828,18 @@ def reconcile(before: dict[str, int] | None, after: dict[str, int] | None, spent
     kinds = set(server) | set(spent)
     equal = all(server.get(k, 0) == spent.get(k, 0) for k in kinds)
     return {"server": server, "audit": spent, "equal": equal}
+
+
+def _check_answers(victim: str, key: str | None, dataset: str | None, kinds: Sequence[str], top_k: int) -> None:
+    """Refuse, before any query, an answer kind the remote victim (this key) does not serve."""
+    from stealkit.extract.common import open_victim
+
+    for kind in kinds:
+        try:
+            _close(open_victim(victim, mode=kind, budget=0, top_k=top_k, key=key, dataset=dataset))
+        except InputError as exc:
+            raise InputError(f"--answers {kind}: {victim} does not serve it to this key ({exc}); audit the "
+                             "answer kinds it serves") from None
 
 
 def _num_classes(victim: str, key: str | None, dataset: str | None) -> int:
