@@ -45,3 +45,36 @@ def test_probs_from_a_label_only_key_is_one_line_before_any_query(
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "--answers probs" in err[0], err
     assert not (tmp_path / "p").exists()  # refused before the plan: nothing written, nothing queried
+
+
+def test_a_server_that_stops_mid_audit_is_one_line_and_the_finished_parts_stay(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import contextlib
+
+    from stealkit.cli import main as cli_main
+    from stealkit.commands import audit
+
+    victim = make_victim(tmp_path / "victim")
+    keys = write_keys(tmp_path / "keys.toml", [{"key": KEY, "name": "audit", "mode": "probs", "budget": 5000}])
+    stack = contextlib.ExitStack()
+    url = stack.enter_context(live_server(victim, keys, tmp_path / "db.sqlite", log=tmp_path / "server.log"))
+    real = audit.run_part
+    calls = []
+
+    def stop_after_first(part, **kw):  # the server goes away once the first part has finished
+        if calls:
+            stack.close()
+        calls.append(part.id)
+        return real(part, **kw)
+
+    out = tmp_path / "s"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(audit, "run_part", stop_after_first)
+        code = cli_main(["-q", "audit", "--victim", url, "--key", KEY, "--dataset", "digits", "--answers", "label",
+                         "--budgets", "20", *TINY, "--transfer-images", "0", "--decision-images", "0",
+                         "--datafree-budget", "0", "--out", str(out)])
+    stack.close()
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("[")]
+    assert code != 0 and len(err) == 1 and "error" in err[0], err
+    assert [p.name for p in (out / "parts").glob("*.json")] == ["extract-label-like-20.json"]
+    assert not (out / "summary.json").exists()
