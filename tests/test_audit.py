@@ -17,7 +17,10 @@ VICTIM = "standard:digits-conv2"
 #: a tiny recipe: an 8-unit MLP student, one epoch, no minimum of steps
 TINY = ["--recipe=--student=mlp2", "--recipe=--student-arg=hidden=8", "--recipe=--epochs=1",
         "--recipe=--set=min_steps=0"]
-ARGS = ["audit", "--victim", VICTIM, "--answers", "label,probs", "--budgets", "20,40", *TINY]
+#: the extraction ladder only: no transfer, decision or data-free part
+NO_EXTRAS = ["--transfer-images", "0", "--decision-images", "0", "--datafree-budget", "0"]
+NO_EXTRAS_KW = {"transfer_images": 0, "decision_images": 0, "datafree_budget": 0}
+ARGS = ["audit", "--victim", VICTIM, "--answers", "label,probs", "--budgets", "20,40", *TINY, *NO_EXTRAS]
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +61,7 @@ def test_audit_resumes_without_paying_twice(tmp_path: Path, capsys: pytest.Captu
 
     victim = str(standard_victim("digits-conv2").path)
     kwargs: dict[str, Any] = {"victim": victim, "answers": "label,probs", "budgets": "20,40",
-                              "recipe": [a.split("=", 1)[1] for a in TINY]}
+                              "recipe": [a.split("=", 1)[1] for a in TINY], **NO_EXTRAS_KW}
 
     # an uninterrupted audit
     whole = tmp_path / "whole"
@@ -119,7 +122,7 @@ def test_a_float32_fidelity_at_the_threshold_reaches_it() -> None:
 
 def test_defences_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "d"
-    assert main(["-q", "audit", "--victim", VICTIM, "--answers", "probs", "--budgets", "20", *TINY,
+    assert main(["-q", "audit", "--victim", VICTIM, "--answers", "probs", "--budgets", "20", *TINY, *NO_EXTRAS,
                  "--defence", "round:decimals=1", "--defence", "label", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     rows = {r["defence"]: r for r in summary["headline"]}
@@ -153,7 +156,8 @@ def test_fail_if_gates_on_q90() -> None:
 def test_fail_if_exits_one_after_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "g"
-    args = ["-q", "audit", "--victim", VICTIM, "--answers", "label", "--budgets", "20", *TINY, "--out", str(out)]
+    args = ["-q", "audit", "--victim", VICTIM, "--answers", "label", "--budgets", "20", *TINY, *NO_EXTRAS,
+            "--out", str(out)]
     assert main([*args, "--fail-if", "q90<10"]) == 0  # nothing reaches 90 % below 10 queries
     assert main([*args, "--fail-if", "q90<10", "--fail-if", "bad"]) == 2
     assert "--fail-if" in capsys.readouterr().err
@@ -163,3 +167,106 @@ def test_fail_if_exits_one_after_the_report(tmp_path: Path, capsys: pytest.Captu
     assert main([*args, "--fail-if", "q90<10"]) == 1  # resumed: every part done, no query; the gate trips
     assert "--fail-if q90<10: tripped" in capsys.readouterr().err
     assert (out / "report.html").exists()
+
+
+#: small parts beyond the ladder: PGD on 10 images, HopSkipJump on 2 images at 20 queries each, no data-free part
+SMALL_ATTACKS = {"transfer_images": 10, "decision_images": 2, "decision_queries": 20, "datafree_budget": 0}
+
+
+def test_plan_shows_the_attack_and_data_free_parts_and_fits_them(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["-q", "audit", "--victim", VICTIM, "--answers", "label", "--budgets", "20,40", *TINY]
+    assert main([*base, "--quick", "--plan", "--out", str(tmp_path / "a")]) == 0
+    text = capsys.readouterr().out
+    # --quick: PGD on 100 images (2 x 100 queries at most), HopSkipJump 5 images x (200 + 1), data-free 2,000
+    assert "transfer-pgd-100" in text and "200" in text
+    assert "hopskipjump-without-copy-5x200" in text and "hopskipjump-with-copy-5x200" in text and "1,005" in text
+    assert "datafree-label-2000" in text
+    assert "total" in text and f"{2 * 60 + 200 + 2 * 1005 + 2000:,}" in text
+    # a cap that holds the ladder and the attacks but leaves the data-free part 400 < 500 queries: left out
+    cap = 2 * 60 + 200 + 2 * 1005 + 400
+    assert main([*base, "--quick", "--max-queries", str(cap), "--plan", "--out", str(tmp_path / "b")]) == 0
+    text = capsys.readouterr().out
+    assert "datafree-label" not in text and "data-free attacker left out" in text
+    # the data-free part gets what is left, up to its cap
+    assert main([*base, "--quick", "--max-queries", str(cap + 300), "--plan", "--out", str(tmp_path / "c")]) == 0
+    assert "datafree-label-700 " in capsys.readouterr().out
+    # too small for the attacks: the top rung goes first, then the decision parts, then the transfer part
+    assert main([*base, "--quick", "--max-queries", "300", "--plan", "--out", str(tmp_path / "d")]) == 0
+    text = capsys.readouterr().out
+    assert "rung 40 dropped" in text and "decision attack left out" in text and "transfer-pgd-100" in text
+    assert "hopskipjump" not in text.split("note:")[0]
+
+
+def test_what_the_stolen_copy_enables(tmp_path: Path) -> None:
+    """PGD from the best copy and HopSkipJump without and with it, run as the attack commands under the part's
+    budget: every figure read back from those commands' own summaries, every query from their ledgers."""
+    from stealkit.commands.audit import best_copy, paper_pgd, run_audit_command
+    from stealkit.victims import standard_victim
+
+    victim = str(standard_victim("digits-conv2").path)
+    out = tmp_path / "e"
+    run_audit_command(victim=victim, answers="label", budgets="20,40", recipe=[a.split("=", 1)[1] for a in TINY],
+                      out=str(out), **SMALL_ATTACKS)
+    summary = json.loads((out / "summary.json").read_text())
+    parts = {r["id"]: r for r in summary["parts"]}
+    extracted = [r for r in summary["parts"] if r["part"]["kind"] == "extract"]
+    best = max(extracted, key=lambda r: (r["fidelity"], -r["total_queries"]))
+    assert best_copy(summary["parts"], out / "parts")["id"] == best["id"]
+    assert (out / "parts" / best["id"] / "student" / "model.json").exists()  # the copy, saved as extract saves it
+
+    transfer = parts["transfer-pgd-10"]
+    own = json.loads((out / "parts" / "transfer-pgd-10" / "summary.json").read_text())
+    assert transfer["copy"] == best["id"] and transfer["asr"] == own["asr"]
+    assert own["attack"]["eps"] == paper_pgd()["eps"] == 0.25 and own["attack"]["method"] == "pgd"
+    assert transfer["total_queries"] == sum(own["victim_queries"].values()) == 10 + transfer["attempts"] <= 20
+
+    without = parts["hopskipjump-without-copy-2x20"]
+    with_copy = parts["hopskipjump-with-copy-2x20"]
+    for r in (without, with_copy):
+        assert 2 < r["total_queries"] <= 2 * 21  # 2 clean queries, then at most 20 per image
+        own = json.loads((out / "parts" / r["id"] / "summary.json").read_text())
+        assert r["median_l2"] == own["median_norm_successful"]
+    assert "--substitute" in with_copy["command"] and "--substitute" not in without["command"]
+    assert without["attempts"] == with_copy["attempts"]  # the same test images
+
+    rows = {r["attack"]: r for r in summary["enables"]}
+    assert rows["HopSkipJump with the copy"]["median L2"] == with_copy["median_l2"]
+    assert summary["queries"] == sum(r["total_queries"] for r in summary["parts"]) <= summary["planned_queries"]
+    html = (out / "report.html").read_text()
+    assert "What the stolen copy enables" in html and "PGD at the paper" in html
+
+
+def test_data_free_attacker_is_a_row_of_the_extraction_table(tmp_path: Path) -> None:
+    """The default data-free recipe (stealkit extract codfe, labelonly-v3) at the budget the plan leaves it, on
+    label answers: its copy is a row beside the other attackers', its queries the ledger's."""
+    from stealkit.commands.audit import run_audit_command
+    from stealkit.victims import standard_victim
+
+    victim = str(standard_victim("digits-conv2").path)
+    out = tmp_path / "f"
+    run_audit_command(victim=victim, answers="label", budgets="20", recipe=[a.split("=", 1)[1] for a in TINY],
+                      out=str(out), max_queries=540, transfer_images=0, decision_images=0, datafree_budget=2000)
+    summary = json.loads((out / "summary.json").read_text())
+    (free,) = [r for r in summary["parts"] if r["part"]["kind"] == "datafree"]
+    assert free["id"] == "datafree-label-500"  # 540 - 2 x 20: what the plan leaves, under the cap of 2,000
+    own = json.loads((out / "parts" / free["id"] / "summary.json").read_text())
+    config = json.loads((out / "parts" / free["id"] / "config.json").read_text())
+    assert config["command"] == "extract codfe" and config["config"]["recipe"] == "labelonly-v3"
+    assert free["total_queries"] == sum(own["queries"].values()) <= 500
+    assert free["fidelity"] == own["fidelity"] is not None
+    (row,) = [r for r in summary["headline"] if r["attacker"] == "data-free"]
+    assert row["answers"] == "label" and row["fidelity @500"] == free["fidelity"]
+    assert summary["queries"] <= 540
+    assert "no data at all" in (out / "report.html").read_text()
+
+
+def test_unknown_victim_and_too_small_a_budget_are_one_line_each(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["-q", "audit", "--victim", "standard:nope", "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "unknown standard victim" in err and len(err.splitlines()) == 1
+    assert main(["-q", "audit", "--victim", VICTIM, "--max-queries", "10", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "too small for any part" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

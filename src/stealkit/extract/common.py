@@ -196,8 +196,10 @@ def save_extraction(
     student_kwargs: dict[str, Any] | None = None,
     seed: int,
     config: dict[str, Any],
+    report: bool = True,
 ) -> Path:
-    """Write the student (safetensors + JSON), ``summary.json`` and ``report.html``; returns the student dir."""
+    """Write the student (safetensors + JSON), ``summary.json`` and (``report``) ``report.html``; returns the
+    student dir."""
     from stealkit.models import ModelSpec, save_model
     from stealkit.report.builders import build_report
 
@@ -222,7 +224,8 @@ def save_extraction(
     if notes:
         summary["notes"] = notes
     run.write_summary(summary)
-    run.write_report(build_report(run))
+    if report:
+        run.write_report(build_report(run))
     return student_dir
 
 

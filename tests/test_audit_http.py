@@ -1,0 +1,80 @@
+"""``stealkit audit`` over HTTP as a real client of ``stealkit serve``: its ledgers equal the server's count."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stealkit.cli import main
+from tests.test_serve_support import live_server, make_victim, write_keys
+
+pytestmark = pytest.mark.slow
+
+KEY = "audit-key-Zx81QpLw6RtV3mNb7Yc4"
+TINY = ["--recipe=--student=mlp2", "--recipe=--student-arg=hidden=8", "--recipe=--epochs=1",
+        "--recipe=--set=min_steps=0"]
+
+
+def test_audit_over_http_reconciles_with_the_servers_charges(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    victim = make_victim(tmp_path / "victim")
+    keys = write_keys(tmp_path / "keys.toml", [{"key": KEY, "name": "audit", "mode": "probs", "budget": 5000}])
+    with live_server(victim, keys, tmp_path / "db.sqlite", log=tmp_path / "server.log") as url:
+        out = tmp_path / "a"
+        assert main(["-q", "audit", "--victim", url, "--key", KEY, "--dataset", "digits", "--answers", "label",
+                     "--budgets", "20", *TINY, "--transfer-images", "10", "--decision-images", "0",
+                     "--decision-queries", "10", "--datafree-budget", "0", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    rec = summary["reconciliation"]
+    assert rec["equal"] is True and rec["server"]["predict"] == summary["queries"] > 40
+    assert "equal" in capsys.readouterr().out
+    assert "Queries reconciled with the server" in (out / "report.html").read_text()
+
+
+def test_probs_from_a_label_only_key_is_one_line_before_any_query(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    victim = make_victim(tmp_path / "victim")
+    label_key = "label-key-Zx81QpLw6RtV3mNb7Yc4"
+    keys = write_keys(tmp_path / "keys.toml", [{"key": label_key, "name": "labels", "mode": "label"}])
+    with live_server(victim, keys, tmp_path / "db.sqlite", log=tmp_path / "server.log") as url:
+        code = main(["-q", "audit", "--victim", url, "--key", label_key, "--dataset", "digits", "--answers", "probs",
+                     "--budgets", "20", *TINY, "--transfer-images", "0", "--decision-images", "0",
+                     "--datafree-budget", "0", "--out", str(tmp_path / "p")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--answers probs" in err[0], err
+    assert not (tmp_path / "p").exists()  # refused before the plan: nothing written, nothing queried
+
+
+def test_a_server_that_stops_mid_audit_is_one_line_and_the_finished_parts_stay(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import contextlib
+
+    from stealkit.cli import main as cli_main
+    from stealkit.commands import audit
+
+    victim = make_victim(tmp_path / "victim")
+    keys = write_keys(tmp_path / "keys.toml", [{"key": KEY, "name": "audit", "mode": "probs", "budget": 5000}])
+    stack = contextlib.ExitStack()
+    url = stack.enter_context(live_server(victim, keys, tmp_path / "db.sqlite", log=tmp_path / "server.log"))
+    real = audit.run_part
+    calls = []
+
+    def stop_after_first(part, **kw):  # the server goes away once the first part has finished
+        if calls:
+            stack.close()
+        calls.append(part.id)
+        return real(part, **kw)
+
+    out = tmp_path / "s"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(audit, "run_part", stop_after_first)
+        code = cli_main(["-q", "audit", "--victim", url, "--key", KEY, "--dataset", "digits", "--answers", "label",
+                         "--budgets", "20", *TINY, "--transfer-images", "0", "--decision-images", "0",
+                         "--datafree-budget", "0", "--out", str(out)])
+    stack.close()
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("[")]
+    assert code != 0 and len(err) == 1 and "error" in err[0], err
+    assert [p.name for p in (out / "parts").glob("*.json")] == ["extract-label-like-20.json"]
+    assert not (out / "summary.json").exists()
