@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from stealkit import fmt
 from stealkit.commands.common import (
     device_option,
     parse_int_list,
@@ -67,7 +68,8 @@ def baseline_cmd(victim: str, key: str | None, mode: str, temperature: float, to
                         evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
                         config=config, on_point=run.append_record, device=device)
     save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
-    click.echo(f"accuracy {result.accuracy:.4f}, fidelity {result.fidelity}, queries {result.queries}; "
+    click.echo(f"accuracy {fmt.figure(result.accuracy)}, fidelity {fmt.figure(result.fidelity)}, "
+               f"queries {fmt.queries(result.queries)}; "
                f"report: {run.report_path}")
 
 

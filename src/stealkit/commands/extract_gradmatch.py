@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import click
 
+from stealkit import fmt
 from stealkit.commands.common import (
+    check_budget,
+    dataset_name,
     device_option,
     parse_int_list,
     parse_kv,
@@ -17,7 +20,7 @@ from stealkit.commands.common import (
 @click.command("gradient-matching")
 @victim_option()
 @click.option("--key", default=None, envvar="STEALKIT_API_KEY", help="API key for an HTTP victim.")
-@click.option("--budget", type=int, required=True, help="Inputs the attack may query (each costs one membership "
+@click.option("--budget", type=int, required=True, callback=check_budget, is_eager=True, help="Inputs the attack may query (each costs one membership "
               "query and, with gradients, one explanation query).")
 @click.option("--checkpoints", default=None, help="Comma-separated query counts to score a reconstruction at "
               "(default: the budget only), e.g. 1,10,100,1000.")
@@ -31,7 +34,7 @@ from stealkit.commands.common import (
 @click.option("--student", default="conv2", show_default=True, help="Reconstruction architecture (Sec. 5.2).")
 @click.option("--student-arg", "student_args", multiple=True, metavar="KEY=VALUE")
 @click.option("--steps", type=int, default=600, show_default=True, help="Training minibatches per checkpoint.")
-@click.option("--dataset", default=None, help="Data set of the victim's task (default: from model.json).")
+@click.option("--dataset", default=None, callback=dataset_name, help="Data set of the victim's task (default: from model.json).")
 @click.option("--data-dir", default=None, type=click.Path(), help="Directory holding data set files.")
 @set_option("batch_size=128")
 @run_options
@@ -77,7 +80,8 @@ def gradmatch_cmd(victim: str, key: str | None, budget: int, checkpoints: str | 
                         evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
                         config=config, checkpoints=cps, device=device, on_point=run.append_record)
     save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
-    click.echo(f"accuracy {result.accuracy:.4f}, fidelity {result.fidelity}, queries {result.queries}; "
+    click.echo(f"accuracy {fmt.figure(result.accuracy)}, fidelity {fmt.figure(result.fidelity)}, "
+               f"queries {fmt.queries(result.queries)}; "
                f"report: {run.report_path}")
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from stealkit import fmt
 from stealkit.commands.common import device_option, parse_kv, run_options, set_option, victim_options
 from stealkit.errors import InputError
 from stealkit.extract.surrogate_data.surrogate_presets import (
@@ -166,7 +167,8 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
                         pool_labels=labels, on_point=run.append_record, device=device,
                         checkpoint_dir=checkpoint if checkpointed else None, resume=resume)
     save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
-    click.echo(f"accuracy {result.accuracy:.4f}, fidelity {result.fidelity}, queries {result.queries}; "
+    click.echo(f"accuracy {fmt.figure(result.accuracy)}, fidelity {fmt.figure(result.fidelity)}, "
+               f"queries {fmt.queries(result.queries)}; "
                f"report: {run.report_path}")
 
 
@@ -195,7 +197,7 @@ def command_params(*args: str) -> dict[str, Any]:
     not be given, then they read ``-``; ``--budget`` must be): what
     :func:`surrogate_config` takes. E.g. ``command_params("--budget", "100", "--mode", "label")``."""
     given = {a.split("=", 1)[0] for a in args}
-    head = [x for flag in ("--victim", "--out") if flag not in given for x in (flag, "-")]
+    head = [x for flag, v in (("--victim", "."), ("--out", "-")) if flag not in given for x in (flag, v)]
     with surrogate_cmd.make_context("surrogate", [*head, *args]) as ctx:
         return dict(ctx.params)
 

@@ -70,6 +70,33 @@ def _follow(node: Any, parts: list[str]) -> Any:
     return None
 
 
+def study_aliases(configs: list[Any]) -> dict[str, set[str]]:
+    """Every other name a user may know a reproduce study by -> the reproduce names it selects: the study's
+    name in ``stealkit study list`` (and its ``stealkit study NAME`` subcommand) for each study a config runs."""
+    from stealkit.studies.registry import STUDIES
+
+    by_command = {study.KIND: name for name, study in STUDIES.items()}
+    out: dict[str, set[str]] = {}
+    for c in configs:
+        for step in c.steps:
+            name = by_command.get(step.command)
+            if name is None and step.command.startswith("study "):
+                name = step.command.split(" ", 1)[1]
+            if name is not None and name != c.name:
+                out.setdefault(name, set()).add(c.name)
+    return out
+
+
+def resolve_only(configs: list[Any], only: tuple[str, ...]) -> set[str]:
+    """The reproduce names ``--only`` selects: a reproduce name, or a study's name from ``stealkit study list``."""
+    names, aliases = {c.name for c in configs}, study_aliases(configs)
+    unknown = sorted(set(only) - names - set(aliases))
+    if unknown:
+        raise InputError(f"unknown studies {', '.join(unknown)}; available: {', '.join(c.name for c in configs)} "
+                         f"(or a study name from `stealkit study list`: {', '.join(sorted(aliases))})")
+    return {x for o in only for x in ({o} if o in names else aliases[o])}
+
+
 def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force: bool = False,
               jobs: int = 1, device: str | None = None) -> dict[str, Any]:
     """Run every study of ``scale`` (or ``only`` these) into ``out``; ``jobs`` studies at a time, each in its own
@@ -78,10 +105,8 @@ def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force:
     out = Path(out)
     configs = [load_config(p) for p in config_paths(scale)]
     if only:
-        unknown = set(only) - {c.name for c in configs}
-        if unknown:
-            raise InputError(f"unknown studies {sorted(unknown)}; available: {[c.name for c in configs]}")
-        configs = [c for c in configs if c.name in only]
+        names = resolve_only(configs, only)
+        configs = [c for c in configs if c.name in names]
     if jobs < 1:
         raise InputError(f"--jobs must be at least 1, got {jobs}")
     t0, env = time.perf_counter(), environment()  # the load average is the machine's when the run began

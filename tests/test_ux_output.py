@@ -1,0 +1,125 @@
+"""What a person sees: every command family's closing line reads as figures (no Python dict, ``None`` or
+17-digit float on the terminal), and a wrong ``--budget`` or victim path is one line naming what is accepted,
+raised before any model is loaded or trained (issue 44)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from stealkit import fmt
+from stealkit.cli import main
+
+REPR = re.compile(r"\{'|'\}|\bNone\b|\d\.\d{6,}")
+
+
+def _clean(text: str) -> str:
+    """``text`` with paths (which may hold anything) cut out; the rest must not look like a Python repr."""
+    return re.sub(r"\S*/\S*", "PATH", text)
+
+
+@pytest.fixture(scope="module")
+def victim(tmp_path_factory):
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("victim") / "m"
+    assert main(["-q", "train", "--dataset", "digits", "--arch", "mlp2", "--epochs", "10", "--batch-size", "64",
+                 "--out", str(out)]) == 0
+    return out
+
+
+def test_formatting_helpers():
+    assert fmt.queries({"predict": 1000, "explain": 0}) == "1,000 predict / 0 explain"
+    assert fmt.queries(None) == "n/a" and fmt.queries(12345) == "12,345"
+    assert fmt.figure(None) == "n/a" and fmt.figure(0.4226788580417633, 3) == "0.423"
+    assert fmt.figure(True) == "yes" and fmt.figure(7) == "7"
+    assert fmt.record({"round": 0, "selected": 10, "fidelity": None, "queries": {"predict": 5}, "t": 0.123456}) == \
+        "round 0, selected 10, queries 5 predict, t 0.1235"
+
+
+@pytest.mark.parametrize("args", [
+    ["extract", "baseline", "--budget", "40", "--checkpoints", "40", "--student", "mlp2", "--epochs", "2"],
+    ["extract", "surrogate", "--budget", "40", "--epochs", "1", "--student", "mlp2", "--student-arg", "hidden=8"],
+    ["extract", "codfe", "--budget", "64", "--batch-size", "16", "--set", "noise_set=16", "--eval-every", "64"],
+    ["attack", "hopskipjump", "--n", "4", "--max-queries", "40"],
+    ["certify", "--sigma", "0.25", "--n0", "10", "--n", "20", "--num", "3"],
+], ids=["baseline", "surrogate", "codfe", "hopskipjump", "certify"])
+def test_each_command_family_prints_figures_not_reprs(victim, tmp_path, capsys, args):
+    opt = "--model" if args[0] == "certify" else "--victim"
+    rc = main([*args, opt, str(victim), "--out", str(tmp_path / "run")])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    shown = _clean(out + err)
+    assert "report" in out and not REPR.search(shown), shown
+
+
+def test_train_prints_figures_not_reprs(tmp_path, capsys):
+    assert main(["train", "--dataset", "digits", "--arch", "logistic", "--epochs", "1", "--out",
+                 str(tmp_path / "m")]) == 0
+    out, err = capsys.readouterr()
+    assert "test accuracy" in out and not REPR.search(_clean(out + err))
+
+
+@pytest.mark.parametrize("cmd", [["extract", "surrogate"], ["extract", "baseline"], ["extract", "codfe"],
+                                 ["extract", "gradient-matching"], ["extract", "exact"], ["attack", "hopskipjump"]])
+@pytest.mark.parametrize("budget", ["0", "-3"])
+def test_a_budget_below_one_is_one_line_before_the_victim_is_loaded(tmp_path, capsys, monkeypatch, cmd, budget):
+    import stealkit.victims
+
+    monkeypatch.setattr(stealkit.victims, "standard_victim", lambda *a, **k: pytest.fail("victim was resolved"))
+    rc = main([*cmd, "--victim", "standard:digits-conv2", "--budget", budget, "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and f"--budget {budget}" in err and "positive integer" in err
+    assert "pool is empty" not in err
+
+
+@pytest.mark.parametrize("cmd", [["extract", "surrogate", "--budget", "10"], ["extract", "codfe", "--budget", "10"],
+                                 ["attack", "hopskipjump"], ["certify"]])
+def test_a_mistyped_victim_path_names_every_accepted_form(tmp_path, capsys, monkeypatch, cmd):
+    import stealkit.models
+
+    monkeypatch.setattr(stealkit.models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    opt = "--model" if cmd[0] == "certify" else "--victim"
+    rc = main([*cmd, opt, str(tmp_path / "runs" / "vicitm"), "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "vicitm: no such file or directory" in err
+    for form in ("stealkit train", "standard:NAME", ".onnx", ".pt", "http(s)://", "v2+http://"):
+        assert form in err, form
+    assert "save_model" not in err
+
+
+@pytest.mark.parametrize("alias", ["fmnist", "fashion_mnist", "FashionMNIST"])
+def test_dataset_aliases_reach_the_command_as_the_canonical_name(alias):
+    from stealkit.commands.common import dataset_name
+
+    assert dataset_name(None, None, alias) == "fashion-mnist"
+    with pytest.raises(Exception, match="known data sets"):
+        dataset_name(None, None, "fashon-mnist")
+
+
+def test_train_stores_the_canonical_dataset_name(tmp_path):
+    import json
+
+    out = tmp_path / "m"
+    assert main(["-q", "train", "--dataset", "DIGITS", "--arch", "logistic", "--epochs", "1", "--out", str(out)]) == 0
+    spec = json.loads((out / "model.json").read_text())
+    assert spec["extra"]["dataset"] == spec["metrics"]["dataset"] == "digits"
+    assert json.loads((out / "config.json").read_text())["config"]["dataset"] == "digits"
+
+
+def test_reproduce_only_takes_the_names_of_study_list(tmp_path, capsys):
+    from stealkit.experiments.config import load_config
+    from stealkit.experiments.reproduce import config_paths, resolve_only, study_aliases
+    from stealkit.studies.registry import STUDIES
+
+    configs = [load_config(p) for p in config_paths("small")]
+    names, aliases = {c.name for c in configs}, study_aliases(configs)
+    for study in ("explanations", "codfe", "dfme-logits", "stn-certify", "transfer"):
+        assert study in STUDIES and study in aliases
+    assert resolve_only(configs, ("explanations",)) == {"milli-figures-2-4"}
+    assert resolve_only(configs, ("milli-figures-2-4", "codfe")) == {"milli-figures-2-4", "codfe-figure-2-table-3"}
+    assert {n for s in STUDIES for n in aliases.get(s, {s} & names)} <= names
+    assert main(["reproduce", "--only", "explanation", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "explanations" in err and "milli-figures-2-4" in err
