@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import stealkit
+from stealkit.api import steal
 from stealkit.cli import main
+from stealkit.errors import InputError
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -30,7 +31,7 @@ def victim_dir(tmp_path_factory):
 @pytest.mark.parametrize("mode", ["probs", "label"])
 def test_api_and_cli_resolve_the_same_defaults_and_spend_the_same_ledger(victim_dir, tmp_path, mode):
     """Only the size is given; every other option is each side's default: the runs must agree."""
-    run = stealkit.steal(victim_dir, budget=30, mode=mode, epochs=1, student="mlp2", student_args={"hidden": 8},
+    run = steal(victim_dir, budget=30, mode=mode, epochs=1, student="mlp2", student_args={"hidden": 8},
                          out=tmp_path / "api")
     assert main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", "30", "--mode", mode,
                  "--epochs", "1", "--student", "mlp2", "--student-arg", "hidden=8", "--out",
@@ -47,17 +48,17 @@ def test_a_module_victim_is_stolen_through_its_ledger(victim_dir, tmp_path):
     from stealkit.models import load_model
 
     module = load_model(victim_dir)[0]
-    run = stealkit.steal(module, input_shape=(1, 8, 8), dataset="digits", budget=40, mode="label", epochs=1,
+    run = steal(module, input_shape=(1, 8, 8), dataset="digits", budget=40, mode="label", epochs=1,
                          student="mlp2", out=tmp_path / "r")
     assert run.queries == {"predict": 40, "explain": 0} and run.report.exists()
     assert run.config["surrogate"]["epochs"] == 1
 
 
 def test_api_errors_are_the_cli_errors(tmp_path):
-    with pytest.raises(stealkit.InputError, match="positive integer"):
-        stealkit.steal("standard:digits-conv2", budget=0)
-    with pytest.raises(stealkit.InputError, match="input_shape"):
-        stealkit.steal(torch.nn.Linear(64, 10), budget=10)
+    with pytest.raises(InputError, match="positive integer"):
+        steal("standard:digits-conv2", budget=0)
+    with pytest.raises(InputError, match="input_shape"):
+        steal(torch.nn.Linear(64, 10), budget=10)
 
 
 @pytest.mark.slow
@@ -65,7 +66,7 @@ def test_readme_python_example_runs(tmp_path, monkeypatch, capsys):
     """README's "Python API" example, at a tiny budget (the same lines, the size shrunk)."""
     text = README.read_text().split("## Python API", 1)[1]
     code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
-    assert "stealkit.steal(" in code and len(code.strip().splitlines()) <= 5
+    assert "steal(" in code and len([x for x in code.splitlines() if x.strip()]) <= 5
     code = code.replace("budget=1000", "budget=60, epochs=1, student='mlp2'")
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "README.md", "exec"), {})

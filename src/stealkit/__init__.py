@@ -9,14 +9,4 @@ except PackageNotFoundError:  # running from a source tree without an install
 
 from stealkit.errors import BudgetExhausted, InputError, StealkitError
 
-
-def __getattr__(name: str) -> object:
-    """``stealkit.steal`` and ``stealkit.Extraction`` (:mod:`stealkit.api`), imported on first use."""
-    if name in ("steal", "Extraction"):
-        from stealkit import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module 'stealkit' has no attribute {name!r}")
-
-
-__all__ = ["BudgetExhausted", "Extraction", "InputError", "StealkitError", "__version__", "steal"]
+__all__ = ["BudgetExhausted", "InputError", "StealkitError", "__version__"]

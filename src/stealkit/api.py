@@ -4,8 +4,8 @@ Each function runs the very command the CLI runs (the same option parsing, the s
 same query ledger), so a default can never differ between ``stealkit extract surrogate`` and
 :func:`steal`. It returns a typed result read back from the run directory::
 
-    import stealkit
-    run = stealkit.steal("standard:digits-conv2", budget=1000, mode="label")
+    from stealkit.api import steal
+    run = steal("standard:digits-conv2", budget=1000, mode="label")
     print(run.queries, run.accuracy, run.fidelity)   # {'predict': 1000, 'explain': 0} 0.9... 0.9...
     student = run.student                             # the stolen copy, an nn.Module
 """
