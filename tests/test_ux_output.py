@@ -123,3 +123,13 @@ def test_reproduce_only_takes_the_names_of_study_list(tmp_path, capsys):
     assert main(["reproduce", "--only", "explanation", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "explanations" in err and "milli-figures-2-4" in err
+
+
+def test_the_documented_keys_file_is_accepted_by_the_servers_loader():
+    from pathlib import Path
+
+    from stealkit.serve.keys import load_keys
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "keys.example.toml"
+    config = load_keys(path)
+    assert len(config.keys) == 2
