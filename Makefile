@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 KSERVE_VENV := .venv-kserve
 KSERVE_STAMP := $(KSERVE_VENV)/.installed
 
-.PHONY: demo test test-fast test-gpu lint venv venv-kserve clean
+.PHONY: demo test test-fast test-gpu lint venv venv-kserve clean mutation
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ test-fast: $(STAMP) $(KSERVE_STAMP)
 # the GPU tier (tests marked gpu; skipped where torch sees no CUDA device): see docs/gpu.md
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu -rs
+
+# mutation testing of the guarded modules (docs/mutation.md); not part of `make test`. MODULES=ledger base ...
+mutation: $(STAMP)
+	OMP_NUM_THREADS=1 PYTHONPATH=src $(PY) tools/mutation.py $(MODULES)
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks

@@ -146,12 +146,20 @@ def test_sigkill_mid_load_keeps_log_and_counters_in_agreement(victim: Path, tmp_
         info = httpx.get(url + "/v1/info", headers={"Authorization": "Bearer k-Zx81QpLw6RtV3mNb7Yc4"}).json()
         store = Store(db)
         audit = store.audit()["k"]
-        rows = [r for r in store.log_rows("k") if r["status"] != "refunded"]
+        all_rows = store.log_rows("k")
+        rows = [r for r in all_rows if r["status"] != "refunded"]
         logged = Counter(r["input_digest"] for r in rows)
+        # A reservation is settled once its bytes are handed to the connection: an answer sent in the instant
+        # before the kill was never settled, and the restart refunds it as in flight (the client had it free).
+        # That is the one way an answered query can go uncharged, and the log says so.
+        in_flight = {r["input_digest"] for r in all_rows
+                     if r["status"] == "refunded" and "in flight when the server stopped" in (r["note"] or "")}
         assert audit["consistent"]  # counters == sums over the log
-        assert all(logged[d] == 1 for d in answered)  # every answered query logged, once
+        free = [d for d in answered if logged[d] == 0]
+        assert all(logged[d] <= 1 for d in answered)  # nothing charged twice
+        assert all(d in in_flight for d in free), "an answered query is neither charged nor refunded as in flight"
         assert max(logged.values()) == 1  # nothing charged twice
-        assert len(rows) - len(answered) <= failed[0]  # extra rows only for requests cut off by the kill
+        assert len(rows) - (len(answered) - len(free)) <= failed[0]  # extra rows only for requests cut off
         assert info["queries_used"]["predict"] == 4 * len(rows)
         r = httpx.post(url + "/v1/predict", content=body(np.zeros((2, 1, 8, 8), np.float32)),
                        headers=HEADERS | {"Authorization": "Bearer k-Zx81QpLw6RtV3mNb7Yc4"})

@@ -45,6 +45,8 @@ RUNS: dict[str, tuple[list[str], bool]] = {
     "certify-study": (["certify-study", "--quick", "--parts", "bounds"], False),
     "defences": (["defences", "--budget", "40", "--seeds", "0", "--epochs", "1", "--defence", "none",
                   "--defence", "label"], True),
+    "audit": (["audit", "--victim", VICTIM, "--answers", "label", "--budgets", "20", "--recipe=--student=mlp2",
+               "--recipe=--student-arg=hidden=8", "--recipe=--epochs=1"], False),
     "attack study": (["attack", "study", "--quick", "--n", "20", "--datafree", ""], True),
     "study dfme-table4": (["study", "dfme-table4", "--victims", "digits-conv2", "--columns", "gaussian", "--taus", "1",
                            "--schedules", "cyclic", "--max-distinct", "40", "--epochs", "1"], True),

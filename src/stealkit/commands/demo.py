@@ -10,7 +10,7 @@ from stealkit.commands.common import device_option, parse_int_list
 @click.command("demo")
 @click.option("--out", default="runs/demo", show_default=True, type=click.Path(), help="Run directory.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--budgets", default="20,50,100,200,400", show_default=True, help="Query budgets to steal at.")
+@click.option("--budgets", default="20,50,100,400", show_default=True, help="Query budgets to steal at.")
 @device_option
 def demo_cmd(out: str, seed: int, budgets: str, device: str) -> None:
     """Train a digits victim, steal it at several budgets through probs and label oracles, write a report."""

@@ -25,6 +25,7 @@ from stealkit.rundir import RunDir
 if TYPE_CHECKING:
     import torch
 
+    from stealkit.extract.common import Victim
     from stealkit.extract.surrogate_data.surrogate import SurrogateConfig
 
 log = logging.getLogger(__name__)
@@ -150,15 +151,7 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
     if resume and not checkpointed:
         refuse_resume()
     splits = victim_splits(v, data_dir)
-    from stealkit.data import parse_source
-
-    knockoff = strategy == "knockoff"
-    # plain random queries the first ``cap`` of a shuffle; the adaptive policy, active selection and FixMatch
-    # use the whole pool (a synthetic source draws four candidates per query it may make)
-    whole = knockoff or checkpointed or config.ssl != "none"
-    n_pool = (4 * cap if parse_source(pool).is_synthetic else None) if whole else cap
-    x_pool, labels = load_surrogate_pool(pool, input_shape=v.input_shape, n=n_pool, seed=seed, data_dir=data_dir,
-                                         victim_dataset=v.dataset, split_seed=v.split_seed, with_labels=knockoff)
+    x_pool, labels = surrogate_pool(pool, v, config, cap=cap, seed=seed, data_dir=data_dir)
     cfg = {"victim": victim, "mode": mode, "budget": budget, "pool": pool, "student": student, "preset": preset,
            "preset_resolved": resolved, "student_kwargs": kwargs, "dataset": v.dataset, "surrogate": config}
     run.create(command="extract surrogate", seed=seed, config=cfg)
@@ -170,6 +163,20 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
     click.echo(f"accuracy {fmt.figure(result.accuracy)}, fidelity {fmt.figure(result.fidelity)}, "
                f"queries {fmt.queries(result.queries)}; "
                f"report: {run.report_path}")
+
+
+def surrogate_pool(pool: str, v: Victim, config: SurrogateConfig, *, cap: int, seed: int,
+                   data_dir: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The images (and, for Knockoff Nets' policy, their source labels) the command queries from: plain random
+    queries take the first ``cap`` of a shuffle; the adaptive policy, active selection and FixMatch use the whole
+    pool (a synthetic source draws four candidates per query it may make)."""
+    from stealkit.data import parse_source
+
+    knockoff = config.strategy == "knockoff"
+    whole = knockoff or config.select != "random" or config.ssl != "none"
+    n_pool = (4 * cap if parse_source(pool).is_synthetic else None) if whole else cap
+    return load_surrogate_pool(pool, input_shape=v.input_shape, n=n_pool, seed=seed, data_dir=data_dir,
+                               victim_dataset=v.dataset, split_seed=v.split_seed, with_labels=knockoff)
 
 
 def surrogate_config(params: dict[str, Any], answers: int, num_classes: int, *,

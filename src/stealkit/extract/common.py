@@ -54,6 +54,7 @@ def open_victim(
     dataset: str | None = None,
     device: str = "cpu",
     seed: int = 0,
+    defences: tuple[Any, ...] = (),
 ) -> Victim:
     """Open a victim given as a model directory, an ONNX or TorchScript file, an ``http(s)://`` API address, or a
     v2 (Open Inference Protocol) endpoint ``v2+http://host:port/v2/models/NAME`` (:mod:`stealkit.oracle.http_v2`).
@@ -62,12 +63,15 @@ def open_victim(
     :mod:`stealkit.models.foreign_meta`; the CLI's ``--input-shape`` etc. are folded in this way). It is wrapped
     as an ``nn.Module`` and answered by the same :class:`~stealkit.oracle.LocalOracle`, so the ledger counts
     the same. (The CLI's ``--victim standard:NAME`` is resolved to a directory by the command layer, which may
-    build victims; this layer only opens them.)
+    build victims; this layer only opens them.) ``defences`` (:func:`stealkit.serve.defences.parse_defence`)
+    perturb a local victim's answers, as a ``stealkit serve`` key's ``defences`` do; a remote victim's are its server's.
     """
     victim = str(victim)
     if victim.startswith("standard:"):
         raise InputError(f"{victim}: resolve standard victims first (stealkit.victims.standard_victim(NAME).path)")
     if is_url(victim):
+        if defences:
+            raise InputError(f"{victim} is a remote victim: its defences are its server's (a stealkit serve key's defences)")
         try:
             from stealkit.oracle.http import HttpOracle
             from stealkit.oracle.http_v2 import V2HttpOracle, is_v2
@@ -112,6 +116,7 @@ def open_victim(
         top_k=top_k,
         budget=budget,
         device=device,
+        defences=defences,
         **kwargs,
     )
     from stealkit.progress import ledger_progress
