@@ -198,6 +198,10 @@ def _make_decision(method: str) -> click.Command:
                           {"settings": parse_kv(settings)} if settings else {}) | (
                           {"start_pool": start_pool, "start_pool_images": len(pool)} if pool is not None else {})
         run = RunDir(out).create(command=f"attack {method}", seed=seed, config=run_config)
+        if v.oracle.ledger.budget is None:  # the query bar's end: every image may spend --max-queries
+            from stealkit.progress import expect
+
+            expect(v.oracle.ledger.total + int(ok.numel()) * max_queries)
         res = spec.run(v.oracle, x[ok], y[ok], max_queries=max_queries, config=config, substitute=sub,
                        **({"start_pool": pool} if pool is not None else {}))
         x_adv = x.clone()

@@ -112,10 +112,14 @@ def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force:
     t0, env = time.perf_counter(), environment()  # the load average is the machine's when the run began
     n = len(configs)
     log.info("reproduce: %d studies at scale %s, %d at a time", n, scale, min(jobs, n))
+    from stealkit.progress import progress
+
+    bar = progress(total=n, desc="reproduce", unit="study")
     if jobs == 1 or n == 1:
         studies = []
         for cfg in configs:
             studies.append(run_study(cfg, out, force, device))
+            bar.update(1)
             _progress(studies[-1], len(studies), n, t0, jobs)
     else:
         import multiprocessing
@@ -127,8 +131,10 @@ def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force:
             done: dict[int, dict[str, Any]] = {}
             for future in as_completed(futures):
                 done[futures[future]] = future.result()
+                bar.update(1)
                 _progress(done[futures[future]], len(done), n, t0, jobs)
             studies = [done[i] for i in range(n)]
+    bar.close()
     summary = {"scale": scale, "wall_seconds": round(time.perf_counter() - t0, 1), **env,
                "compute_seconds": round(sum(s["seconds"] for s in studies), 1), "jobs": jobs,
                "failed": [s["name"] for s in studies if s.get("error")], "studies": studies,

@@ -29,7 +29,7 @@ from stealkit.extract.journal import JournalOracle
 from stealkit.fsutil import to_jsonable
 from stealkit.metrics import Evaluator
 from stealkit.oracle import Oracle
-from stealkit.progress import progress
+from stealkit.progress import note, progress
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ def run_datafree(
                 acc = {}
                 if on_losses is not None:
                     on_losses(rec)
-                bar.set_postfix({k: f"{v:.3g}" for k, v in rec.items() if k not in ("iteration", "queries")})
+                note(bar, **{k: f"{v:.3g}" for k, v in rec.items() if k not in ("iteration", "queries")})
             total = sum(oracle.ledger.as_dict().values())
             if marks and total >= marks[0] and evaluator is not None:
                 while marks and total >= marks[0]:

@@ -102,7 +102,9 @@ def train_reconstruction(student: nn.Module, answers: Answers, config: GradMatch
     student = student.to(device).train()
     opt = torch.optim.Adam(student.parameters(), lr=config.lr)
     n = answers.x.shape[0]
-    for _step in range(config.steps):
+    from stealkit.progress import progress
+
+    for _step in progress(range(config.steps), desc="student (gradient matching)", unit="step"):
         idx = torch.randint(0, n, (min(config.batch_size, n),), generator=gen) if n > config.batch_size \
             else torch.arange(n)
         xb = answers.x[idx].to(device)
