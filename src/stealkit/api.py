@@ -6,7 +6,7 @@ same query ledger), so a default can never differ between ``stealkit extract sur
 
     from stealkit.api import steal
     run = steal("standard:digits-conv2", budget=1000, mode="label")
-    print(run.queries, run.accuracy, run.fidelity)   # {'predict': 1000, 'explain': 0} 0.9... 0.9...
+    print(run)   # accuracy 0.9.., fidelity 0.9.., queries 1,000 predict / 0 explain; report: ...
     student = run.student                             # the stolen copy, an nn.Module
 """
 
@@ -53,6 +53,13 @@ class Extraction:
     def curve(self) -> list[dict[str, Any]]:
         """Accuracy/fidelity against queries, one point per evaluation."""
         return list(self.summary.get("curve", []))
+
+    def __str__(self) -> str:
+        """The CLI's closing line: ``accuracy 0.912, fidelity 0.930, queries 1,000 predict / 0 explain; report: ...``."""
+        from stealkit import fmt
+
+        return (f"accuracy {fmt.figure(self.accuracy, 3)}, fidelity {fmt.figure(self.fidelity, 3)}, queries "
+                f"{fmt.queries(self.queries)}; report: {self.report}")
 
 
 def _victim_args(victim: Any, *, input_shape: tuple[int, ...] | None, num_classes: int | None,
@@ -138,6 +145,10 @@ def steal(victim: Any, *, budget: int, mode: str = "probs", out: str | os.PathLi
     workdir = Path(tempfile.mkdtemp(prefix="stealkit-"))
     args = surrogate_args(victim, budget=budget, out=out, workdir=workdir, input_shape=input_shape,
                           num_classes=num_classes, mode=mode, **options)
-    with surrogate_cmd.make_context("surrogate", list(args)) as ctx:
+    import contextlib
+    import io
+
+    # the command's closing line is the caller's to print (``print(run)``); progress and logs stay on stderr
+    with contextlib.redirect_stdout(io.StringIO()), surrogate_cmd.make_context("surrogate", list(args)) as ctx:
         surrogate_cmd.invoke(ctx)
     return read_extraction(args[args.index("--out") + 1])
