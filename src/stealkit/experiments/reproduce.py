@@ -87,9 +87,15 @@ def study_aliases(configs: list[Any]) -> dict[str, set[str]]:
     return out
 
 
+#: former reproduce names (before each study had one name), still accepted by ``--only``
+FORMER_NAMES = {"milli-figures-2-4": "explanations", "milli-exact-recovery": "exact-recovery",
+                "stn-certified-robustness": "stn-certify"}
+
+
 def resolve_only(configs: list[Any], only: tuple[str, ...]) -> set[str]:
     """The reproduce names ``--only`` selects: a reproduce name, or a study's name from ``stealkit study list``."""
     names, aliases = {c.name for c in configs}, study_aliases(configs)
+    aliases |= {old: {new} for old, new in FORMER_NAMES.items() if new in names and old not in names}
     unknown = sorted(set(only) - names - set(aliases))
     if unknown:
         raise InputError(f"unknown studies {', '.join(unknown)}; available: {', '.join(c.name for c in configs)} "
@@ -155,6 +161,26 @@ def _progress(study: dict[str, Any], finished: int, total: int, t0: float, jobs:
              study["name"], outcome, elapsed, jobs, eta)
 
 
+def study_ledger(path: Path) -> dict[str, int] | None:
+    """What a study spent: the sum of the query ledgers of every run under ``path`` (the ``queries`` of an
+    extraction's summary.json, the ``victim_queries`` of an attack's), never arithmetic on its settings;
+    ``None`` where no run of the study queried a victim."""
+    import json
+
+    total: dict[str, int] = {}
+    for summary in sorted(path.rglob("summary.json")):
+        try:
+            data = json.loads(summary.read_text())
+        except (OSError, ValueError):
+            continue
+        for key in ("queries", "victim_queries"):
+            ledger = data.get(key) if isinstance(data, dict) else None
+            if isinstance(ledger, dict) and ledger and all(type(v) is int for v in ledger.values()):
+                for kind, n in ledger.items():
+                    total[kind] = total.get(kind, 0) + n
+    return total or None
+
+
 def run_study(cfg: ExperimentConfig, out: Path, force: bool, device: str | None = None) -> dict[str, Any]:
     """Run one study's steps into ``out/NAME``; its entry of the reproduction's summary (an error is reported in
     it, never raised, so one failed study does not lose the others)."""
@@ -177,7 +203,7 @@ def run_study(cfg: ExperimentConfig, out: Path, force: bool, device: str | None 
         "seconds": round(sum(o.seconds for o in outcomes), 1),
         "step_seconds": {o.id: round(o.seconds, 1) for o in outcomes},
         "skipped_steps": [o.id for o in outcomes if o.skipped],
-        "queries": final.get("queries"),
+        "queries": study_ledger(out / cfg.name),
         "rows": [{**row, "ours": _fmt_ours(_row_value(outcomes, str(row.get("ours", ""))), row)}
                  for row in cfg.paper.get("rows", [])],
         "final_step": str(outcomes[-1].out),
@@ -223,6 +249,7 @@ def _fmt_ours(value: Any, row: dict[str, Any]) -> Any:
 
 def render(summary: dict[str, Any], configs: list[ExperimentConfig]) -> str:
     from stealkit.report.builders import build_sections
+    from stealkit.fmt import queries
     from stealkit.report.html import Section, fmt, markup, render_report
 
     top_rows = []
@@ -237,7 +264,7 @@ def render(summary: dict[str, Any], configs: list[ExperimentConfig]) -> str:
                         markup("<b>Failed:</b> {}", study["error"]) if study.get("error") else
                         markup("Study time {} s (steps: {}); queries {}; run directory <code>{}</code>.",
                                fmt(study["seconds"]), fmt(study["step_seconds"]) or "none run",
-                               fmt(study["queries"]) if study["queries"] else "none", study["dir"])],
+                               queries(study["queries"]) if study["queries"] else "none", study["dir"])],
             tables=[("The paper beside ours", [{k: r.get(k) for k in ("result", "paper", "ours", "settings")}
                                                 for r in study["rows"]])] if study["rows"] else [],
         )
