@@ -195,7 +195,6 @@ def run_study(cfg: ExperimentConfig, out: Path, force: bool, device: str | None 
         return {"name": cfg.name, "description": cfg.description, "dir": str(out / cfg.name),
                 "seconds": round(time.perf_counter() - s0, 1), "step_seconds": {}, "queries": None,
                 "rows": [], "final_step": None, "error": str(exc)}
-    final = outcomes[-1].summary
     return {
         "name": cfg.name,
         "description": cfg.description,
@@ -248,8 +247,8 @@ def _fmt_ours(value: Any, row: dict[str, Any]) -> Any:
 
 
 def render(summary: dict[str, Any], configs: list[ExperimentConfig]) -> str:
-    from stealkit.report.builders import build_sections
     from stealkit.fmt import queries
+    from stealkit.report.builders import build_sections
     from stealkit.report.html import Section, fmt, markup, render_report
 
     top_rows = []
