@@ -155,3 +155,25 @@ def test_the_documented_keys_file_is_accepted_by_the_servers_loader():
     path = Path(__file__).resolve().parents[1] / "docs" / "keys.example.toml"
     config = load_keys(path)
     assert len(config.keys) == 2
+
+
+def test_model_files_get_the_mode_of_any_file_the_user_writes(tmp_path):
+    """docs/architecture.md: files get what any file the user writes gets (the umask applies); safetensors
+    alone would leave model.safetensors 0600 beside a 0644 model.json."""
+    import os
+    import stat
+
+    from stealkit.fsutil import default_file_mode
+    from stealkit.models import save_model
+    from stealkit.models.io import build_from_spec
+    from stealkit.models.spec import ModelSpec
+
+    spec = ModelSpec(arch="logistic", input_shape=(1, 8, 8), num_classes=10)
+    old = os.umask(0o027)
+    try:
+        out = save_model(build_from_spec(spec), spec, tmp_path / "m")
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    finally:
+        os.umask(old)
+    assert modes == {"model.safetensors": 0o640, "model.json": 0o640}, modes
+    assert default_file_mode() == 0o666 & ~old
