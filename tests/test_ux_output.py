@@ -177,3 +177,26 @@ def test_model_files_get_the_mode_of_any_file_the_user_writes(tmp_path):
         os.umask(old)
     assert modes == {"model.safetensors": 0o640, "model.json": 0o640}, modes
     assert default_file_mode() == 0o666 & ~old
+
+
+def test_the_cheap_architecture_check_knows_the_zoo():
+    from stealkit.commands.common import ARCH_NAMES
+    from stealkit.models.zoo import ARCHITECTURES
+
+    assert set(ARCH_NAMES) == set(ARCHITECTURES) and list(ARCH_NAMES) == sorted(ARCH_NAMES)
+
+
+@pytest.mark.parametrize("args, wanted", [
+    (["extract", "surrogate", "--budget", "10", "--student", "resnet18"], "--student resnet18: unknown architecture"),
+    (["extract", "baseline", "--budget", "10", "--pool", "imagenet"], "--pool imagenet: unknown query source"),
+    (["extract", "codfe", "--budget", "10", "--student", "cnn"], "choose one of: cnn3, cnn4, conv2"),
+    (["extract", "gradient-matching", "--budget", "10", "--pool", "digits:colour=1"], "valid options"),
+])
+def test_a_wrong_student_or_pool_is_one_line_before_the_victim_is_loaded(tmp_path, capsys, monkeypatch, args,
+                                                                         wanted):
+    import stealkit.victims
+
+    monkeypatch.setattr(stealkit.victims, "standard_victim", lambda *a, **k: pytest.fail("victim was resolved"))
+    rc = main([*args, "--victim", "standard:digits-conv2", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and wanted in err, err

@@ -149,6 +149,31 @@ def dataset_name(ctx: click.Context | None, param: click.Parameter | None, value
     return canonical_dataset(value)
 
 
+def check_arch(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
+    """``--student``: a zoo architecture, refused at once (before any victim is loaded) with the list."""
+    if value is not None and value not in ARCH_NAMES:
+        name = "--" + (param.name or "student").replace("_", "-") if param is not None else "--student"
+        raise InputError(f"{name} {value}: unknown architecture; choose one of: {', '.join(ARCH_NAMES)}")
+    return value
+
+
+#: the zoo's architectures (stealkit.models.zoo.ARCHITECTURES; a test keeps them equal), named here so that a
+#: mistyped --student is refused without importing torch
+ARCH_NAMES = ("cnn3", "cnn4", "conv2", "lenet5", "logistic", "mlp2", "resnet", "vgg11")
+
+
+def check_source(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
+    """``--pool``: a query source spec, checked at once (before any victim is loaded)."""
+    if value is not None:
+        from stealkit.data import parse_source
+
+        try:
+            parse_source(value)
+        except InputError as exc:
+            raise InputError(f"--pool {value}: {exc}") from None
+    return value
+
+
 def check_budget(ctx: click.Context | None, param: click.Parameter | None, value: int | None) -> int | None:
     """``--budget`` must be a positive number of victim queries (or absent where the command allows no cap)."""
     if value is not None and value < 1:

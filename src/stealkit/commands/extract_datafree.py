@@ -15,7 +15,14 @@ from typing import Any
 import click
 
 from stealkit import fmt
-from stealkit.commands.common import device_option, parse_kv, run_options, set_option, victim_options
+from stealkit.commands.common import (
+    check_arch,
+    device_option,
+    parse_kv,
+    run_options,
+    set_option,
+    victim_options,
+)
 from stealkit.errors import InputError
 from stealkit.extract.datafree.recipes import DEFAULT, PAPER, VALIDATED
 from stealkit.extract.registry import DATAFREE, METHODS
@@ -35,7 +42,7 @@ def build_config(method: str, settings: dict[str, Any], loop: dict[str, Any]) ->
 def datafree_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Options every data-free command shares (module-local: common.py stays untouched)."""
     opts = [
-        click.option("--student", default="conv2", show_default=True, help="Student (substitute) architecture."),
+        click.option("--student", default="conv2", show_default=True, callback=check_arch, help="Student (substitute) architecture."),
         click.option("--student-arg", "student_args", multiple=True, metavar="KEY=VALUE",
                      help="Student architecture option, e.g. c1=16."),
         click.option("--batch-size", type=int, default=None, help="Generator batch (default: the method's)."),

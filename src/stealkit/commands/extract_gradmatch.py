@@ -6,7 +6,9 @@ import click
 
 from stealkit import fmt
 from stealkit.commands.common import (
+    check_arch,
     check_budget,
+    check_source,
     dataset_name,
     device_option,
     parse_int_list,
@@ -29,9 +31,9 @@ from stealkit.commands.common import (
 @click.option("--smooth-sigma", type=float, default=0.3, show_default=True, help="SmoothGrad noise sigma.")
 @click.option("--smooth-samples", type=int, default=10, show_default=True, help="SmoothGrad samples N.")
 @click.option("--lam", type=float, default=1.0, show_default=True, help="lambda, weight of l_M in l_G + lambda l_M.")
-@click.option("--pool", default="pool", show_default=True,
+@click.option("--pool", default="pool", show_default=True, callback=check_source,
               help="Query source: pool (the attacker split), gaussian (Sec. 5.3), a data set name, uniform.")
-@click.option("--student", default="conv2", show_default=True, help="Reconstruction architecture (Sec. 5.2).")
+@click.option("--student", default="conv2", show_default=True, callback=check_arch, help="Reconstruction architecture (Sec. 5.2).")
 @click.option("--student-arg", "student_args", multiple=True, metavar="KEY=VALUE")
 @click.option("--steps", type=int, default=600, show_default=True, help="Training minibatches per checkpoint.")
 @click.option("--dataset", default=None, callback=dataset_name, help="Data set of the victim's task (default: from model.json).")

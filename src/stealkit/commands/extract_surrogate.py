@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from stealkit import fmt
-from stealkit.commands.common import device_option, parse_kv, run_options, set_option, victim_options
+from stealkit.commands.common import (
+    check_arch,
+    check_source,
+    device_option,
+    parse_kv,
+    run_options,
+    set_option,
+    victim_options,
+)
 from stealkit.errors import InputError
 from stealkit.extract.surrogate_data.surrogate_presets import (
     DEFAULT_BATCH_SIZE,
@@ -63,7 +71,7 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
 
 @click.command("surrogate")
 @victim_options
-@click.option("--pool", default="pool", show_default=True,
+@click.option("--pool", default="pool", show_default=True, callback=check_source,
               help="Surrogate source: pool (the attacker split), pool:classes=0-4 (skewed), another data set "
                    "(adapted by resizing and channel repetition), patches, gaussian.")
 @click.option("--max-distinct", type=int, default=None,
@@ -95,7 +103,7 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
                    "active.initial=0.5) (config.json records what it resolved to); paper: random queries, no SSL "
                    "(DFME appendix A) (docs/guide/surrogate.md).")
 @click.option("--resume", is_flag=True, help="Continue the stopped active rounds in --out from their checkpoint.")
-@click.option("--student", default="conv2", show_default=True, help="Student architecture.")
+@click.option("--student", default="conv2", show_default=True, callback=check_arch, help="Student architecture.")
 @click.option("--student-arg", "student_args", multiple=True, metavar="KEY=VALUE")
 @click.option("--epochs", type=int, default=DEFAULT_EPOCHS, show_default=True,
               help="Student epochs; with probability answers the default raises them to at least 3,000 steps "
