@@ -44,7 +44,9 @@ def test_formatting_helpers():
     ["extract", "codfe", "--budget", "64", "--batch-size", "16", "--set", "noise_set=16", "--eval-every", "64"],
     ["attack", "hopskipjump", "--n", "4", "--max-queries", "40"],
     ["certify", "--sigma", "0.25", "--n0", "10", "--n", "20", "--num", "3"],
-], ids=["baseline", "surrogate", "codfe", "hopskipjump", "certify"])
+    ["extract", "gradient-matching", "--budget", "10", "--checkpoints", "5,10", "--student", "mlp2", "--steps", "20"],
+    ["extract", "exact"],
+], ids=["baseline", "surrogate", "codfe", "hopskipjump", "certify", "gradient-matching", "exact"])
 def test_each_command_family_prints_figures_not_reprs(victim, tmp_path, capsys, args):
     opt = "--model" if args[0] == "certify" else "--victim"
     rc = main([*args, opt, str(victim), "--out", str(tmp_path / "run")])
