@@ -196,6 +196,7 @@ def test_a_removed_setting_is_one_line_naming_where_it_went(tmp_path, capsys, ar
     """Settings measured and not adopted were removed: ``--set`` of one is a one-line error naming the commit that
     still has it, before the victim is opened."""
     out = tmp_path / "run"
+    (tmp_path / "absent").mkdir(exist_ok=True)  # exists, not a model: the options are checked first
     rc = main(["-q", "extract", "surrogate", "--victim", str(tmp_path / "absent"), "--budget", "10", *args,
                "--out", str(out)])
     err = capsys.readouterr().err
@@ -210,6 +211,7 @@ def test_removed_flags_and_presets_are_refused(tmp_path, args):
 
     from stealkit.cli import cli
 
+    (tmp_path / "absent").mkdir(exist_ok=True)  # exists, not a model: the options are checked first
     res = CliRunner().invoke(cli, ["extract", "surrogate", "--victim", str(tmp_path / "absent"), "--budget", "10",
                                    "--out", str(tmp_path / "run"), *args])
     assert res.exit_code == 2 and not (tmp_path / "run").exists()
