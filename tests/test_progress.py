@@ -100,8 +100,8 @@ def test_a_measured_accuracy_shows_on_the_query_bar(monkeypatch: pytest.MonkeyPa
 
 RUNS = {
     "train": (["train", "--dataset", "digits", "--arch", "logistic", "--epochs", "2"], ["step", "epoch 2/2"]),
-    "surrogate": (["extract", "surrogate", "--victim", "{victim}", "--budget", "60", "--epochs", "2",
-                   "--student", "mlp2", "--student-arg", "hidden=8"], ["victim queries: ", "/60 q", "acc "]),
+    "surrogate": (["extract", "surrogate", "--victim", "{victim}", "--budget", "60", "--epochs", "2", "--mode",
+                   "label", "--student", "mlp2", "--student-arg", "hidden=8"], ["victim queries: ", "/60 q", "acc "]),
     "baseline": (["extract", "baseline", "--victim", "{victim}", "--budget", "60", "--checkpoints", "30,60",
                   "--student", "mlp2", "--student-arg", "hidden=8", "--epochs", "2"], ["/60 q", "step"]),
     "codfe": (["extract", "codfe", "--victim", "{victim}", "--budget", "2000", "--mode", "label", "--student",
