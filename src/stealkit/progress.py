@@ -47,6 +47,13 @@ def _on_terminal() -> bool:
         return False
 
 
+def _columns() -> int:
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        return 0
+
+
 def _clock(seconds: float) -> str:
     return tqdm.format_interval(max(0.0, seconds))
 
@@ -160,7 +167,11 @@ def progress(iterable: Iterable[T] | None = None, **kwargs: Any) -> Any:
         bar: Any = StatusLines(iterable, **kwargs)
     else:
         kwargs.setdefault("leave", False)
-        kwargs.setdefault("dynamic_ncols", True)
+        if _columns() > 0:
+            kwargs.setdefault("dynamic_ncols", True)
+        else:  # a terminal that reports no size (some pseudo-terminals): tqdm would draw nothing
+            kwargs.setdefault("ncols", 100)
+            kwargs.setdefault("nrows", 24)
         kwargs.setdefault("file", sys.stderr)
         bar = tqdm(iterable, **kwargs)
     _OPEN[:] = [*_live(_OPEN), bar]
