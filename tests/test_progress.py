@@ -78,6 +78,12 @@ def test_the_kind_of_indicator_follows_quiet_and_the_terminal(monkeypatch: pytes
     bar = P.progress(total=3, file=io.StringIO())
     assert not isinstance(bar, P.StatusLines) and not bar.disable
     bar.close()
+    monkeypatch.setattr(P, "_columns", lambda: 0)  # a pseudo-terminal of size 0x0: tqdm alone draws nothing
+    buf = io.StringIO()
+    bar = P.progress(total=3, file=buf, desc="sized", mininterval=0)
+    bar.update(2)
+    assert "sized:  67%" in buf.getvalue() and "2/3" in buf.getvalue()
+    bar.close()
     monkeypatch.setenv(P.INTERVAL_ENV, "2.5")
     assert P.interval() == 2.5
     monkeypatch.setenv(P.INTERVAL_ENV, "soon")
