@@ -170,7 +170,7 @@ def progress(iterable: Iterable[T] | None = None, **kwargs: Any) -> Any:
         if _columns() > 0:
             kwargs.setdefault("dynamic_ncols", True)
         else:  # a terminal that reports no size (some pseudo-terminals): tqdm would draw nothing
-            kwargs.setdefault("ncols", 100)
+            kwargs.setdefault("ncols", 120)
             kwargs.setdefault("nrows", 24)
         kwargs.setdefault("file", sys.stderr)
         bar = tqdm(iterable, **kwargs)

@@ -169,7 +169,8 @@ def run_datafree(
                 acc = {}
                 if on_losses is not None:
                     on_losses(rec)
-                note(bar, **{k: f"{v:.3g}" for k, v in rec.items() if k not in ("iteration", "queries")})
+                note(bar, **dict(list({k: f"{v:.3g}" for k, v in rec.items()  # the first two losses: a bar fits a line
+                                       if k not in ("iteration", "queries")}.items())[:2]))
             total = sum(oracle.ledger.as_dict().values())
             if marks and total >= marks[0] and evaluator is not None:
                 while marks and total >= marks[0]:
