@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 KSERVE_VENV := .venv-kserve
 KSERVE_STAMP := $(KSERVE_VENV)/.installed
 
-.PHONY: demo test test-fast test-gpu lint venv venv-kserve clean mutation
+.PHONY: demo test test-all test-fast test-gpu lint venv venv-kserve clean mutation
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,7 +31,16 @@ venv-kserve: $(KSERVE_STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/stealkit demo --out runs/demo
 
+# `make test` deselects the tests marked slow (about 5 minutes on 2 idle cores), except in CI (CI=true or 1),
+# where it runs every test; `make test-all` runs every test anywhere
+SLOW := $(if $(filter true 1 yes,$(CI)),,-m 'not slow')
+
 test: $(STAMP) $(KSERVE_STAMP)
+	$(PY) -m ruff check src tests benchmarks
+	$(VENV)/bin/lint-imports
+	$(PY) -m pytest -q $(SLOW)
+
+test-all: $(STAMP) $(KSERVE_STAMP)
 	$(PY) -m ruff check src tests benchmarks
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q

@@ -67,9 +67,9 @@ stn_tiny() { bounded "${SK[@]}" -q certify-study --dataset digits --quick --devi
 for step in ${steps//,/ }; do
   echo "== $step ($(left) s left)" >&2
   case "$step" in
-    stn) if [ $tiny = 1 ]; then stn_tiny; else reproduce stn-certified-robustness; fi ;;
+    stn) if [ $tiny = 1 ]; then stn_tiny; else reproduce stn-certify; fi ;;
     milli) if [ $tiny = 1 ]; then bounded "${SK[@]}" -q study explanations --quick --device "$device" --out "$RUNS/milli-tiny"
-           else reproduce milli-figures-2-4; fi ;;
+           else reproduce explanations; fi ;;
     table4) if [ $tiny = 1 ]; then bounded "${SK[@]}" -q study dfme-table4 --victims digits-conv2 --columns "own pool,gaussian" \
               --taus 1,5 --schedules cyclic --max-distinct 60 --epochs 1 --device "$device" --out "$RUNS/table4-tiny"
             else reproduce dfme-table4; fi ;;

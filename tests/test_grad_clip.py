@@ -102,8 +102,10 @@ def test_cli_refuses_a_bad_threshold_in_one_line_before_the_victim_is_opened(tmp
     from stealkit.cli import main
 
     out = tmp_path / "run"
-    rc = main(["-q", "extract", "surrogate", "--victim", str(tmp_path / "absent"), "--budget", "10",
+    victim = tmp_path / "not-a-model"  # exists (a missing path is refused first, when the options are parsed)
+    victim.mkdir()
+    rc = main(["-q", "extract", "surrogate", "--victim", str(victim), "--budget", "10",
                "--set", "grad_clip=-2", "--out", str(out)])
     err = capsys.readouterr().err
-    assert rc == 2 and "grad_clip must be a gradient norm >= 0" in err and "absent" not in err
+    assert rc == 2 and "grad_clip must be a gradient norm >= 0" in err and "not-a-model" not in err
     assert len(err.strip().splitlines()) == 1 and not out.exists()

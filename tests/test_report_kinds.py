@@ -29,7 +29,8 @@ RUNS: dict[str, tuple[list[str], bool]] = {
                       "--sigma", "0.25", "--epochs", "1"], False),
     "extract baseline": (["extract", "baseline", "--victim", VICTIM, "--budget", "60", "--checkpoints", "30,60",
                           "--student", "mlp2", "--student-arg", "hidden=8", "--epochs", "2"], False),
-    "extract surrogate": (["extract", "surrogate", "--victim", VICTIM, "--budget", "60", "--epochs", "2",
+    "extract surrogate": (["extract", "surrogate", "--victim", VICTIM, "--budget", "60", "--epochs", "2", "--mode",
+                           "label",  # probability answers raise training to 3,000 steps: minutes
                            "--student", "mlp2", "--student-arg", "hidden=8"], False),
     **{f"extract {m}": (["extract", m, "--victim", VICTIM, "--budget", "2000", "--mode", mode,
                          "--student", "mlp2", "--student-arg", "hidden=8", "--batch-size", "20", "--ngf", "4",

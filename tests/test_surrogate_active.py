@@ -190,6 +190,7 @@ def test_cli_presets_and_resume_errors(tmp_path: Path):
     res = runner.invoke(cli, ["extract", "surrogate", "--help"])
     assert res.exit_code == 0 and "--select" in res.output and "--preset" in res.output
     out = tmp_path / "r"
+    (tmp_path / "nope").mkdir(exist_ok=True)  # exists, not a model: the options are checked first
     base = ["extract", "surrogate", "--victim", str(tmp_path / "nope"), "--budget", "10", "--out", str(out)]
     res = runner.invoke(cli, [*base, "--preset", "paper", "--resume"])
     assert res.exit_code != 0 and "nothing to resume" in str(res.exception)

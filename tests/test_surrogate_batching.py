@@ -167,6 +167,7 @@ def test_cli_refuses_a_bad_batching_in_one_line_before_the_victim_is_opened(tmp_
     from stealkit.cli import main
 
     out = tmp_path / "run"
+    (tmp_path / "absent").mkdir(exist_ok=True)  # exists, not a model: the options are checked first
     rc = main(["-q", "extract", "surrogate", "--victim", str(tmp_path / "absent"), "--budget", "10",
                "--set", "batching=even", "--out", str(out)])
     err = capsys.readouterr().err

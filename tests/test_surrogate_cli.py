@@ -130,9 +130,9 @@ def test_grad_clip_is_recorded_and_spends_exactly_the_budget(victim_dir, tmp_pat
     ("probs", [], 2.0, 0.05, 5.0),
     ("probs", ["--tau", "1"], 1.0, 0.05, 5.0),
     ("probs", ["--tau", "1", "--lr", "0.1", "--set", "grad_clip=0"], 1.0, 0.1, 0.0),
-    ("probs", ["--set", "tau=3"], 3.0, 0.05, 5.0),
+    pytest.param("probs", ["--set", "tau=3"], 3.0, 0.05, 5.0, marks=pytest.mark.slow),  # 1-3 min each
     ("probs", ["--preset", "paper"], 1.0, None, 0.0),
-    ("probs", ["--schedule", "constant"], 2.0, 0.05, 5.0),
+    pytest.param("probs", ["--schedule", "constant"], 2.0, 0.05, 5.0, marks=pytest.mark.slow),
     ("label", [], 1.0, None, 0.0)])
 def test_default_with_probabilities_sets_tau_lr_and_clip_and_explicit_values_win(victim_dir, tmp_path, mode, extra,
                                                                                  tau, lr, clip):
@@ -153,7 +153,8 @@ _PAPER_EQUAL = ["--preset", "paper", "--set", "batching=equal"]
 
 @pytest.mark.parametrize("mode,same_as", [
     ("label", [*_PAPER_EQUAL, "--set", "label_smoothing=0.1", "--set", "label_smoothing_min_per_class=10"]),
-    ("probs", [*_PAPER_EQUAL, "--tau", "2", "--lr", "0.05", "--set", "grad_clip=5", "--set", "min_steps=3000"])])
+    pytest.param("probs", [*_PAPER_EQUAL, "--tau", "2", "--lr", "0.05", "--set", "grad_clip=5", "--set",
+                           "min_steps=3000"], marks=pytest.mark.slow)])  # two runs of 3,000 steps: minutes
 def test_default_trains_bitwise_as_its_spelled_out_settings(victim_dir, tmp_path, mode, same_as):
     """Label answers at 10 per class train exactly as ``paper`` with equal batches and label smoothing 0.1;
     probability answers exactly as ``paper`` with equal batches, tau 2, lr 0.05, clip 5 and the 3,000-step floor:
@@ -196,6 +197,7 @@ def test_a_removed_setting_is_one_line_naming_where_it_went(tmp_path, capsys, ar
     """Settings measured and not adopted were removed: ``--set`` of one is a one-line error naming the commit that
     still has it, before the victim is opened."""
     out = tmp_path / "run"
+    (tmp_path / "absent").mkdir(exist_ok=True)  # exists, not a model: the options are checked first
     rc = main(["-q", "extract", "surrogate", "--victim", str(tmp_path / "absent"), "--budget", "10", *args,
                "--out", str(out)])
     err = capsys.readouterr().err
@@ -210,6 +212,7 @@ def test_removed_flags_and_presets_are_refused(tmp_path, args):
 
     from stealkit.cli import cli
 
+    (tmp_path / "absent").mkdir(exist_ok=True)  # exists, not a model: the options are checked first
     res = CliRunner().invoke(cli, ["extract", "surrogate", "--victim", str(tmp_path / "absent"), "--budget", "10",
                                    "--out", str(tmp_path / "run"), *args])
     assert res.exit_code == 2 and not (tmp_path / "run").exists()

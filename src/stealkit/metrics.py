@@ -71,4 +71,8 @@ class Evaluator:
         pred = predict_labels(model, self.x, device=self.device)
         self.last_pred = pred
         fid = None if self.victim_labels is None else agreement(pred, self.victim_labels)
-        return {"accuracy": agreement(pred, self.y), "fidelity": fid}
+        scores = {"accuracy": agreement(pred, self.y), "fidelity": fid}
+        from stealkit.progress import measured
+
+        measured(accuracy=scores["accuracy"])  # on the terminal's query bar, or the next status line
+        return scores

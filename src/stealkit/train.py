@@ -25,7 +25,7 @@ from torch import nn
 
 from stealkit.errors import InputError
 from stealkit.grad_clip import check_grad_clip, clip_gradients
-from stealkit.progress import progress
+from stealkit.progress import note, progress
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +163,7 @@ def fit(
     step = 0
     bar = progress(total=total, desc=desc, unit="step")
     for epoch in range(config.epochs):
+        note(bar, epoch=f"{epoch + 1}/{config.epochs}")
         perm = torch.randperm(n, generator=gen)
         running, seen = 0.0, 0
         for idx in epoch_batches(perm, config.batch_size, config.batching):
@@ -188,7 +189,7 @@ def fit(
             bar.update(1)
         rec = {"epoch": epoch + 1, "loss": running / max(seen, 1), "lr": opt.param_groups[0]["lr"]}
         history.append(rec)
-        bar.set_postfix(loss=f"{rec['loss']:.4f}")
+        note(bar, loss=f"{rec['loss']:.4f}")
         if on_epoch is not None:
             on_epoch(epoch + 1, rec)
         if step >= total:

@@ -63,8 +63,10 @@ def train_victim(
 ) -> TrainedModel:
     """Train ``arch`` on the victim-train split of ``dataset``; score it on the test split; save to ``out``."""
     from stealkit.data import load_splits
+    from stealkit.data.sources import canonical_dataset
     from stealkit.models import ModelSpec, build_model, save_model
 
+    dataset = canonical_dataset(dataset)  # one stored name: model.json, ONNX metadata and reports
     splits = load_splits(dataset, data_dir=data_dir, seed=split_seed)
     train, test = splits.victim_train, splits.test
     torch.manual_seed(config.seed)

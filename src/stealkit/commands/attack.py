@@ -9,7 +9,15 @@ from typing import Any
 
 import click
 
-from stealkit.commands.common import device_option, parse_kv, set_option, victim_option
+from stealkit import fmt
+from stealkit.commands.common import (
+    check_budget,
+    dataset_name,
+    device_option,
+    parse_kv,
+    set_option,
+    victim_option,
+)
 from stealkit.evade.registry import ATTACKS, DECISION, TRANSFER
 
 TARGETS = ("second", "random", "least-likely")
@@ -25,8 +33,9 @@ def _victim_opts(fn: Callable[..., Any]) -> Callable[..., Any]:
     opts = [
         victim_option(),
         click.option("--key", default=None, envvar="STEALKIT_API_KEY", help="API key for an HTTP victim."),
-        click.option("--budget", type=int, default=None, help="Victim queries the attack may spend (default: no cap)."),
-        click.option("--dataset", default=None, help="Data set of the victim's task (default: from its model.json)."),
+        click.option("--budget", type=int, default=None, callback=check_budget, is_eager=True,
+                     help="Victim queries the attack may spend (default: no cap)."),
+        click.option("--dataset", default=None, callback=dataset_name, help="Data set of the victim's task (default: from its model.json)."),
         click.option("--data-dir", default=None, type=click.Path(), help="Directory holding data set files."),
         click.option("--n", "n", type=int, default=1000, show_default=True,
                      help="Test images to attack (a seeded sample of the test split)."),
@@ -118,8 +127,8 @@ def _make_transfer(method: str) -> click.Command:
         res = spec.run(sub, v.oracle, x.to(device), y.to(device), cfg)
         _save_npz(run.path / "adversarial.npz", res.arrays())
         _finish(run, res.summary() | {"substitute": substitute, "victim": victim, "seed": seed})
-        asr = "n/a" if res.asr is None else f"{res.asr:.4f}"
-        click.echo(f"ASR {asr} ({res.successes}/{res.attempts}), victim queries {res.victim_queries}; "
+        click.echo(f"ASR {fmt.figure(res.asr)} ({res.successes}/{res.attempts}), victim queries "
+                   f"{fmt.queries(res.victim_queries)}; "
                    f"report: {run.report_path}")
 
     return cmd
@@ -189,6 +198,10 @@ def _make_decision(method: str) -> click.Command:
                           {"settings": parse_kv(settings)} if settings else {}) | (
                           {"start_pool": start_pool, "start_pool_images": len(pool)} if pool is not None else {})
         run = RunDir(out).create(command=f"attack {method}", seed=seed, config=run_config)
+        if v.oracle.ledger.budget is None:  # the query bar's end: every image may spend --max-queries
+            from stealkit.progress import expect
+
+            expect(v.oracle.ledger.total + int(ok.numel()) * max_queries)
         res = spec.run(v.oracle, x[ok], y[ok], max_queries=max_queries, config=config, substitute=sub,
                        **({"start_pool": pool} if pool is not None else {}))
         x_adv = x.clone()
@@ -208,8 +221,9 @@ def _make_decision(method: str) -> click.Command:
                    "median_queries_per_image": float(per.median()) if per.numel() else None,
                    "victim": victim, "seed": seed}
         _finish(run, summary)
-        click.echo(f"success {summary['asr']}, median L2 {summary['median_norm_successful']}, victim queries "
-                   f"{summary['victim_queries']}; report: {run.report_path}")
+        click.echo(f"success {fmt.figure(summary['asr'])} ({summary['successes']}/{summary['attempts']}), "
+                   f"median L2 {fmt.figure(summary['median_norm_successful'], 3)}, victim queries "
+                   f"{fmt.queries(summary['victim_queries'])}; report: {run.report_path}")
 
     if method == "triangle":
         cmd = click.option(

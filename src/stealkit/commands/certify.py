@@ -7,7 +7,7 @@ import time
 
 import click
 
-from stealkit.commands.common import device_option, model_option, parse_kv, set_option
+from stealkit.commands.common import dataset_name, device_option, model_option, parse_kv, set_option
 
 RADII = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
 
@@ -23,7 +23,7 @@ RADII = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
               show_default=True, help="Bounds on (p1, p2) for the Renyi and PixelDP radii.")
 @click.option("--num", "num", type=int, default=200, show_default=True, help="Test images to certify (first N).")
 @click.option("--skip", type=int, default=1, show_default=True, help="Certify every SKIP-th test image.")
-@click.option("--dataset", default=None, help="Test data set (default: read from the model's model.json).")
+@click.option("--dataset", default=None, callback=dataset_name, help="Test data set (default: read from the model's model.json).")
 @click.option("--data-dir", default=None, type=click.Path(), help="Directory holding data set files.")
 @click.option("--batch-size", type=int, default=400, show_default=True, help="Noisy copies per forward pass.")
 @click.option("--radii", default=",".join(f"{r:g}" for r in RADII), show_default=True,
@@ -87,7 +87,7 @@ def certify_cmd(model_dir: str, sigma: float, n0: int, n: int, alpha: float, bou
 
 
 @click.command("train-robust")
-@click.option("--dataset", required=True, help="digits, fashion-mnist or mnist.")
+@click.option("--dataset", required=True, callback=dataset_name, help="digits, fashion-mnist or mnist.")
 @click.option("--arch", default="conv2", show_default=True, help="Architecture from the model zoo.")
 @click.option("--method", type=click.Choice(["none", "gaussian", "stability", "trades", "pgd"]), default="stability",
               show_default=True, help="gaussian = noise augmentation; stability = STN (Li et al. Sec. 5.1).")

@@ -114,10 +114,71 @@ def resolve_victim(ctx: click.Context | None, param: click.Parameter | None, val
         from stealkit.victims import standard_victim
 
         return str(standard_victim(value.split(":", 1)[1]).path)
+    if value:
+        check_victim_form(value, "--victim" if param is None or param.name == "victim" else "--model")
     if value and flags:
         from stealkit.models.foreign_meta import join_victim
 
         return join_victim(value, flags)
+    return value
+
+
+VICTIM_FORMS = ("a model directory written by `stealkit train` (or an extraction run's student/), standard:NAME "
+                "(e.g. standard:digits-conv2), an .onnx or .pt file, an http(s):// URL, or v2+http://HOST:PORT")
+
+
+def check_victim_form(value: str, option: str = "--victim") -> None:
+    """Refuse, at once and before any model is loaded, a victim that is none of the accepted forms: a local path
+    that does not exist (the usual typo) gets one line naming every form the option accepts."""
+    from pathlib import Path
+
+    if "://" in value or value.startswith("standard:"):
+        return
+    path = Path(value.split("?", 1)[0])
+    if not path.exists():
+        raise InputError(f"{option} {value}: no such file or directory; {option} takes {VICTIM_FORMS}")
+
+
+def dataset_name(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
+    """``--dataset`` in its one canonical spelling (``fmnist``, ``fashion_mnist`` -> ``fashion-mnist``), so
+    model.json, the ONNX metadata and the report store one name; an unknown name is refused at once."""
+    if value is None:
+        return None
+    from stealkit.data.sources import canonical_dataset
+
+    return canonical_dataset(value)
+
+
+def check_arch(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
+    """``--student``: a zoo architecture, refused at once (before any victim is loaded) with the list."""
+    if value is not None and value not in ARCH_NAMES:
+        name = "--" + (param.name or "student").replace("_", "-") if param is not None else "--student"
+        raise InputError(f"{name} {value}: unknown architecture; choose one of: {', '.join(ARCH_NAMES)}")
+    return value
+
+
+#: the zoo's architectures (stealkit.models.zoo.ARCHITECTURES; a test keeps them equal), named here so that a
+#: mistyped --student is refused without importing torch
+ARCH_NAMES = ("cnn3", "cnn4", "conv2", "lenet5", "logistic", "mlp2", "resnet", "vgg11")
+
+
+def check_source(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
+    """``--pool``: a query source spec, checked at once (before any victim is loaded)."""
+    if value is not None:
+        from stealkit.data import parse_source
+
+        try:
+            parse_source(value)
+        except InputError as exc:
+            raise InputError(f"--pool {value}: {exc}") from None
+    return value
+
+
+def check_budget(ctx: click.Context | None, param: click.Parameter | None, value: int | None) -> int | None:
+    """``--budget`` must be a positive number of victim queries (or absent where the command allows no cap)."""
+    if value is not None and value < 1:
+        raise InputError(f"--budget {value}: the budget is the number of victim queries (images) the attack may "
+                         "spend; give a positive integer, e.g. --budget 1000")
     return value
 
 
@@ -169,8 +230,9 @@ def victim_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--temperature", type=float, default=1.0, show_default=True,
                      help="Softmax temperature of a local probs/topk oracle."),
         click.option("--top-k", type=int, default=1, show_default=True, help="Classes a topk oracle reveals."),
-        click.option("--budget", type=int, required=True, help="Victim queries (images) the attack may spend."),
-        click.option("--dataset", default=None,
+        click.option("--budget", type=int, required=True, callback=check_budget, is_eager=True,
+                     help="Victim queries (images) the attack may spend (a positive integer)."),
+        click.option("--dataset", default=None, callback=dataset_name,
                      help="Data set of the victim's task (default: read from the victim's model.json)."),
         click.option("--data-dir", default=None, type=click.Path(), help="Directory holding data set files."),
     ]

@@ -6,6 +6,7 @@ import os
 
 import click
 
+from stealkit import fmt
 from stealkit.commands.common import device_option
 
 
@@ -47,8 +48,9 @@ def sweep_cmd(config: str, grid: tuple[str, ...], backend: str, address: str | N
                        address=address, workers=workers or os.cpu_count() or 1, device=device)
     for t in trials:
         final = t["final"]
-        shown = {k: final[k] for k in ("accuracy", "fidelity", "asr", "test_accuracy") if k in final}
-        click.echo(f"{t['values']}  {shown}  {t['dir']}")
+        shown = fmt.record({k: final[k] for k in ("accuracy", "fidelity", "asr", "test_accuracy") if k in final})
+        point = ", ".join(f"{k}={v}" for k, v in t["values"].items())
+        click.echo(f"{point}  {shown}  {t['dir']}")
 
 
 def register(cli: click.Group) -> None:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import click
 
+from stealkit import fmt
 from stealkit.commands.common import (
+    check_arch,
+    check_source,
     device_option,
     parse_int_list,
     parse_kv,
@@ -16,12 +19,12 @@ from stealkit.commands.common import (
 
 @click.command("baseline")
 @victim_options
-@click.option("--pool", default="pool", show_default=True,
+@click.option("--pool", default="pool", show_default=True, callback=check_source,
               help="Query source: pool (the attacker split), a data set name, gaussian, uniform, patches; "
                    "options as NAME:classes=0-4:imbalance=0.1.")
 @click.option("--checkpoints", default=None, help="Comma-separated query counts to score a student at "
               "(default: the budget only).")
-@click.option("--student", default="conv2", show_default=True, help="Student architecture.")
+@click.option("--student", default="conv2", show_default=True, callback=check_arch, help="Student architecture.")
 @click.option("--student-arg", "student_args", multiple=True, metavar="KEY=VALUE")
 @click.option("--epochs", type=int, default=30, show_default=True)
 @click.option("--batch-size", type=int, default=64, show_default=True)
@@ -67,7 +70,8 @@ def baseline_cmd(victim: str, key: str | None, mode: str, temperature: float, to
                         evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
                         config=config, on_point=run.append_record, device=device)
     save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
-    click.echo(f"accuracy {result.accuracy:.4f}, fidelity {result.fidelity}, queries {result.queries}; "
+    click.echo(f"accuracy {fmt.figure(result.accuracy)}, fidelity {fmt.figure(result.fidelity)}, "
+               f"queries {fmt.queries(result.queries)}; "
                f"report: {run.report_path}")
 
 

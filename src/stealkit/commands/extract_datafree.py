@@ -14,7 +14,15 @@ from typing import Any
 
 import click
 
-from stealkit.commands.common import device_option, parse_kv, run_options, set_option, victim_options
+from stealkit import fmt
+from stealkit.commands.common import (
+    check_arch,
+    device_option,
+    parse_kv,
+    run_options,
+    set_option,
+    victim_options,
+)
 from stealkit.errors import InputError
 from stealkit.extract.datafree.recipes import DEFAULT, PAPER, VALIDATED
 from stealkit.extract.registry import DATAFREE, METHODS
@@ -34,7 +42,7 @@ def build_config(method: str, settings: dict[str, Any], loop: dict[str, Any]) ->
 def datafree_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Options every data-free command shares (module-local: common.py stays untouched)."""
     opts = [
-        click.option("--student", default="conv2", show_default=True, help="Student (substitute) architecture."),
+        click.option("--student", default="conv2", show_default=True, callback=check_arch, help="Student (substitute) architecture."),
         click.option("--student-arg", "student_args", multiple=True, metavar="KEY=VALUE",
                      help="Student architecture option, e.g. c1=16."),
         click.option("--batch-size", type=int, default=None, help="Generator batch (default: the method's)."),
@@ -113,9 +121,9 @@ def run_method(method: str, *, victim: str, key: str | None, mode: str, temperat
         with atomic_path(run.path / "samples.safetensors") as tmp:
             save_file({"samples": result.samples.contiguous()}, str(tmp))
     save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
-    acc = "n/a" if result.accuracy is None else f"{result.accuracy:.4f}"
-    click.echo(f"{method} ({result.extra.get('variant', mode)}): accuracy {acc}, fidelity {result.fidelity}, "
-               f"queries {result.queries}, {result.extra['seconds']:.0f} s; report: {run.report_path}")
+    click.echo(f"{method} ({result.extra.get('variant', mode)}): accuracy {fmt.figure(result.accuracy)}, "
+               f"fidelity {fmt.figure(result.fidelity)}, queries {fmt.queries(result.queries)}, "
+               f"{result.extra['seconds']:.0f} s; report: {run.report_path}")
     return result
 
 

@@ -7,7 +7,16 @@ from typing import Any
 
 import click
 
-from stealkit.commands.common import device_option, parse_kv, run_options, set_option, victim_option
+from stealkit import fmt
+from stealkit.commands.common import (
+    check_budget,
+    dataset_name,
+    device_option,
+    parse_kv,
+    run_options,
+    set_option,
+    victim_option,
+)
 
 VARIANTS = ("gradient", "mq", "logistic")
 
@@ -20,7 +29,7 @@ VARIANTS = ("gradient", "mq", "logistic")
                    "queries only); logistic: footnote 2's identification of a logistic model.")
 @click.option("--hidden", type=int, default=None,
               help="The victim's hidden width h (default: read from a local victim's model.json).")
-@click.option("--budget", type=int, default=None, help="Victim queries the attack may spend (default: no limit).")
+@click.option("--budget", type=int, default=None, callback=check_budget, is_eager=True, help="Victim queries the attack may spend (default: no limit).")
 @click.option("--search", type=click.Choice(["secant", "bisect"]), default="secant", show_default=True,
               help="bisect: the paper's binary search; secant: jump to the kink from two values (fewer queries).")
 @click.option("--lines", type=int, default=40, show_default=True,
@@ -28,7 +37,7 @@ VARIANTS = ("gradient", "mq", "logistic")
 @click.option("--anchors", type=int, default=500, show_default=True,
               help="Attacker-pool images seeding the search lines (free: they are not queried).")
 @click.option("--epsilon", type=float, default=None, help="Search resolution in t (default: by precision).")
-@click.option("--dataset", default=None, help="Data set of the victim's task (default: from model.json).")
+@click.option("--dataset", default=None, callback=dataset_name, help="Data set of the victim's task (default: from model.json).")
 @click.option("--data-dir", default=None, type=click.Path(), help="Directory holding data set files.")
 @set_option("check_points=32")
 @run_options
@@ -87,7 +96,8 @@ def exact_cmd(victim: str, key: str | None, variant: str, hidden: int | None, bu
                               accuracy=scores["accuracy"], fidelity=scores.get("fidelity"),
                               victim_accuracy=evaluator.victim_accuracy, extra=extra)
     save_extraction(run, result, v, student_arch=arch, student_kwargs=kwargs, seed=seed, config=cfg)
-    click.echo(f"accuracy {result.accuracy:.4f}, fidelity {result.fidelity}, queries {result.queries}; "
+    click.echo(f"accuracy {fmt.figure(result.accuracy)}, fidelity {fmt.figure(result.fidelity)}, "
+               f"queries {fmt.queries(result.queries)}; "
                f"report: {run.report_path}")
 
 

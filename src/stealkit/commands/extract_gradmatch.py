@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import click
 
+from stealkit import fmt
 from stealkit.commands.common import (
+    check_arch,
+    check_budget,
+    check_source,
+    dataset_name,
     device_option,
     parse_int_list,
     parse_kv,
@@ -17,7 +22,7 @@ from stealkit.commands.common import (
 @click.command("gradient-matching")
 @victim_option()
 @click.option("--key", default=None, envvar="STEALKIT_API_KEY", help="API key for an HTTP victim.")
-@click.option("--budget", type=int, required=True, help="Inputs the attack may query (each costs one membership "
+@click.option("--budget", type=int, required=True, callback=check_budget, is_eager=True, help="Inputs the attack may query (each costs one membership "
               "query and, with gradients, one explanation query).")
 @click.option("--checkpoints", default=None, help="Comma-separated query counts to score a reconstruction at "
               "(default: the budget only), e.g. 1,10,100,1000.")
@@ -26,12 +31,12 @@ from stealkit.commands.common import (
 @click.option("--smooth-sigma", type=float, default=0.3, show_default=True, help="SmoothGrad noise sigma.")
 @click.option("--smooth-samples", type=int, default=10, show_default=True, help="SmoothGrad samples N.")
 @click.option("--lam", type=float, default=1.0, show_default=True, help="lambda, weight of l_M in l_G + lambda l_M.")
-@click.option("--pool", default="pool", show_default=True,
+@click.option("--pool", default="pool", show_default=True, callback=check_source,
               help="Query source: pool (the attacker split), gaussian (Sec. 5.3), a data set name, uniform.")
-@click.option("--student", default="conv2", show_default=True, help="Reconstruction architecture (Sec. 5.2).")
+@click.option("--student", default="conv2", show_default=True, callback=check_arch, help="Reconstruction architecture (Sec. 5.2).")
 @click.option("--student-arg", "student_args", multiple=True, metavar="KEY=VALUE")
 @click.option("--steps", type=int, default=600, show_default=True, help="Training minibatches per checkpoint.")
-@click.option("--dataset", default=None, help="Data set of the victim's task (default: from model.json).")
+@click.option("--dataset", default=None, callback=dataset_name, help="Data set of the victim's task (default: from model.json).")
 @click.option("--data-dir", default=None, type=click.Path(), help="Directory holding data set files.")
 @set_option("batch_size=128")
 @run_options
@@ -77,7 +82,8 @@ def gradmatch_cmd(victim: str, key: str | None, budget: int, checkpoints: str | 
                         evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
                         config=config, checkpoints=cps, device=device, on_point=run.append_record)
     save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
-    click.echo(f"accuracy {result.accuracy:.4f}, fidelity {result.fidelity}, queries {result.queries}; "
+    click.echo(f"accuracy {fmt.figure(result.accuracy)}, fidelity {fmt.figure(result.fidelity)}, "
+               f"queries {fmt.queries(result.queries)}; "
                f"report: {run.report_path}")
 
 

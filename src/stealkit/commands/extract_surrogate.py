@@ -11,7 +11,16 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from stealkit.commands.common import device_option, parse_kv, run_options, set_option, victim_options
+from stealkit import fmt
+from stealkit.commands.common import (
+    check_arch,
+    check_source,
+    device_option,
+    parse_kv,
+    run_options,
+    set_option,
+    victim_options,
+)
 from stealkit.errors import InputError
 from stealkit.extract.surrogate_data.surrogate_presets import (
     DEFAULT_BATCH_SIZE,
@@ -62,7 +71,7 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
 
 @click.command("surrogate")
 @victim_options
-@click.option("--pool", default="pool", show_default=True,
+@click.option("--pool", default="pool", show_default=True, callback=check_source,
               help="Surrogate source: pool (the attacker split), pool:classes=0-4 (skewed), another data set "
                    "(adapted by resizing and channel repetition), patches, gaussian.")
 @click.option("--max-distinct", type=int, default=None,
@@ -94,7 +103,7 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
                    "active.initial=0.5) (config.json records what it resolved to); paper: random queries, no SSL "
                    "(DFME appendix A) (docs/guide/surrogate.md).")
 @click.option("--resume", is_flag=True, help="Continue the stopped active rounds in --out from their checkpoint.")
-@click.option("--student", default="conv2", show_default=True, help="Student architecture.")
+@click.option("--student", default="conv2", show_default=True, callback=check_arch, help="Student architecture.")
 @click.option("--student-arg", "student_args", multiple=True, metavar="KEY=VALUE")
 @click.option("--epochs", type=int, default=DEFAULT_EPOCHS, show_default=True,
               help="Student epochs; with probability answers the default raises them to at least 3,000 steps "
@@ -159,7 +168,8 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
                         pool_labels=labels, on_point=run.append_record, device=device,
                         checkpoint_dir=checkpoint if checkpointed else None, resume=resume)
     save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
-    click.echo(f"accuracy {result.accuracy:.4f}, fidelity {result.fidelity}, queries {result.queries}; "
+    click.echo(f"accuracy {fmt.figure(result.accuracy)}, fidelity {fmt.figure(result.fidelity)}, "
+               f"queries {fmt.queries(result.queries)}; "
                f"report: {run.report_path}")
 
 
@@ -202,7 +212,7 @@ def command_params(*args: str) -> dict[str, Any]:
     not be given, then they read ``-``; ``--budget`` must be): what
     :func:`surrogate_config` takes. E.g. ``command_params("--budget", "100", "--mode", "label")``."""
     given = {a.split("=", 1)[0] for a in args}
-    head = [x for flag in ("--victim", "--out") if flag not in given for x in (flag, "-")]
+    head = [x for flag, v in (("--victim", "."), ("--out", "-")) if flag not in given for x in (flag, v)]
     with surrogate_cmd.make_context("surrogate", [*head, *args]) as ctx:
         return dict(ctx.params)
 

@@ -9,9 +9,9 @@ from stealkit.commands.common import device_option
 
 @click.command("reproduce")
 @click.option("--scale", type=click.Choice(["small", "full"]), default="small", show_default=True,
-              help="small: CPU scale (within 90 min on 2 cores); full: the papers' settings (meant for a GPU).")
+              help="small: CPU scale (measured wall time in docs/results.md#reproduce); full: the papers' settings (meant for a GPU).")
 @click.option("--out", default="runs/reproduce", show_default=True, type=click.Path())
-@click.option("--only", multiple=True, help="Run only these studies (repeat).")
+@click.option("--only", multiple=True, help="Run only these studies (repeat): a name from --list or from `stealkit study list`.")
 @click.option("--list", "list_only", is_flag=True, help="List the studies of this scale and exit.")
 @click.option("--force", is_flag=True, help="Re-run finished steps.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
@@ -21,12 +21,14 @@ def reproduce_cmd(scale: str, out: str, only: tuple[str, ...], list_only: bool, 
                   device: str) -> None:
     """Run every study that reproduces a paper result and write OUT/report.html (papers beside ours)."""
     from stealkit.experiments.config import load_config
-    from stealkit.experiments.reproduce import config_paths, reproduce
+    from stealkit.experiments.reproduce import config_paths, reproduce, study_aliases
 
     if list_only:
-        for p in config_paths(scale):
-            cfg = load_config(p)
-            click.echo(f"{cfg.name:<28} {cfg.description}")
+        configs = [load_config(p) for p in config_paths(scale)]
+        aliases = study_aliases(configs)
+        for cfg in configs:
+            also = sorted(a for a, names in aliases.items() if cfg.name in names)
+            click.echo(f"{cfg.name:<28} {cfg.description}" + (f" (study {', '.join(also)})" if also else ""))
         return
     import os
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from stealkit import fmt
 from stealkit.commands.common import device_option, parse_int_list, run_options
 from stealkit.errors import InputError
 
@@ -72,7 +73,7 @@ def table4_cmd(preset: str, victims: str | None, columns: str | None, taus: str,
                           batch_size=batch_size, seed=seed, device=device, data_dir=data_dir)
     summary = _execute("dfme-table4", config, out)
     for row in table4_rows(summary["table"]):
-        click.echo("  ".join(f"{k}={v}" for k, v in row.items()))
+        click.echo("  ".join(f"{k}={fmt.figure(v, 3)}" for k, v in row.items()))
     click.echo(f"report: {out}/report.html")
 
 
@@ -111,7 +112,7 @@ def hypothesis1_cmd(victims: str, losses: str, epochs: int, repeats: int, data_d
     for key, v in summary["verdicts"].items():
         click.echo(f"{key}: ratio {v['first_ratio']:.4f} -> {v['last_ratio']:.4f} (mean over {v['seeds']} seeds), "
                    f"fall {v['fall_mean']:.2f} +- {v['fall_std']:.2f}x; holds (fall >= {v['fall_factor']:g}x in "
-                   f"every seed): {v['holds']}")
+                   f"every seed): {fmt.figure(v['holds'])}")
     click.echo(f"report: {out}/report.html")
 
 

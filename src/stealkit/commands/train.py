@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from stealkit.commands.common import device_option, parse_kv, set_option
+from stealkit.commands.common import dataset_name, device_option, parse_kv, set_option
 
 
 @click.command("train")
-@click.option("--dataset", required=True, help="digits, fashion-mnist, mnist, cifar10 or svhn.")
+@click.option("--dataset", required=True, callback=dataset_name, help="digits, fashion-mnist, mnist, cifar10 or svhn.")
 @click.option("--arch", default="conv2", show_default=True, help="Architecture from the model zoo.")
 @click.option("--arch-arg", "arch_args", multiple=True, metavar="KEY=VALUE", help="Architecture argument (repeat).")
 @click.option("--epochs", type=int, default=10, show_default=True)

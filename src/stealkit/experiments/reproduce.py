@@ -70,6 +70,39 @@ def _follow(node: Any, parts: list[str]) -> Any:
     return None
 
 
+def study_aliases(configs: list[Any]) -> dict[str, set[str]]:
+    """Every other name a user may know a reproduce study by -> the reproduce names it selects: the study's
+    name in ``stealkit study list`` (and its ``stealkit study NAME`` subcommand) for each study a config runs."""
+    from stealkit.studies.registry import STUDIES
+
+    by_command = {study.KIND: name for name, study in STUDIES.items()}
+    out: dict[str, set[str]] = {}
+    for c in configs:
+        for step in c.steps:
+            name = by_command.get(step.command)
+            if name is None and step.command.startswith("study "):
+                name = step.command.split(" ", 1)[1]
+            if name is not None and name != c.name:
+                out.setdefault(name, set()).add(c.name)
+    return out
+
+
+#: former reproduce names (before each study had one name), still accepted by ``--only``
+FORMER_NAMES = {"milli-figures-2-4": "explanations", "milli-exact-recovery": "exact-recovery",
+                "stn-certified-robustness": "stn-certify"}
+
+
+def resolve_only(configs: list[Any], only: tuple[str, ...]) -> set[str]:
+    """The reproduce names ``--only`` selects: a reproduce name, or a study's name from ``stealkit study list``."""
+    names, aliases = {c.name for c in configs}, study_aliases(configs)
+    aliases |= {old: {new} for old, new in FORMER_NAMES.items() if new in names and old not in names}
+    unknown = sorted(set(only) - names - set(aliases))
+    if unknown:
+        raise InputError(f"unknown studies {', '.join(unknown)}; available: {', '.join(c.name for c in configs)} "
+                         f"(or a study name from `stealkit study list`: {', '.join(sorted(aliases))})")
+    return {x for o in only for x in ({o} if o in names else aliases[o])}
+
+
 def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force: bool = False,
               jobs: int = 1, device: str | None = None) -> dict[str, Any]:
     """Run every study of ``scale`` (or ``only`` these) into ``out``; ``jobs`` studies at a time, each in its own
@@ -78,19 +111,21 @@ def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force:
     out = Path(out)
     configs = [load_config(p) for p in config_paths(scale)]
     if only:
-        unknown = set(only) - {c.name for c in configs}
-        if unknown:
-            raise InputError(f"unknown studies {sorted(unknown)}; available: {[c.name for c in configs]}")
-        configs = [c for c in configs if c.name in only]
+        names = resolve_only(configs, only)
+        configs = [c for c in configs if c.name in names]
     if jobs < 1:
         raise InputError(f"--jobs must be at least 1, got {jobs}")
     t0, env = time.perf_counter(), environment()  # the load average is the machine's when the run began
     n = len(configs)
     log.info("reproduce: %d studies at scale %s, %d at a time", n, scale, min(jobs, n))
+    from stealkit.progress import progress
+
+    bar = progress(total=n, desc="reproduce", unit="study")
     if jobs == 1 or n == 1:
         studies = []
         for cfg in configs:
             studies.append(run_study(cfg, out, force, device))
+            bar.update(1)
             _progress(studies[-1], len(studies), n, t0, jobs)
     else:
         import multiprocessing
@@ -102,8 +137,10 @@ def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force:
             done: dict[int, dict[str, Any]] = {}
             for future in as_completed(futures):
                 done[futures[future]] = future.result()
+                bar.update(1)
                 _progress(done[futures[future]], len(done), n, t0, jobs)
             studies = [done[i] for i in range(n)]
+    bar.close()
     summary = {"scale": scale, "wall_seconds": round(time.perf_counter() - t0, 1), **env,
                "compute_seconds": round(sum(s["seconds"] for s in studies), 1), "jobs": jobs,
                "failed": [s["name"] for s in studies if s.get("error")], "studies": studies,
@@ -124,6 +161,26 @@ def _progress(study: dict[str, Any], finished: int, total: int, t0: float, jobs:
              study["name"], outcome, elapsed, jobs, eta)
 
 
+def study_ledger(path: Path) -> dict[str, int] | None:
+    """What a study spent: the sum of the query ledgers of every run under ``path`` (the ``queries`` of an
+    extraction's summary.json, the ``victim_queries`` of an attack's), never arithmetic on its settings;
+    ``None`` where no run of the study queried a victim."""
+    import json
+
+    total: dict[str, int] = {}
+    for summary in sorted(path.rglob("summary.json")):
+        try:
+            data = json.loads(summary.read_text())
+        except (OSError, ValueError):
+            continue
+        for key in ("queries", "victim_queries"):
+            ledger = data.get(key) if isinstance(data, dict) else None
+            if isinstance(ledger, dict) and ledger and all(type(v) is int for v in ledger.values()):
+                for kind, n in ledger.items():
+                    total[kind] = total.get(kind, 0) + n
+    return total or None
+
+
 def run_study(cfg: ExperimentConfig, out: Path, force: bool, device: str | None = None) -> dict[str, Any]:
     """Run one study's steps into ``out/NAME``; its entry of the reproduction's summary (an error is reported in
     it, never raised, so one failed study does not lose the others)."""
@@ -138,7 +195,6 @@ def run_study(cfg: ExperimentConfig, out: Path, force: bool, device: str | None 
         return {"name": cfg.name, "description": cfg.description, "dir": str(out / cfg.name),
                 "seconds": round(time.perf_counter() - s0, 1), "step_seconds": {}, "queries": None,
                 "rows": [], "final_step": None, "error": str(exc)}
-    final = outcomes[-1].summary
     return {
         "name": cfg.name,
         "description": cfg.description,
@@ -146,7 +202,7 @@ def run_study(cfg: ExperimentConfig, out: Path, force: bool, device: str | None 
         "seconds": round(sum(o.seconds for o in outcomes), 1),
         "step_seconds": {o.id: round(o.seconds, 1) for o in outcomes},
         "skipped_steps": [o.id for o in outcomes if o.skipped],
-        "queries": final.get("queries"),
+        "queries": study_ledger(out / cfg.name),
         "rows": [{**row, "ours": _fmt_ours(_row_value(outcomes, str(row.get("ours", ""))), row)}
                  for row in cfg.paper.get("rows", [])],
         "final_step": str(outcomes[-1].out),
@@ -191,6 +247,7 @@ def _fmt_ours(value: Any, row: dict[str, Any]) -> Any:
 
 
 def render(summary: dict[str, Any], configs: list[ExperimentConfig]) -> str:
+    from stealkit.fmt import queries
     from stealkit.report.builders import build_sections
     from stealkit.report.html import Section, fmt, markup, render_report
 
@@ -206,7 +263,7 @@ def render(summary: dict[str, Any], configs: list[ExperimentConfig]) -> str:
                         markup("<b>Failed:</b> {}", study["error"]) if study.get("error") else
                         markup("Study time {} s (steps: {}); queries {}; run directory <code>{}</code>.",
                                fmt(study["seconds"]), fmt(study["step_seconds"]) or "none run",
-                               fmt(study["queries"]) if study["queries"] else "none", study["dir"])],
+                               queries(study["queries"]) if study["queries"] else "none", study["dir"])],
             tables=[("The paper beside ours", [{k: r.get(k) for k in ("result", "paper", "ours", "settings")}
                                                 for r in study["rows"]])] if study["rows"] else [],
         )

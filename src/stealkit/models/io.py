@@ -21,7 +21,7 @@ from torch import nn
 
 from stealkit import __version__
 from stealkit.errors import InputError, UnsafeFileError
-from stealkit.fsutil import atomic_path, atomic_write_json
+from stealkit.fsutil import atomic_path, atomic_write_json, default_file_mode
 from stealkit.models.layers import Classifier
 from stealkit.models.spec import ModelSpec
 from stealkit.models.zoo import build_model
@@ -206,6 +206,9 @@ def _checked_tensors(model: nn.Module, spec: ModelSpec) -> dict[str, torch.Tenso
 def _write_tensors(tensors: dict[str, torch.Tensor], spec: ModelSpec, path: str | os.PathLike[str]) -> None:
     metadata = {"format": "pt", "stealkit_version": __version__, "stealkit_spec": spec.to_json()}
     save_file(tensors, str(path), metadata=metadata)
+    # safetensors creates the file anew (0600): give it the mode of any file the user writes (the umask
+    # applies), as docs/architecture.md says of every file stealkit writes
+    os.chmod(path, default_file_mode())
     with open(path, "rb") as fh:
         os.fsync(fh.fileno())
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from stealkit import fmt
 from stealkit.extract.common import Victim, make_evaluator, student_factory
 from stealkit.extract.surrogate_data.baseline import BaselineConfig, extract_baseline
 from stealkit.oracle import LocalOracle
@@ -94,7 +95,7 @@ def run_defence_study(config: DefenceStudyConfig, on_row: Any = None) -> dict[st
             "per_seed_accuracy": [round(a, 4) for a in accs],
         }
         rows.append(row)
-        log.info("%s", row)
+        log.info("%s", fmt.record(row))
         if on_row is not None:
             on_row(row)
     prada = _prada_on_pool(model, pool, config)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from stealkit import fmt
 from stealkit.errors import InputError
 from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
 from stealkit.extract.surrogate_data.surrogate import SurrogateConfig, extract_surrogate
@@ -79,7 +80,7 @@ def hypothesis1_study(config: Hypothesis1Config,
                 traces[run_key] = _trace(str(trained.path), name, loss, run_key, seed, config, on_point)
                 falls.append(fall(traces[run_key]))
             verdicts[key] = verdict_over_seeds(falls)
-            log.info("%s: %s", key, verdicts[key])
+            log.info("%s: %s", key, fmt.record(verdicts[key]))
     return {"traces": traces, "verdicts": verdicts, "fall_factor": FALL_FACTOR}
 
 

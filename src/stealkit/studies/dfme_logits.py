@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from stealkit import fmt
 from stealkit.extract.common import open_victim, victim_splits
 from stealkit.extract.logit_recovery import recovery_error
 from stealkit.report.html import Section
@@ -66,7 +67,7 @@ def logit_recovery_study(config: LogitStudyConfig) -> list[dict[str, Any]]:
             stats["error_over_abs_logit"] = stats["l1_error"] / max(stats["abs_logit"], 1e-12)
             stats["claim_holds"] = stats["error_over_abs_logit"] < ERROR_BOUND
             rows.append({"victim": name, "inputs": what, "n": int(x.shape[0]), **stats})
-            log.info("%s", rows[-1])
+            log.info("%s", fmt.record(rows[-1]))
     return rows
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from stealkit import fmt
 from stealkit.errors import InputError
 from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
 from stealkit.extract.surrogate_data.surrogate import SurrogateConfig, extract_surrogate
@@ -191,7 +192,7 @@ def run_table4(config: Table4Config, *, on_row: Callable[[dict[str, Any]], None]
                            "validation_accuracy": validator(r.student)["accuracy"],
                            "queries": r.queries["predict"], "n_distinct": r.extra["n_distinct"]}
                     rows.append(row)
-                    log.info("%s", row)
+                    log.info("%s", fmt.record(row))
                     if on_row is not None:
                         on_row(row)
                     hindsight = max(hindsight, r.accuracy or 0.0)

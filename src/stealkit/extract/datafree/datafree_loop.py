@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from stealkit import fmt
 from stealkit.errors import InputError
 from stealkit.extract.common import ExtractionResult, curve_point
 from stealkit.extract.datafree.checkpoint import load_checkpoint, save_checkpoint
@@ -28,7 +29,7 @@ from stealkit.extract.journal import JournalOracle
 from stealkit.fsutil import to_jsonable
 from stealkit.metrics import Evaluator
 from stealkit.oracle import Oracle
-from stealkit.progress import progress
+from stealkit.progress import note, progress
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,8 @@ def run_datafree(
                              "same options, or start a new run in another --out")
         state.update({k: meta[k] for k in ("iteration", "curve", "losses", "planned", "elapsed") if k in meta})
         journal = ckpt / meta["journal"]
-        log.info("resumed %s at iteration %d (%s queries)", attack.name, state["iteration"], oracle.ledger.as_dict())
+        log.info("resumed %s at iteration %d (%s queries)", attack.name, state["iteration"],
+                 fmt.queries(oracle.ledger.as_dict()))
     elif resume:
         log.warning("no checkpoint in %s yet: starting afresh", ckpt)
     if state["planned"] is None:
@@ -167,7 +169,8 @@ def run_datafree(
                 acc = {}
                 if on_losses is not None:
                     on_losses(rec)
-                bar.set_postfix({k: f"{v:.3g}" for k, v in rec.items() if k not in ("iteration", "queries")})
+                note(bar, **dict(list({k: f"{v:.3g}" for k, v in rec.items()  # the first two losses: a bar fits a line
+                                       if k not in ("iteration", "queries")}.items())[:2]))
             total = sum(oracle.ledger.as_dict().values())
             if marks and total >= marks[0] and evaluator is not None:
                 while marks and total >= marks[0]:
@@ -175,7 +178,7 @@ def run_datafree(
                 point = scored_point(attack, oracle, evaluator, state["curve"], iteration=state["iteration"],
                                      seconds=round(time.perf_counter() - started, 2))
                 state["curve"].append(point)
-                log.info("%s: %d queries, accuracy %.4f", attack.name, total, point["accuracy"])
+                log.info("%s: %s queries, accuracy %s", attack.name, fmt.queries(total), fmt.figure(point["accuracy"]))
                 if on_point is not None:
                     on_point(point)
             if ckpt is not None and loop.checkpoint_every and state["iteration"] % loop.checkpoint_every == 0:

@@ -41,6 +41,7 @@ import torch
 from scipy.linalg import qr
 from scipy.optimize import linprog
 
+from stealkit import fmt
 from stealkit.errors import InputError
 from stealkit.extract.explanations.exact_access import GradientAccess, RecoveryFailure, SearchLine, prune
 from stealkit.extract.explanations.exact_secant import Plan, exact_crossings, fit_output_layer, secant_plans
@@ -149,8 +150,8 @@ def recover_with(access: GradientAccess, hidden: int, cfg: ExactConfig, *,
         for row, point in search_line(access, u, v, t_lo, t_hi, eps=eps, tol=tol, search=cfg.search,
                                       exact_points=cfg.bias, cap=64 * hidden + 256, output=output):
             _add_unique(rows, offsets, row, -float(row @ point), 1e3 * tol)
-        log.info("line %d: %d distinct hyperplanes of %d; queries %s", line, len(rows), hidden,
-                 access.oracle.ledger.as_dict())
+        log.info("line %d: %d distinct hyperplanes of %d; %s queries", line, len(rows), hidden,
+                 fmt.queries(access.oracle.ledger.as_dict()))
         if len(rows) < hidden and (line < cfg.lines or not cfg.bias):
             last = RecoveryFailure(f"found {len(rows)} of {hidden} hidden units on {line} search line(s) "
                                    f"(range {t_hi - t_lo:.3g}, epsilon {eps:.3g}); allow more lines, a larger "

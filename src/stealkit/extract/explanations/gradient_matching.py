@@ -26,6 +26,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from stealkit import fmt
 from stealkit.errors import InputError
 from stealkit.extract.common import ExtractionResult, curve_point
 from stealkit.extract.losses import soft_cross_entropy
@@ -101,7 +102,9 @@ def train_reconstruction(student: nn.Module, answers: Answers, config: GradMatch
     student = student.to(device).train()
     opt = torch.optim.Adam(student.parameters(), lr=config.lr)
     n = answers.x.shape[0]
-    for _step in range(config.steps):
+    from stealkit.progress import progress
+
+    for _step in progress(range(config.steps), desc="student (gradient matching)", unit="step"):
         idx = torch.randint(0, n, (min(config.batch_size, n),), generator=gen) if n > config.batch_size \
             else torch.arange(n)
         xb = answers.x[idx].to(device)
@@ -155,7 +158,7 @@ def extract_gradient_matching(
         student = train_reconstruction(make_student(), answers, config, device=device)
         point = curve_point(oracle, evaluator, student, n=n)
         curve.append(point)
-        log.info("n=%d queries %s accuracy %.4f", n, oracle.ledger.as_dict(), point["accuracy"])
+        log.info("n=%d: %s queries, accuracy %.4f", n, fmt.queries(oracle.ledger.as_dict()), point["accuracy"])
         if on_point is not None:
             on_point(point)
     assert student is not None

@@ -357,7 +357,8 @@ def active_rounds(
                "train_seconds": round(train_s, 3), "select_seconds": round(select_s, 3),
                "query_seconds": round(time.perf_counter() - t0 - train_s - select_s, 3)}
         rounds.append(rec)
-        log.info("active round %d: %s", r, rec)
+        log.info("active round %d: %d selected, %d answered (train %.1f s, select %.1f s, query %.1f s)", r,
+                 rec["selected"], rec["answered"], train_s, select_s, rec["query_seconds"])
         if checkpoint_dir is not None:
             save_round(checkpoint_dir, cache, cache.oracle.ledger,
                        {"round": r, "rounds": rounds, "sizes": sizes, "strategy": strategy,

@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stealkit import fmt
 from stealkit.errors import InputError
 from stealkit.extract.answer_cache import AnswerCache, distinct_cap
 from stealkit.extract.common import ExtractionResult, curve_point
@@ -442,8 +443,8 @@ def extract_surrogate(
             curve.append(point)
             if on_point is not None:
                 on_point(point)
-            log.info("epoch %d: accuracy %.4f fidelity %s (queries %d)", epoch, point["accuracy"],
-                     point["fidelity"], point["queries"])
+            log.info("epoch %d: accuracy %s, fidelity %s (%s queries)", epoch, fmt.figure(point["accuracy"]),
+                     fmt.figure(point["fidelity"]), fmt.queries(point["queries"]))
         if on_epoch is not None:
             on_epoch(epoch, student, rec)
 

@@ -1,0 +1,74 @@
+"""The Python API (:mod:`stealkit.api`) resolves every default as the CLI does, and README's example runs."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from stealkit.api import steal
+from stealkit.cli import main
+from stealkit.errors import InputError
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+@pytest.fixture(scope="module")
+def victim_dir(tmp_path_factory):
+    from stealkit.train import TrainConfig
+    from stealkit.victims import train_victim
+
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("victim")
+    train_victim("digits", "mlp2", TrainConfig(epochs=10, batch_size=64, lr=0.01, seed=0), out=out,
+                 arch_kwargs={"hidden": 32})
+    return out
+
+
+@pytest.mark.parametrize("mode", [pytest.param("probs", marks=pytest.mark.slow), "label"])  # probs: 3,000 steps
+def test_api_and_cli_resolve_the_same_defaults_and_spend_the_same_ledger(victim_dir, tmp_path, mode):
+    """Only the size is given; every other option is each side's default: the runs must agree."""
+    run = steal(victim_dir, budget=30, mode=mode, epochs=1, student="mlp2", student_args={"hidden": 8},
+                         out=tmp_path / "api")
+    assert main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", "30", "--mode", mode,
+                 "--epochs", "1", "--student", "mlp2", "--student-arg", "hidden=8", "--out",
+                 str(tmp_path / "cli")]) == 0
+    cli = json.loads((tmp_path / "cli" / "config.json").read_text())["config"]
+    assert run.config["preset_resolved"] == cli["preset_resolved"]
+    assert run.config["surrogate"] == cli["surrogate"]
+    summary = json.loads((tmp_path / "cli" / "summary.json").read_text())
+    assert run.queries == summary["queries"] == {"predict": 30, "explain": 0}
+    assert run.accuracy == summary["accuracy"] and isinstance(run.student, torch.nn.Module)
+
+
+def test_a_module_victim_is_stolen_through_its_ledger(victim_dir, tmp_path):
+    from stealkit.models import load_model
+
+    module = load_model(victim_dir)[0]
+    run = steal(module, input_shape=(1, 8, 8), dataset="digits", budget=40, mode="label", epochs=1,
+                         student="mlp2", out=tmp_path / "r")
+    assert run.queries == {"predict": 40, "explain": 0} and run.report.exists()
+    assert run.config["surrogate"]["epochs"] == 1
+
+
+def test_api_errors_are_the_cli_errors(tmp_path):
+    with pytest.raises(InputError, match="positive integer"):
+        steal("standard:digits-conv2", budget=0)
+    with pytest.raises(InputError, match="input_shape"):
+        steal(torch.nn.Linear(64, 10), budget=10)
+
+
+@pytest.mark.slow
+def test_readme_python_example_runs(tmp_path, monkeypatch, capsys):
+    """README's "Python API" example, at a tiny budget (the same lines, the size shrunk)."""
+    text = README.read_text().split("## Python API", 1)[1]
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    assert "steal(" in code and len([x for x in code.splitlines() if x.strip()]) <= 5
+    code = code.replace("budget=1000", "budget=60, epochs=1, student='mlp2'")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert re.match(r"accuracy 0\.\d{3}, fidelity 0\.\d{3}, queries 60 predict / 0 explain; report: \S+report\.html", out)
