@@ -35,7 +35,11 @@ RUNS: dict[str, tuple[list[str], bool]] = {
     **{f"extract {m}": (["extract", m, "--victim", VICTIM, "--budget", "2000", "--mode", mode,
                          "--student", "mlp2", "--student-arg", "hidden=8", "--batch-size", "20", "--ngf", "4",
                          "--eval-every", "1000", "--max-iterations", "2"], False)
-       for m, mode in (("dfme", "probs"), ("maze", "probs"), ("dast", "label"), ("codfe", "label"))},
+       for m, mode in (("dfme", "probs"), ("maze", "probs"), ("dast", "label"))},
+    # the default label-only recipe's fixed costs (its student selection, a 30 s run even at two iterations)
+    "extract codfe": (["extract", "codfe", "--victim", VICTIM, "--budget", "2000", "--mode", "label",
+                       "--student", "mlp2", "--student-arg", "hidden=8", "--batch-size", "20", "--ngf", "4",
+                       "--eval-every", "1000", "--max-iterations", "2"], True),
     "extract gradient-matching": (["extract", "gradient-matching", "--victim", VICTIM, "--budget", "10",
                                    "--checkpoints", "5,10",
                                    "--student", "mlp2", "--student-arg", "hidden=8", "--steps", "20"], False),
@@ -126,6 +130,7 @@ PAGES: dict[str, Path] = {}
 REPRS = re.compile(r"\{'|\bNone\b|\bTrue\b|\bFalse\b|\d\.\d{9,}")
 
 
+@pytest.mark.slow  # about 25 s: a browser over every page
 def test_every_page_reads_well_in_chromium() -> None:
     """Chromium renders every page a run kind wrote at 1280 px: no horizontal overflow, every image loads, no
     Python repr or float noise in the text (runs after the kinds above, which collect the pages)."""

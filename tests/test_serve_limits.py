@@ -98,6 +98,7 @@ if sys.argv[1] == "render":
 """
 
 
+@pytest.mark.slow  # two workers started and scraped: about 7 s
 def test_workers_export_one_aggregated_series(tmp_path: Path):
     env = os.environ | {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
     for arg in ("a", "b", "render"):
