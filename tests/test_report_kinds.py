@@ -51,7 +51,10 @@ RUNS: dict[str, tuple[list[str], bool]] = {
     "defences": (["defences", "--budget", "40", "--seeds", "0", "--epochs", "1", "--defence", "none",
                   "--defence", "label"], True),
     "audit": (["audit", "--victim", VICTIM, "--answers", "label", "--budgets", "20", "--recipe=--student=mlp2",
-               "--recipe=--student-arg=hidden=8", "--recipe=--epochs=1"], False),
+               "--recipe=--student-arg=hidden=8", "--recipe=--epochs=1",
+               # the attack parts at a tiny size (their tables on the page); the data-free part is left out
+               "--transfer-images", "10", "--decision-images", "1", "--decision-queries", "40",
+               "--datafree-budget", "0"], False),
     "attack study": (["attack", "study", "--quick", "--n", "20", "--datafree", ""], True),
     "study dfme-table4": (["study", "dfme-table4", "--victims", "digits-conv2", "--columns", "gaussian", "--taus", "1",
                            "--schedules", "cyclic", "--max-distinct", "40", "--epochs", "1"], True),
