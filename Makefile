@@ -31,7 +31,7 @@ venv-kserve: $(KSERVE_STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/stealkit demo --out runs/demo
 
-# `make test` deselects the tests marked slow (about 5 minutes on 2 idle cores), except in CI (CI=true or 1),
+# `make test` deselects the tests marked slow (about 3 minutes on 2 idle cores), except in CI (CI=true or 1),
 # where it runs every test; `make test-all` runs every test anywhere
 SLOW := $(if $(filter true 1 yes,$(CI)),,-m 'not slow')
 
