@@ -12,20 +12,12 @@ import torch
 from stealkit.api import steal
 from stealkit.cli import main
 from stealkit.errors import InputError
+from tests import test_surrogate_cli
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-@pytest.fixture(scope="module")
-def victim_dir(tmp_path_factory):
-    from stealkit.train import TrainConfig
-    from stealkit.victims import train_victim
-
-    torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("victim")
-    train_victim("digits", "mlp2", TrainConfig(epochs=10, batch_size=64, lr=0.01, seed=0), out=out,
-                 arch_kwargs={"hidden": 32})
-    return out
+victim_dir = test_surrogate_cli.victim_dir  # module-scoped fixture: a digits mlp2 victim (hidden 32)
 
 
 @pytest.mark.parametrize("mode", [pytest.param("probs", marks=pytest.mark.slow), "label"])  # probs: 3,000 steps

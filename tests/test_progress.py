@@ -8,10 +8,10 @@ import io
 import re
 
 import pytest
-import torch
 
 from stealkit import progress as P
 from stealkit.cli import main
+from tests import test_report_kinds
 
 #: a status line: "DESC: N/TOTAL UNIT (P%), RATE UNIT/s, elapsed T, ETA T" (no total, percentage or ETA where the
 #: end is not known: exact recovery queries until it has solved the network)
@@ -25,19 +25,7 @@ def loud(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(P.INTERVAL_ENV, "0")
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    from stealkit.train import TrainConfig
-    from stealkit.victims import train_victim
-
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("models")
-    out = {}
-    for name, hidden, seed in (("victim", 16, 0), ("substitute", 8, 1)):
-        train_victim("digits", "mlp2", TrainConfig(epochs=3, batch_size=64, lr=0.01, seed=seed), out=root / name,
-                     arch_kwargs={"hidden": hidden})
-        out[name] = str(root / name)
-    return out
+models = test_report_kinds.models  # module-scoped fixture: the digits mlp2 victim and substitute
 
 
 def test_status_lines_count_rate_eta_and_a_closing_line(monkeypatch: pytest.MonkeyPatch) -> None:
