@@ -20,7 +20,15 @@ if [ "${1:-}" = "--prepare" ]; then
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d "$GPU_DIR/whl" fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic_core==2.50.5 \
     typing-inspection==0.4.5 annotated-types==0.8.0 annotated-doc==0.0.7 uvicorn==0.54.0 \
-    adversarial-robustness-toolbox==1.20.1 torchattacks==3.5.1
+    adversarial-robustness-toolbox==1.20.1 torchattacks==3.5.1 opentelemetry-api==1.45.2
+  # the standard victims the steps use, trained here once (so no step spends its limit training one)
+  mkdir -p "$GPU_DIR/cache/victims"
+  for v in digits-conv2 fmnist-conv2 fmnist-conv2-gaussian0.5; do
+    python3 -c "import sys; sys.path.insert(0, 'src'); from stealkit.victims import benchmark_recipe, \
+robust_victim, standard_victim; v = sys.argv[1]; robust_victim(benchmark_recipe()) if v.endswith('0.5') \
+else standard_victim(v)" "$v" 2>/dev/null
+    cp -r "runs/victims/$v" "$GPU_DIR/cache/victims/"
+  done
   git rev-parse --short HEAD > "$GPU_DIR/COMMIT"
   du -sh "$GPU_DIR"
   exit 0
@@ -32,6 +40,7 @@ if compgen -G "$GPU_DIR/whl/*.whl" > /dev/null && ! "$PYTHON" -c "import fastapi
   export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
 fi
 [ -d "$GPU_DIR/data" ] && export STEALKIT_DATA="$PWD/$GPU_DIR/data"
+[ -d "$GPU_DIR/cache" ] && export STEALKIT_CACHE="${STEALKIT_CACHE:-$PWD/$GPU_DIR/cache}"
 export PYTHONPATH="$PWD/src:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 STEALKIT_CACHE="${STEALKIT_CACHE:-/tmp/stealkit-cache}"
 OUT="${OUT:-runs/gpu-check}"
 exec "$PYTHON" benchmarks/gpu_check.py --out "$OUT" "$@"

@@ -213,7 +213,9 @@ def command_params(*args: str) -> dict[str, Any]:
     :func:`surrogate_config` takes. E.g. ``command_params("--budget", "100", "--mode", "label")``."""
     given = {a.split("=", 1)[0] for a in args}
     head = [x for flag, v in (("--victim", "."), ("--out", "-")) if flag not in given for x in (flag, v)]
-    with surrogate_cmd.make_context("surrogate", [*head, *args]) as ctx:
+    from stealkit.device import keep_resolved
+
+    with keep_resolved(), surrogate_cmd.make_context("surrogate", [*head, *args]) as ctx:
         return dict(ctx.params)
 
 
