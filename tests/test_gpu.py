@@ -26,6 +26,10 @@ pytestmark = [pytest.mark.gpu,
 
 models = test_device.models  # module-scoped fixture: digits mlp2 victim (hidden 16) and substitute (hidden 8)
 TOL = 0.1
+#: methods whose number of queries follows the victim's float arithmetic: exact recovery's searches for critical
+#: points stop where the victim's answer changes, and cuBLAS sums in another order than the CPU (on an H100, the
+#: test victim took 154 predict / 193 explain queries on the GPU, 190 / 225 on the CPU, both at fidelity 1.0)
+FLOAT_DEPENDENT_QUERIES = {"extract exact"}
 SCORES = ("accuracy", "fidelity", "asr", "test_accuracy", "victim_accuracy")
 
 
@@ -57,7 +61,10 @@ def test_every_command_agrees_on_cpu_and_gpu(kind: str, models: dict[str, str], 
     args = command_args(kind, models, monkeypatch)
     cpu = _run(args, tmp_path / "cpu", "cpu")
     gpu = _run(args, tmp_path / "gpu", "cuda")
-    assert _queries(gpu) == _queries(cpu), f"{kind}: the GPU run spent other queries"
+    if kind in FLOAT_DEPENDENT_QUERIES:  # both recover the victim; each run's ledger is exact for its own search
+        assert cpu["fidelity"] >= 0.99 and gpu["fidelity"] >= 0.99, f"{kind}: {cpu} on the CPU, {gpu} on the GPU"
+    else:
+        assert _queries(gpu) == _queries(cpu), f"{kind}: the GPU run spent other queries"
     for key in SCORES:
         a, b = cpu.get(key), gpu.get(key)
         if isinstance(a, float) and isinstance(b, float):
