@@ -78,8 +78,6 @@ def _mismatch(func: Any, why: str) -> RuntimeError:
 class _FakeCudaMode(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = dict(kwargs or {})
-        if kwargs.get("pin_memory"):  # page-locked host memory is host memory without a CUDA allocator
-            kwargs["pin_memory"] = False
         if func == torch.Tensor.device.__get__:
             return FAKE if _is_fake(args[0]) else func(*args)
         if func == torch.Tensor.is_cuda.__get__:
@@ -157,16 +155,6 @@ class _FakeCudaMode(TorchFunctionMode):
                                    f"found '{'cpu' if on_cuda else 'cuda'}' (simulated by tests/fake_cuda.py)")
 
 
-class _FakeEvent:
-    """``torch.cuda.Event`` on the simulated device: the work it marks is already done."""
-
-    def record(self, stream: Any = None) -> None:
-        self.recorded = True
-
-    def synchronize(self) -> None:
-        assert getattr(self, "recorded", False), "an event waited on before it was recorded"
-
-
 @contextlib.contextmanager
 def fake_cuda() -> Iterator[None]:
     """Simulate one GPU, ``cuda:0``, for the duration (see the module docstring)."""
@@ -178,8 +166,6 @@ def fake_cuda() -> Iterator[None]:
         patches.enter_context(mock.patch("torch.cuda.get_device_name", lambda *a: "fake GPU (tests/fake_cuda.py)"))
         patches.enter_context(mock.patch("torch.version.cuda", "fake"))
         patches.enter_context(mock.patch("torch.Generator", _FakeCudaGenerator))
-        patches.enter_context(mock.patch("torch.cuda.Event", _FakeEvent))
-        patches.enter_context(mock.patch("torch.cuda.current_stream", lambda *a: None))
         patches.enter_context(mock.patch("torch.__future__._overwrite_module_params_on_conversion", True))
         with _FakeCudaMode():
             yield
