@@ -24,9 +24,9 @@ if [ "${1:-}" = "--prepare" ]; then
   # the standard victims the steps use, trained here once (so no step spends its limit training one)
   mkdir -p "$GPU_DIR/cache/victims"
   for v in digits-conv2 fmnist-conv2 fmnist-conv2-gaussian0.5; do
-    python3 -c "import sys; sys.path.insert(0, 'src'); from stealkit.victims import benchmark_recipe, \
+    "${PYTHON:-.venv/bin/python}" -c "import sys; sys.path.insert(0, 'src'); from stealkit.victims import benchmark_recipe, \
 robust_victim, standard_victim; v = sys.argv[1]; robust_victim(benchmark_recipe()) if v.endswith('0.5') \
-else standard_victim(v)" "$v" 2>/dev/null
+else standard_victim(v)" "$v"
     cp -r "runs/victims/$v" "$GPU_DIR/cache/victims/"
   done
   git rev-parse --short HEAD > "$GPU_DIR/COMMIT"
