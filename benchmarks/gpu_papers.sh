@@ -24,7 +24,8 @@ device=cuda
 while [ $# -gt 0 ]; do
   case "$1" in
     --tiny) tiny=1 ;;
-    --device) device="$2"; shift ;;
+    --device) [ $# -ge 2 ] || { echo "--device needs a value (cuda, cpu, cuda:N)" >&2; exit 2; }
+              device="$2"; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
