@@ -621,12 +621,9 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
                         logx=True, hlines={"90 %": 0.9, "95 %": 0.95}, ylim=(0, 1.02))
         out[1].figures.append(Figure(uri, "Fidelity of the stolen copy against queries, per answer kind and "
                                           "attacker"))
-    rec = summary.get("reconciliation")
-    if rec and rec.get("server") is not None:
-        out.append(Section("Queries reconciled with the server", paragraphs=[
-            f"The server's count for this key over the audit (GET /v1/charges, queries used at the end less at "
-            f"the start): {rec['server']}. The audit's ledgers: {rec['audit']}. "
-            + ("Equal." if rec["equal"] else "Not equal: another client may share the key.")]))
+    if summary.get("reconciliation"):
+        out.append(Section("Queries reconciled with the server",
+                           paragraphs=[reconciliation_line(summary["reconciliation"])]))
     if summary.get("enables"):
         out.append(Section("What the stolen copy enables", paragraphs=[
             "Transfer: `stealkit attack pgd` crafts on the best stolen copy at the paper's eps (CoDFe's transfer "
@@ -767,22 +764,16 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
         return []
     run.create(command="audit", seed=seed, config=config)
     usage_path = run.path / "server_usage_before.json"
-    if not usage_path.exists():  # the server's count when the audit first started (a resumed audit keeps it)
+    if not usage_path.exists() and is_url(victim):  # the server's count at the first start (kept on resume)
         from stealkit.fsutil import atomic_write_json
 
-        before = server_usage(victim, key)
-        if before is not None:
-            atomic_write_json(usage_path, before)
+        atomic_write_json(usage_path, server_count(victim, key))
     results = run_audit(parts, run, on_part=on_part, echo=lambda s: click.echo(s, err=True), victim=victim, key=key,
                         top_k=top_k, dataset=dataset, data_dir=data_dir, device=device, seed=seed, extra=extra)
     summary = summarise(parts, results, max_queries, notes)
     if usage_path.exists():
-        spent: dict[str, int] = {}
-        for r in results:
-            for k, v in r["queries"].items():
-                spent[k] = spent.get(k, 0) + int(v)
-        summary["reconciliation"] = reconcile(json.loads(usage_path.read_text(encoding="utf-8")),
-                                              server_usage(victim, key), spent)
+        summary["reconciliation"] = reconcile_audit(json.loads(usage_path.read_text(encoding="utf-8")),
+                                                    server_count(victim, key), results)
     run.write_summary(summary)
     from stealkit.report.builders import write_report
 
@@ -793,21 +784,20 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
         click.echo(format_table(summary["enables"]))
     click.echo(f"queries {summary['queries']:,} of --max-queries {max_queries:,} (from the ledgers); "
                f"report: {run.report_path}")
-    rec = summary.get("reconciliation")
-    if rec and rec.get("server") is not None:
-        click.echo(f"server's /v1/charges over the audit: {rec['server']}; the audit's ledgers: {rec['audit']}: "
-                   + ("equal" if rec["equal"] else "NOT EQUAL"))
+    if summary.get("reconciliation"):
+        click.echo(reconciliation_line(summary["reconciliation"]))
     return failed_gates(summary["headline"], fail_if)
 
 
 def server_usage(victim: str, key: str | None) -> dict[str, int] | None:
     """The key's queries used as ``stealkit serve`` counts them (``GET /v1/charges``: ``queries_used``), or
-    ``None`` for a victim that is not a stealkit server (a local model, an Open Inference Protocol endpoint)."""
+    ``None`` for a victim that is not a stealkit /v1 server (a local model; a v2 endpoint: :func:`v2_usage`)."""
     import httpx
 
     from stealkit.extract.common import is_url
+    from stealkit.oracle.http_v2 import is_v2
 
-    if not is_url(victim) or victim.startswith("v2+"):
+    if not is_url(victim) or is_v2(victim):
         return None
     try:
         r = httpx.get(victim.rstrip("/") + "/v1/charges", params={"limit": 1},
@@ -828,6 +818,86 @@ def reconcile(before: dict[str, int] | None, after: dict[str, int] | None, spent
     kinds = set(server) | set(spent)
     equal = all(server.get(k, 0) == spent.get(k, 0) for k in kinds)
     return {"server": server, "audit": spent, "equal": equal}
+
+
+#: where each count comes from, and what it counts (the report and summary.json say which one was read)
+V1_CHARGES = "GET /v1/charges: queries_used of this key"
+V2_METADATA = "GET /v2/models/NAME: the model metadata's parameters.queries_used of this key (stealkit serve)"
+V2_STATS = ("GET /v2/models/NAME/stats: the statistics extension's inference_count (Triton): every client's "
+            "inferences of this model, not this key's only")
+
+
+def server_count(victim: str, key: str | None) -> dict[str, Any]:
+    """The server's own count of the queries it answered (``{"source": ..., "counts": {kind: n}}``), from the
+    first of: ``stealkit serve``'s ``/v1/charges`` (a /v1 victim); for a v2 (Open Inference Protocol) victim,
+    the model metadata's ``parameters.queries_used`` (what ``stealkit serve --protocol v2`` gives a key), else
+    the statistics extension Triton serves (``GET /v2/models/NAME/stats``, model-wide). ``counts`` is ``None``
+    where the server exposes none of them (the Open Inference Protocol itself has no count): not reconcilable."""
+    from stealkit.oracle.http_v2 import is_v2
+
+    if is_v2(victim):
+        return v2_usage(victim, key)
+    used = server_usage(victim, key)
+    return {"source": V1_CHARGES if used is not None else None, "counts": used}
+
+
+def v2_usage(victim: str, key: str | None, transport: Any = None) -> dict[str, Any]:
+    """:func:`server_count` of a v2 endpoint (``transport``: an httpx transport, for a test's fake server)."""
+    import urllib.parse
+
+    import httpx
+
+    from stealkit.oracle.http_v2 import parse_v2_address
+
+    base, name, _ = parse_v2_address(victim)
+    path = f"/v2/models/{urllib.parse.quote(str(name), safe='')}"
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    try:
+        with httpx.Client(base_url=base, headers=headers, timeout=30, transport=transport) as client:
+            meta = client.get(path)
+            params = meta.json().get("parameters") if meta.status_code == 200 else None
+            used = params.get("queries_used") if isinstance(params, dict) else None
+            if isinstance(used, dict) and all(isinstance(v, int) for v in used.values()):
+                return {"source": V2_METADATA, "counts": {str(k): int(v) for k, v in used.items()}}
+            stats = client.get(path + "/stats")
+            rows = stats.json().get("model_stats") if stats.status_code == 200 else None
+            if isinstance(rows, list) and rows and all(isinstance(r, dict) and isinstance(r.get("inference_count"),
+                                                                                          int) for r in rows):
+                return {"source": V2_STATS, "counts": {"predict": sum(int(r["inference_count"]) for r in rows)}}
+    except httpx.HTTPError as exc:
+        raise InputError(f"{victim} does not answer ({type(exc).__name__}); is the server running?") from None
+    except ValueError:  # a body that is not JSON: no count there
+        pass
+    return {"source": None, "counts": None}
+
+
+def reconcile_audit(before: dict[str, Any], after: dict[str, Any], results: Sequence[dict[str, Any]]
+                    ) -> dict[str, Any]:
+    """The audit's ledgers (summed over its parts) against the server's count over the audit (:func:`server_count`
+    at the start and at the end), or why they cannot be reconciled."""
+    spent: dict[str, int] = {}
+    for r in results:
+        for k, v in r["queries"].items():
+            spent[k] = spent.get(k, 0) + int(v)
+    if before.get("counts") is None or after.get("counts") is None or before.get("source") != after.get("source"):
+        return {"server": None, "audit": spent, "equal": None, "source": None,
+                "note": "not reconcilable: the server exposes no count of the queries it answered (no stealkit "
+                        "/v1/charges, no queries_used in its v2 model metadata, no v2 statistics extension); the "
+                        "audit's ledgers are its only count"}
+    if before["source"] == V2_STATS:  # the statistics extension counts inferences, not explanations
+        spent = {"predict": spent.get("predict", 0)}
+    rec = reconcile(before["counts"], after["counts"], spent)
+    return rec | {"source": before["source"]}
+
+
+def reconciliation_line(rec: dict[str, Any]) -> str:
+    """The reconciliation in one sentence (the terminal and the report)."""
+    if rec.get("server") is None:
+        return f"queries {rec.get('note', 'not reconcilable')}: {rec.get('audit')}"
+    verdict = "equal" if rec["equal"] else ("NOT EQUAL (another client may share the key"
+                                            + (" or the model" if rec.get("source") == V2_STATS else "") + ")")
+    return (f"server's count over the audit ({rec.get('source') or V1_CHARGES}; at the end less at the start): "
+            f"{rec['server']}; the audit's ledgers: {rec['audit']}: {verdict}")
 
 
 def _check_answers(victim: str, key: str | None, dataset: str | None, kinds: Sequence[str], top_k: int) -> None:
