@@ -764,16 +764,15 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
         return []
     run.create(command="audit", seed=seed, config=config)
     usage_path = run.path / "server_usage_before.json"
-    if not usage_path.exists() and is_url(victim):  # the server's count at the first start (kept on resume)
-        from stealkit.fsutil import atomic_write_json
-
-        atomic_write_json(usage_path, server_count(victim, key))
+    if is_url(victim):  # the server's count at the first start (kept on resume), and at this start
+        record_server_count(run.path, parts, victim, key)
     results = run_audit(parts, run, on_part=on_part, echo=lambda s: click.echo(s, err=True), victim=victim, key=key,
                         top_k=top_k, dataset=dataset, data_dir=data_dir, device=device, seed=seed, extra=extra)
     summary = summarise(parts, results, max_queries, notes)
     if usage_path.exists():
         summary["reconciliation"] = reconcile_audit(json.loads(usage_path.read_text(encoding="utf-8")),
-                                                    server_count(victim, key), results)
+                                                    server_count(victim, key), results,
+                                                    _read_json(run.path / RESUMED_USAGE))
     run.write_summary(summary)
     from stealkit.report.builders import write_report
 
@@ -871,23 +870,59 @@ def v2_usage(victim: str, key: str | None, transport: Any = None) -> dict[str, A
     return {"source": None, "counts": None}
 
 
-def reconcile_audit(before: dict[str, Any], after: dict[str, Any], results: Sequence[dict[str, Any]]
-                    ) -> dict[str, Any]:
-    """The audit's ledgers (summed over its parts) against the server's count over the audit (:func:`server_count`
-    at the start and at the end), or why they cannot be reconciled."""
+#: the server's count when an audit resumed, and the ledgers of the parts finished by then
+RESUMED_USAGE = "server_usage_resumed.json"
+
+
+def record_server_count(path: Path, parts: Sequence[Part], victim: str, key: str | None) -> None:
+    """Write the server's count (:func:`server_count`) at the audit's first start, and on each resume beside the
+    ledgers of the parts finished by then: what the server counted beyond them was spent by a part stopped
+    midway (run again from its start), which no finished ledger holds."""
+    from stealkit.fsutil import atomic_write_json
+
+    first = path / "server_usage_before.json"
+    if not first.exists():
+        atomic_write_json(first, server_count(victim, key))
+        return
+    done = load_done(path / "parts", parts)
+    atomic_write_json(path / RESUMED_USAGE, server_count(victim, key) | {"finished": _ledgers(done.values())})
+
+
+def _ledgers(results: Any) -> dict[str, int]:
     spent: dict[str, int] = {}
     for r in results:
         for k, v in r["queries"].items():
             spent[k] = spent.get(k, 0) + int(v)
+    return spent
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def reconcile_audit(before: dict[str, Any], after: dict[str, Any], results: Sequence[dict[str, Any]],
+                    resumed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The audit's ledgers (summed over its parts) against the server's count over the audit (:func:`server_count`
+    at the start and at the end), or why they cannot be reconciled. ``resumed``: the count at the last resume and
+    the ledgers finished by then; the server's count then, beyond the start's and those ledgers, is ``stopped``:
+    queries a part stopped midway spent before it was run again (they are in ``server``, not in ``audit``)."""
+    spent = _ledgers(results)
     if before.get("counts") is None or after.get("counts") is None or before.get("source") != after.get("source"):
         return {"server": None, "audit": spent, "equal": None, "source": None,
                 "note": "not reconcilable: the server exposes no count of the queries it answered (no stealkit "
                         "/v1/charges, no queries_used in its v2 model metadata, no v2 statistics extension); the "
                         "audit's ledgers are its only count"}
+    stopped: dict[str, int] = {}
+    if resumed is not None and resumed.get("counts") is not None and resumed.get("source") == before["source"]:
+        finished = resumed.get("finished") or {}
+        stopped = {k: resumed["counts"].get(k, 0) - before["counts"].get(k, 0) - finished.get(k, 0)
+                   for k in set(resumed["counts"]) | set(before["counts"]) | set(finished)}
     if before["source"] == V2_STATS:  # the statistics extension counts inferences, not explanations
-        spent = {"predict": spent.get("predict", 0)}
-    rec = reconcile(before["counts"], after["counts"], spent)
-    return rec | {"source": before["source"]}
+        spent, stopped = {"predict": spent.get("predict", 0)}, {"predict": stopped.get("predict", 0)}
+    paid = {k: spent.get(k, 0) + stopped.get(k, 0) for k in set(spent) | set(stopped)}
+    rec = reconcile(before["counts"], after["counts"], paid)
+    return rec | {"audit": spent, "source": before["source"],
+                  "stopped": {k: v for k, v in stopped.items() if v} or None}
 
 
 def reconciliation_line(rec: dict[str, Any]) -> str:
@@ -896,8 +931,9 @@ def reconciliation_line(rec: dict[str, Any]) -> str:
         return f"queries {rec.get('note', 'not reconcilable')}: {rec.get('audit')}"
     verdict = "equal" if rec["equal"] else ("NOT EQUAL (another client may share the key"
                                             + (" or the model" if rec.get("source") == V2_STATS else "") + ")")
+    stopped = (f" + spent by a part stopped midway and run again: {rec['stopped']}" if rec.get("stopped") else "")
     return (f"server's count over the audit ({rec.get('source') or V1_CHARGES}; at the end less at the start): "
-            f"{rec['server']}; the audit's ledgers: {rec['audit']}: {verdict}")
+            f"{rec['server']}; the audit's ledgers: {rec['audit']}{stopped}: {verdict}")
 
 
 def _check_answers(victim: str, key: str | None, dataset: str | None, kinds: Sequence[str], top_k: int) -> None:
