@@ -3,8 +3,9 @@
 The audit runs in a subprocess against ``stealkit serve`` (so the server counts every query, also those of the
 killed attempt), is killed with SIGKILL once the third part's queries have reached the server and before that
 part has finished, then the same command runs again. The ledgers' total is the planned total exactly; the two
-finished parts are read back, not run again; and the server's count over the audit is the ledgers plus what the
-killed part had spent before the kill, which the reconciliation names (``stopped``).
+finished parts are read back, not run again; the killed part, run again from its start, is given back the
+answers its killed attempt had paid for (its answer journal) rather than asking the server again; so the
+server's own count over the audit is the planned total too.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ def test_an_audit_killed_mid_part_and_restarted_spends_the_planned_total(tmp_pat
                                   for p in FIRST_TWO)
         stopped = used(url) - start - ledgers_before_kill  # spent by the killed part before the kill
         assert ledgers_before_kill == 40 and 0 < stopped <= 20
+        journal = sorted((out / "parts" / "extract-probs-like-20.answers").glob("*.pt"))
+        assert journal, "the killed part kept no answer"
 
         first_lines = log.read_text()
         again = audit(url, out, log)
@@ -86,8 +89,10 @@ def test_an_audit_killed_mid_part_and_restarted_spends_the_planned_total(tmp_pat
     assert "[3/4] extract-probs-like-20" in second and "[4/4] extract-probs-unrelated-20" in second
     records = [json.loads(line)["id"] for line in (out / "records.jsonl").read_text().splitlines()]
     assert sorted(records) == sorted(r["id"] for r in summary["parts"])  # each part recorded once
+    rerun = next(r for r in summary["parts"] if r["id"] == "extract-probs-like-20")
+    assert rerun["replayed"] == stopped and rerun["total_queries"] == 20  # its answers came back from the journal
     rec = summary["reconciliation"]
-    assert server == summary["queries"] + stopped  # the killed attempt's queries were paid, once more
-    assert rec["equal"] is True and rec["stopped"] == {"predict": stopped} and rec["server"]["predict"] == server
+    assert server == summary["queries"] == 80  # the server answered each planned query once
+    assert rec["equal"] is True and rec["stopped"] is None and rec["replayed"] == stopped
     print(f"\n--- killed attempt ---\n{first_lines}--- restart ---\n{second}"
-          f"server {server} = ledgers {summary['queries']} + stopped part {stopped}")
+          f"server {server} = ledgers {summary['queries']} (the killed part's {stopped} answers replayed)")

@@ -265,8 +265,9 @@ def run_extract_part(part: Part, out: Path, *, victim: str, key: str | None, top
         splits = victim_splits(v, data_dir)
         x_pool, labels = surrogate_pool(part.pool, v, config, cap=part.budget, seed=seed, data_dir=data_dir)
         kwargs = parse_kv(tuple(params["student_args"]))
+        journal = AnswerJournal(v.oracle, out.parent / f"{part.id}.answers")
         result = METHODS["surrogate"].run(
-            v.oracle, x_pool, make_student=student_factory(params["student"], v, seed, **kwargs), config=config,
+            journal, x_pool, make_student=student_factory(params["student"], v, seed, **kwargs), config=config,
             evaluator=make_evaluator(v, splits.test.x, splits.test.y, device), pool_labels=labels, device=device,
             checkpoint_dir=None, resume=False)
     finally:
@@ -285,7 +286,48 @@ def run_extract_part(part: Part, out: Path, *, victim: str, key: str | None, top
         served = served_accuracy(v.model, worn[0], splits.test.x, splits.test.y)
     return {"queries": queries, "total_queries": sum(queries.values()), "accuracy": result.accuracy,
             "fidelity": result.fidelity, "victim_accuracy": result.victim_accuracy, "served_accuracy": served,
-            "preset_resolved": resolved}
+            "preset_resolved": resolved, "replayed": journal.replayed}
+
+
+class AnswerJournal:
+    """An oracle that keeps every answer of an extraction part on disk as it arrives (``dir/NNNNNN-DIGEST.pt``,
+    each written atomically), so a part stopped midway and run again from its start pays no query twice: while
+    its queries are the stopped attempt's (the same images in the same order: the same seed), the journal's
+    answers are given back and charged to the oracle's ledger, which therefore counts each of the part's
+    queries once (``replayed`` of them paid by the stopped attempt); from the first query that differs, the
+    victim answers again and the rest of the old journal is dropped. Everything else is the oracle's."""
+
+    def __init__(self, oracle: Any, path: Path) -> None:
+        self.oracle, self.path = oracle, path
+        path.mkdir(parents=True, exist_ok=True)
+        self.entries = sorted(p for p in path.glob("*.pt") if p.stem.split("-")[0].isdigit())
+        self.next = 0
+        self.replayed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.oracle, name)
+
+    def query(self, x: Any) -> Any:
+        import torch
+
+        from stealkit.oracle.ledger import digest_tensor
+
+        digest = digest_tensor(x)
+        if self.next < len(self.entries) and self.entries[self.next].stem == f"{self.next:06d}-{digest}":
+            answer = torch.load(self.entries[self.next], weights_only=True)
+            self.oracle.ledger.charge("predict", int(x.shape[0]), digest=digest)  # paid by the stopped attempt
+            self.replayed += int(x.shape[0])
+        else:
+            for stale in self.entries[self.next:]:  # another query than the stopped attempt's: start afresh here
+                stale.unlink(missing_ok=True)
+            self.entries = self.entries[:self.next]
+            answer = self.oracle.query(x)
+            tmp = self.path / f".{self.next:06d}.tmp"
+            torch.save(answer.detach().cpu(), tmp)
+            tmp.replace(self.path / f"{self.next:06d}-{digest}.pt")
+            self.entries.append(self.path / f"{self.next:06d}-{digest}.pt")
+        self.next += 1
+        return answer
 
 
 def run_datafree_part(part: Part, out: Path, *, victim: str, key: str | None, top_k: int, dataset: str | None,
@@ -919,9 +961,12 @@ def reconcile_audit(before: dict[str, Any], after: dict[str, Any], results: Sequ
                    for k in set(resumed["counts"]) | set(before["counts"]) | set(finished)}
     if before["source"] == V2_STATS:  # the statistics extension counts inferences, not explanations
         spent, stopped = {"predict": spent.get("predict", 0)}, {"predict": stopped.get("predict", 0)}
+    replayed = sum(int(r.get("replayed") or 0) for r in results)  # answers of stopped attempts, in the ledgers
+    if replayed:
+        stopped["predict"] = stopped.get("predict", 0) - replayed
     paid = {k: spent.get(k, 0) + stopped.get(k, 0) for k in set(spent) | set(stopped)}
     rec = reconcile(before["counts"], after["counts"], paid)
-    return rec | {"audit": spent, "source": before["source"],
+    return rec | {"audit": spent, "source": before["source"], "replayed": replayed,
                   "stopped": {k: v for k, v in stopped.items() if v} or None}
 
 
@@ -932,6 +977,9 @@ def reconciliation_line(rec: dict[str, Any]) -> str:
     verdict = "equal" if rec["equal"] else ("NOT EQUAL (another client may share the key"
                                             + (" or the model" if rec.get("source") == V2_STATS else "") + ")")
     stopped = (f" + spent by a part stopped midway and run again: {rec['stopped']}" if rec.get("stopped") else "")
+    if rec.get("replayed"):
+        stopped += (f" ({rec['replayed']:,} of them paid by a part stopped midway and given back from its answer "
+                    "journal)")
     return (f"server's count over the audit ({rec.get('source') or V1_CHARGES}; at the end less at the start): "
             f"{rec['server']}; the audit's ledgers: {rec['audit']}{stopped}: {verdict}")
 
