@@ -53,3 +53,12 @@ def test_counts_over_the_audit_are_compared_kind_by_kind() -> None:
     rec = reconcile_audit(before, {"source": V2_STATS, "counts": {"predict": 150}}, results)
     assert rec["equal"] is False and "NOT EQUAL (another client may share the key or the model)" in \
         reconciliation_line(rec)
+
+
+def test_a_column_only_a_later_row_has_goes_where_that_row_puts_it() -> None:
+    from stealkit.commands.audit import format_table
+
+    rows = [{"answers": "label", "attacker": "like", "fidelity @50": 0.8, "Q90": 50},
+            {"answers": "label", "attacker": "data-free", "fidelity @2000": 0.7, "Q90": "not reached within 2,000"}]
+    assert format_table(rows).splitlines()[0].split() == ["answers", "attacker", "fidelity", "@50", "fidelity",
+                                                          "@2000", "Q90"]

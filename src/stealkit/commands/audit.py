@@ -556,8 +556,21 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f} %"
 
 
+def _columns(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Every row's columns in the rows' own order: a column only a later row has (the data-free row's
+    ``fidelity @2000``) goes before the first column that follows it there (``Q90``), not at the end."""
+    cols: list[str] = []
+    for r in rows:
+        keys = list(r)
+        for i, c in enumerate(keys):
+            if c not in cols:
+                after = next((k for k in keys[i + 1:] if k in cols), None)
+                cols.insert(cols.index(after) if after is not None else len(cols), c)
+    return cols
+
+
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    cols = list(dict.fromkeys(c for r in rows for c in r))
+    cols = _columns(rows)
     cells = [[c for c in cols]] + [[_cell(r.get(c)) for c in cols] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells)
