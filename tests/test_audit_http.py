@@ -78,3 +78,29 @@ def test_a_server_that_stops_mid_audit_is_one_line_and_the_finished_parts_stay(
     assert code != 0 and len(err) == 1 and "error" in err[0], err
     assert [p.name for p in (out / "parts").glob("*.json")] == ["extract-label-like-20.json"]
     assert not (out / "summary.json").exists()
+
+
+def test_audit_over_v2_reconciles_with_the_v2_servers_own_count(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """``stealkit serve --protocol v2`` in a subprocess, the audit a v2 client (``v2+http://`` and ``--model``):
+    the key's queries_used in the v2 model metadata over the audit equals the audit's ledgers."""
+    victim = make_victim(tmp_path / "victim")
+    keys = write_keys(tmp_path / "keys.toml", [{"key": KEY, "name": "audit", "mode": "probs", "budget": 5000}])
+    with live_server(victim, keys, tmp_path / "db.sqlite", log=tmp_path / "server.log",
+                     extra=("--protocol", "v2", "--model-name", "digits")) as url:
+        out = tmp_path / "v2"
+        assert main(["-q", "audit", "--victim", "v2+" + url, "--model", "digits", "--key", KEY, "--dataset",
+                     "digits", "--answers", "label,probs", "--budgets", "20", *TINY, "--transfer-images", "10",
+                     "--decision-images", "0", "--decision-queries", "10", "--datafree-budget", "0",
+                     "--out", str(out)]) == 0
+        import httpx
+
+        used = httpx.get(url + "/v1/charges", params={"limit": 1},
+                         headers={"authorization": f"Bearer {KEY}"}).json()["queries_used"]
+    summary = json.loads((out / "summary.json").read_text())
+    rec = summary["reconciliation"]
+    assert rec["source"].startswith("GET /v2/models/NAME:"), rec
+    assert rec["equal"] is True and rec["server"]["predict"] == rec["audit"]["predict"] == summary["queries"] > 60
+    assert used["predict"] == summary["queries"]  # the key was fresh: /v1/charges agrees with the v2 count
+    assert "equal" in capsys.readouterr().out
+    assert "queries_used of this key" in (out / "report.html").read_text()

@@ -120,3 +120,25 @@ def test_label_only_kserve_server(victim, tmp_path: Path):
         x = torch.rand(40, 1, 8, 8, generator=torch.Generator().manual_seed(1))
         assert torch.equal(oracle.query(x), model(x).argmax(1))
         assert oracle.ledger.total == server_images(log) == 40
+
+
+@pytest.mark.slow
+def test_audit_against_kserve_is_not_reconcilable_and_its_ledger_equals_the_servers_log(victim, tmp_path: Path,
+                                                                                         capsys):
+    """KServe serves the Open Inference Protocol with no count of what it answered (no queries_used in its
+    metadata, no statistics extension): the audit says "not reconcilable"; the test's own server log shows the
+    ledger was right."""
+    _, onnx = victim
+    log = tmp_path / "answered.jsonl"
+    with kserve(onnx, "digits", log) as url:
+        out = tmp_path / "audit"
+        assert main(["-q", "audit", "--victim", f"v2+{url}", "--model", "digits", "--dataset", "digits",
+                     "--answers", "label", "--budgets", "20", "--recipe=--student=mlp2",
+                     "--recipe=--student-arg=hidden=8", "--recipe=--epochs=1", "--recipe=--set=min_steps=0",
+                     "--transfer-images", "10", "--decision-images", "0", "--datafree-budget", "0",
+                     "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    rec = summary["reconciliation"]
+    assert rec["server"] is None and rec["equal"] is None and "not reconcilable" in rec["note"]
+    assert rec["audit"]["predict"] == summary["queries"] == server_images(log) > 40
+    assert "queries not reconcilable" in capsys.readouterr().out

@@ -265,8 +265,9 @@ def run_extract_part(part: Part, out: Path, *, victim: str, key: str | None, top
         splits = victim_splits(v, data_dir)
         x_pool, labels = surrogate_pool(part.pool, v, config, cap=part.budget, seed=seed, data_dir=data_dir)
         kwargs = parse_kv(tuple(params["student_args"]))
+        journal = AnswerJournal(v.oracle, out.parent / f"{part.id}.answers")
         result = METHODS["surrogate"].run(
-            v.oracle, x_pool, make_student=student_factory(params["student"], v, seed, **kwargs), config=config,
+            journal, x_pool, make_student=student_factory(params["student"], v, seed, **kwargs), config=config,
             evaluator=make_evaluator(v, splits.test.x, splits.test.y, device), pool_labels=labels, device=device,
             checkpoint_dir=None, resume=False)
     finally:
@@ -285,7 +286,48 @@ def run_extract_part(part: Part, out: Path, *, victim: str, key: str | None, top
         served = served_accuracy(v.model, worn[0], splits.test.x, splits.test.y)
     return {"queries": queries, "total_queries": sum(queries.values()), "accuracy": result.accuracy,
             "fidelity": result.fidelity, "victim_accuracy": result.victim_accuracy, "served_accuracy": served,
-            "preset_resolved": resolved}
+            "preset_resolved": resolved, "replayed": journal.replayed}
+
+
+class AnswerJournal:
+    """An oracle that keeps every answer of an extraction part on disk as it arrives (``dir/NNNNNN-DIGEST.pt``,
+    each written atomically), so a part stopped midway and run again from its start pays no query twice: while
+    its queries are the stopped attempt's (the same images in the same order: the same seed), the journal's
+    answers are given back and charged to the oracle's ledger, which therefore counts each of the part's
+    queries once (``replayed`` of them paid by the stopped attempt); from the first query that differs, the
+    victim answers again and the rest of the old journal is dropped. Everything else is the oracle's."""
+
+    def __init__(self, oracle: Any, path: Path) -> None:
+        self.oracle, self.path = oracle, path
+        path.mkdir(parents=True, exist_ok=True)
+        self.entries = sorted(p for p in path.glob("*.pt") if p.stem.split("-")[0].isdigit())
+        self.next = 0
+        self.replayed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.oracle, name)
+
+    def query(self, x: Any) -> Any:
+        import torch
+
+        from stealkit.oracle.ledger import digest_tensor
+
+        digest = digest_tensor(x)
+        if self.next < len(self.entries) and self.entries[self.next].stem == f"{self.next:06d}-{digest}":
+            answer = torch.load(self.entries[self.next], weights_only=True)
+            self.oracle.ledger.charge("predict", int(x.shape[0]), digest=digest)  # paid by the stopped attempt
+            self.replayed += int(x.shape[0])
+        else:
+            for stale in self.entries[self.next:]:  # another query than the stopped attempt's: start afresh here
+                stale.unlink(missing_ok=True)
+            self.entries = self.entries[:self.next]
+            answer = self.oracle.query(x)
+            tmp = self.path / f".{self.next:06d}.tmp"
+            torch.save(answer.detach().cpu(), tmp)
+            tmp.replace(self.path / f"{self.next:06d}-{digest}.pt")
+            self.entries.append(self.path / f"{self.next:06d}-{digest}.pt")
+        self.next += 1
+        return answer
 
 
 def run_datafree_part(part: Part, out: Path, *, victim: str, key: str | None, top_k: int, dataset: str | None,
@@ -514,8 +556,21 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f} %"
 
 
+def _columns(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Every row's columns in the rows' own order: a column only a later row has (the data-free row's
+    ``fidelity @2000``) goes before the first column that follows it there (``Q90``), not at the end."""
+    cols: list[str] = []
+    for r in rows:
+        keys = list(r)
+        for i, c in enumerate(keys):
+            if c not in cols:
+                after = next((k for k in keys[i + 1:] if k in cols), None)
+                cols.insert(cols.index(after) if after is not None else len(cols), c)
+    return cols
+
+
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    cols = list(dict.fromkeys(c for r in rows for c in r))
+    cols = _columns(rows)
     cells = [[c for c in cols]] + [[_cell(r.get(c)) for c in cols] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells)
@@ -621,12 +676,9 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
                         logx=True, hlines={"90 %": 0.9, "95 %": 0.95}, ylim=(0, 1.02))
         out[1].figures.append(Figure(uri, "Fidelity of the stolen copy against queries, per answer kind and "
                                           "attacker"))
-    rec = summary.get("reconciliation")
-    if rec and rec.get("server") is not None:
-        out.append(Section("Queries reconciled with the server", paragraphs=[
-            f"The server's count for this key over the audit (GET /v1/charges, queries used at the end less at "
-            f"the start): {rec['server']}. The audit's ledgers: {rec['audit']}. "
-            + ("Equal." if rec["equal"] else "Not equal: another client may share the key.")]))
+    if summary.get("reconciliation"):
+        out.append(Section("Queries reconciled with the server",
+                           paragraphs=[reconciliation_line(summary["reconciliation"])]))
     if summary.get("enables"):
         out.append(Section("What the stolen copy enables", paragraphs=[
             "Transfer: `stealkit attack pgd` crafts on the best stolen copy at the paper's eps (CoDFe's transfer "
@@ -767,22 +819,15 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
         return []
     run.create(command="audit", seed=seed, config=config)
     usage_path = run.path / "server_usage_before.json"
-    if not usage_path.exists():  # the server's count when the audit first started (a resumed audit keeps it)
-        from stealkit.fsutil import atomic_write_json
-
-        before = server_usage(victim, key)
-        if before is not None:
-            atomic_write_json(usage_path, before)
+    if is_url(victim):  # the server's count at the first start (kept on resume), and at this start
+        record_server_count(run.path, parts, victim, key)
     results = run_audit(parts, run, on_part=on_part, echo=lambda s: click.echo(s, err=True), victim=victim, key=key,
                         top_k=top_k, dataset=dataset, data_dir=data_dir, device=device, seed=seed, extra=extra)
     summary = summarise(parts, results, max_queries, notes)
     if usage_path.exists():
-        spent: dict[str, int] = {}
-        for r in results:
-            for k, v in r["queries"].items():
-                spent[k] = spent.get(k, 0) + int(v)
-        summary["reconciliation"] = reconcile(json.loads(usage_path.read_text(encoding="utf-8")),
-                                              server_usage(victim, key), spent)
+        summary["reconciliation"] = reconcile_audit(json.loads(usage_path.read_text(encoding="utf-8")),
+                                                    server_count(victim, key), results,
+                                                    _read_json(run.path / RESUMED_USAGE))
     run.write_summary(summary)
     from stealkit.report.builders import write_report
 
@@ -793,21 +838,20 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
         click.echo(format_table(summary["enables"]))
     click.echo(f"queries {summary['queries']:,} of --max-queries {max_queries:,} (from the ledgers); "
                f"report: {run.report_path}")
-    rec = summary.get("reconciliation")
-    if rec and rec.get("server") is not None:
-        click.echo(f"server's /v1/charges over the audit: {rec['server']}; the audit's ledgers: {rec['audit']}: "
-                   + ("equal" if rec["equal"] else "NOT EQUAL"))
+    if summary.get("reconciliation"):
+        click.echo(reconciliation_line(summary["reconciliation"]))
     return failed_gates(summary["headline"], fail_if)
 
 
 def server_usage(victim: str, key: str | None) -> dict[str, int] | None:
     """The key's queries used as ``stealkit serve`` counts them (``GET /v1/charges``: ``queries_used``), or
-    ``None`` for a victim that is not a stealkit server (a local model, an Open Inference Protocol endpoint)."""
+    ``None`` for a victim that is not a stealkit /v1 server (a local model; a v2 endpoint: :func:`v2_usage`)."""
     import httpx
 
     from stealkit.extract.common import is_url
+    from stealkit.oracle.http_v2 import is_v2
 
-    if not is_url(victim) or victim.startswith("v2+"):
+    if not is_url(victim) or is_v2(victim):
         return None
     try:
         r = httpx.get(victim.rstrip("/") + "/v1/charges", params={"limit": 1},
@@ -828,6 +872,129 @@ def reconcile(before: dict[str, int] | None, after: dict[str, int] | None, spent
     kinds = set(server) | set(spent)
     equal = all(server.get(k, 0) == spent.get(k, 0) for k in kinds)
     return {"server": server, "audit": spent, "equal": equal}
+
+
+#: where each count comes from, and what it counts (the report and summary.json say which one was read)
+V1_CHARGES = "GET /v1/charges: queries_used of this key"
+V2_METADATA = "GET /v2/models/NAME: the model metadata's parameters.queries_used of this key (stealkit serve)"
+V2_STATS = ("GET /v2/models/NAME/stats: the statistics extension's inference_count (Triton): every client's "
+            "inferences of this model, not this key's only")
+
+
+def server_count(victim: str, key: str | None) -> dict[str, Any]:
+    """The server's own count of the queries it answered (``{"source": ..., "counts": {kind: n}}``), from the
+    first of: ``stealkit serve``'s ``/v1/charges`` (a /v1 victim); for a v2 (Open Inference Protocol) victim,
+    the model metadata's ``parameters.queries_used`` (what ``stealkit serve --protocol v2`` gives a key), else
+    the statistics extension Triton serves (``GET /v2/models/NAME/stats``, model-wide). ``counts`` is ``None``
+    where the server exposes none of them (the Open Inference Protocol itself has no count): not reconcilable."""
+    from stealkit.oracle.http_v2 import is_v2
+
+    if is_v2(victim):
+        return v2_usage(victim, key)
+    used = server_usage(victim, key)
+    return {"source": V1_CHARGES if used is not None else None, "counts": used}
+
+
+def v2_usage(victim: str, key: str | None, transport: Any = None) -> dict[str, Any]:
+    """:func:`server_count` of a v2 endpoint (``transport``: an httpx transport, for a test's fake server)."""
+    import urllib.parse
+
+    import httpx
+
+    from stealkit.oracle.http_v2 import parse_v2_address
+
+    base, name, _ = parse_v2_address(victim)
+    path = f"/v2/models/{urllib.parse.quote(str(name), safe='')}"
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    try:
+        with httpx.Client(base_url=base, headers=headers, timeout=30, transport=transport) as client:
+            meta = client.get(path)
+            params = meta.json().get("parameters") if meta.status_code == 200 else None
+            used = params.get("queries_used") if isinstance(params, dict) else None
+            if isinstance(used, dict) and all(isinstance(v, int) for v in used.values()):
+                return {"source": V2_METADATA, "counts": {str(k): int(v) for k, v in used.items()}}
+            stats = client.get(path + "/stats")
+            rows = stats.json().get("model_stats") if stats.status_code == 200 else None
+            if isinstance(rows, list) and rows and all(isinstance(r, dict) and isinstance(r.get("inference_count"),
+                                                                                          int) for r in rows):
+                return {"source": V2_STATS, "counts": {"predict": sum(int(r["inference_count"]) for r in rows)}}
+    except httpx.HTTPError as exc:
+        raise InputError(f"{victim} does not answer ({type(exc).__name__}); is the server running?") from None
+    except ValueError:  # a body that is not JSON: no count there
+        pass
+    return {"source": None, "counts": None}
+
+
+#: the server's count when an audit resumed, and the ledgers of the parts finished by then
+RESUMED_USAGE = "server_usage_resumed.json"
+
+
+def record_server_count(path: Path, parts: Sequence[Part], victim: str, key: str | None) -> None:
+    """Write the server's count (:func:`server_count`) at the audit's first start, and on each resume beside the
+    ledgers of the parts finished by then: what the server counted beyond them was spent by a part stopped
+    midway (run again from its start), which no finished ledger holds."""
+    from stealkit.fsutil import atomic_write_json
+
+    first = path / "server_usage_before.json"
+    if not first.exists():
+        atomic_write_json(first, server_count(victim, key))
+        return
+    done = load_done(path / "parts", parts)
+    atomic_write_json(path / RESUMED_USAGE, server_count(victim, key) | {"finished": _ledgers(done.values())})
+
+
+def _ledgers(results: Any) -> dict[str, int]:
+    spent: dict[str, int] = {}
+    for r in results:
+        for k, v in r["queries"].items():
+            spent[k] = spent.get(k, 0) + int(v)
+    return spent
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def reconcile_audit(before: dict[str, Any], after: dict[str, Any], results: Sequence[dict[str, Any]],
+                    resumed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The audit's ledgers (summed over its parts) against the server's count over the audit (:func:`server_count`
+    at the start and at the end), or why they cannot be reconciled. ``resumed``: the count at the last resume and
+    the ledgers finished by then; the server's count then, beyond the start's and those ledgers, is ``stopped``:
+    queries a part stopped midway spent before it was run again (they are in ``server``, not in ``audit``)."""
+    spent = _ledgers(results)
+    if before.get("counts") is None or after.get("counts") is None or before.get("source") != after.get("source"):
+        return {"server": None, "audit": spent, "equal": None, "source": None,
+                "note": "not reconcilable: the server exposes no count of the queries it answered (no stealkit "
+                        "/v1/charges, no queries_used in its v2 model metadata, no v2 statistics extension); the "
+                        "audit's ledgers are its only count"}
+    stopped: dict[str, int] = {}
+    if resumed is not None and resumed.get("counts") is not None and resumed.get("source") == before["source"]:
+        finished = resumed.get("finished") or {}
+        stopped = {k: resumed["counts"].get(k, 0) - before["counts"].get(k, 0) - finished.get(k, 0)
+                   for k in set(resumed["counts"]) | set(before["counts"]) | set(finished)}
+    if before["source"] == V2_STATS:  # the statistics extension counts inferences, not explanations
+        spent, stopped = {"predict": spent.get("predict", 0)}, {"predict": stopped.get("predict", 0)}
+    replayed = sum(int(r.get("replayed") or 0) for r in results)  # answers of stopped attempts, in the ledgers
+    if replayed:
+        stopped["predict"] = stopped.get("predict", 0) - replayed
+    paid = {k: spent.get(k, 0) + stopped.get(k, 0) for k in set(spent) | set(stopped)}
+    rec = reconcile(before["counts"], after["counts"], paid)
+    return rec | {"audit": spent, "source": before["source"], "replayed": replayed,
+                  "stopped": {k: v for k, v in stopped.items() if v} or None}
+
+
+def reconciliation_line(rec: dict[str, Any]) -> str:
+    """The reconciliation in one sentence (the terminal and the report)."""
+    if rec.get("server") is None:
+        return f"queries {rec.get('note', 'not reconcilable')}: {rec.get('audit')}"
+    verdict = "equal" if rec["equal"] else ("NOT EQUAL (another client may share the key"
+                                            + (" or the model" if rec.get("source") == V2_STATS else "") + ")")
+    stopped = (f" + spent by a part stopped midway and run again: {rec['stopped']}" if rec.get("stopped") else "")
+    if rec.get("replayed"):
+        stopped += (f" ({rec['replayed']:,} of them paid by a part stopped midway and given back from its answer "
+                    "journal)")
+    return (f"server's count over the audit ({rec.get('source') or V1_CHARGES}; at the end less at the start): "
+            f"{rec['server']}; the audit's ledgers: {rec['audit']}{stopped}: {verdict}")
 
 
 def _check_answers(victim: str, key: str | None, dataset: str | None, kinds: Sequence[str], top_k: int) -> None:
