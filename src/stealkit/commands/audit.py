@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -518,27 +519,84 @@ def load_done(parts_dir: Path, parts: Sequence[Part]) -> dict[str, dict[str, Any
 
 
 def run_audit(parts: Sequence[Part], run: RunDir, *, on_part: PartHook | None = None, echo: Callable[[str], None],
-              **kwargs: Any) -> list[dict[str, Any]]:
-    """Run the parts not yet checkpointed in ``run``/parts, each one written atomically when it finishes."""
+              jobs: int = 1, **kwargs: Any) -> list[dict[str, Any]]:
+    """Run the parts not yet checkpointed in ``run``/parts, each one written atomically when it finishes.
+
+    With ``jobs`` > 1 (and the parts estimated at :data:`PARALLEL_MIN_SECONDS` or more) the parts that need no
+    stolen copy (the extraction ladder, the data-free attacker) run in ``jobs`` worker processes of one torch thread each (the CPU thread policy: parallel processes, not threads);
+    the attacks from the stolen copy follow, one at a time. Each part has its own seeded oracle and budget, so the
+    figures and the queries are those of a run with ``jobs`` = 1."""
     from stealkit.fsutil import atomic_write_json
 
     parts_dir = run.path / "parts"
     done = load_done(parts_dir, parts)
-    results = []
-    for i, part in enumerate(parts, 1):
-        if part.id in done:
-            results.append(done[part.id])
-            continue
-        copy = best_copy(results, parts_dir) if part.kind in ("transfer", "decision") else None
-        result = run_part(part, parts_dir=parts_dir, copy=copy, **kwargs)
+    results: dict[str, dict[str, Any]] = dict(done)
+    finished = [0]
+
+    def record(part: Part, result: dict[str, Any]) -> None:
         atomic_write_json(parts_dir / f"{part.id}.json", result)
         run.append_record(result)
-        echo(f"[{i}/{len(parts)}] {part.id}: {progress(result)}, {result['total_queries']:,} queries, "
-             f"{result['elapsed_s']:.0f}s")
-        results.append(result)
+        finished[0] += 1
+        echo(f"[{len(done) + finished[0]}/{len(parts)}] {part.id}: {progress(result)}, "
+             f"{result['total_queries']:,} queries, {result['elapsed_s']:.0f}s")
+        results[part.id] = result
         if on_part is not None:
             on_part(part, result)
-    return results
+
+    todo = [p for p in parts if p.id not in done]
+    free = [p for p in todo if p.kind not in COPY_KINDS]
+    if jobs > 1 and len(free) > 1 and sum(p.estimate_s for p in free) >= PARALLEL_MIN_SECONDS:
+        workers = _in_workers(free, min(jobs, len(free)), parts_dir=parts_dir, **kwargs)
+        try:
+            for part, result in workers:
+                record(part, result)
+        finally:
+            workers.close()  # stops the other workers now if a part failed or the hook stopped the audit
+    for part in todo:
+        if part.id in results:
+            continue
+        copy = None
+        if part.kind in COPY_KINDS:
+            copy = best_copy([results[p.id] for p in parts if p.id in results], parts_dir)
+        record(part, run_part(part, parts_dir=parts_dir, copy=copy, **kwargs))
+    return [results[p.id] for p in parts]
+
+
+#: the parts that attack from the best stolen copy (they run after every extraction part)
+COPY_KINDS = ("transfer", "decision")
+#: below this estimated time of the parallel parts together, starting worker processes (a few seconds each:
+#: a fresh interpreter imports torch) costs more than it saves, so they run in this process
+PARALLEL_MIN_SECONDS = 120.0
+
+
+def _in_workers(parts: Sequence[Part], jobs: int, **kwargs: Any) -> Iterator[tuple[Part, dict[str, Any]]]:
+    """Each part in one of ``jobs`` spawned worker processes, yielded as each finishes (the largest first, so
+    the slowest part does not start last). A failure stops the others; the finished parts are already yielded."""
+    import functools
+    import multiprocessing as mp
+
+    order = sorted(parts, key=lambda p: -p.estimate_s)
+    ctx = mp.get_context("spawn")  # not fork: the parent has run torch, and a forked OpenMP runtime can hang
+    with ctx.Pool(jobs, initializer=_worker_setup) as pool:
+        run_one = functools.partial(_worker_part, **kwargs)
+        try:
+            yield from pool.imap_unordered(run_one, order)
+        finally:
+            pool.terminate()
+
+
+def _worker_setup() -> None:
+    """A worker: no progress bars of its own (the audit prints a line per part), one torch thread."""
+    import os
+
+    os.environ["STEALKIT_QUIET"] = "1"
+    from stealkit.threads import apply_threads, resolve_threads
+
+    apply_threads(resolve_threads())
+
+
+def _worker_part(part: Part, **kwargs: Any) -> tuple[Part, dict[str, Any]]:
+    return part, run_part(part, **kwargs)
 
 
 def progress(result: dict[str, Any]) -> str:
@@ -736,12 +794,16 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of every random choice.")
 @click.option("--out", required=True, type=click.Path(),
               help="Audit directory (run again with the same plan: it resumes).")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Parts run at once, each a process of one torch thread (default: the CPU cores on the CPU, 1 on "
+                   "a GPU); the figures do not depend on it.")
 @device_option
 def audit_cmd(victim: str, key: str | None, answers: str, top_k: int, pool: str, unrelated: str,
               defences: tuple[str, ...], fail_if: tuple[str, ...], budgets: str | None, max_queries: int,
               transfer_images: int | None, decision_images: int | None, decision_queries: int | None,
               datafree_budget: int | None, plan_only: bool, quick: bool, recipe: tuple[str, ...],
-              dataset: str | None, data_dir: str | None, seed: int, out: str, device: str) -> None:
+              dataset: str | None, data_dir: str | None, seed: int, out: str, jobs: int | None,
+              device: str) -> None:
     """Audit a victim's exposure to model extraction: the default surrogate recipe at a ladder of budgets, per
     answer kind and attacker, and a data-free attacker; fidelity against queries and Q90/Q95; what the stolen
     copy enables (transfer PGD, HopSkipJump with and without it); one report. Prints the plan first."""
@@ -751,6 +813,7 @@ def audit_cmd(victim: str, key: str | None, answers: str, top_k: int, pool: str,
                                unrelated=unrelated, defences=defences, fail_if=fail_if, budgets=budgets,
                                max_queries=max_queries, plan_only=plan_only, quick=quick, recipe=recipe,
                                dataset=dataset, data_dir=data_dir, seed=seed, out=out, device=device,
+                               jobs=jobs or (os.cpu_count() or 1 if device == "cpu" else 1),
                                **{k: v for k, v in sizes.items() if v is not None})
     for line in failed:
         click.echo(line, err=True)
@@ -764,7 +827,7 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
                       max_queries: int = DEFAULT_MAX_QUERIES, plan_only: bool = False, quick: bool = False,
                       recipe: Sequence[str] = (), dataset: str | None = None, data_dir: str | None = None,
                       seed: int = 0, out: str, device: str = "cpu", on_part: PartHook | None = None,
-                      **sizes: int) -> list[str]:
+                      jobs: int = 1, **sizes: int) -> list[str]:
     """The command's body (``on_part``: a hook called after each part, e.g. to stop a test's audit; ``sizes``:
     fields of :class:`Extras` over the default, or ``--quick``, ones); returns the ``--fail-if`` gates the
     audit failed, one line each."""
@@ -821,8 +884,9 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
     usage_path = run.path / "server_usage_before.json"
     if is_url(victim):  # the server's count at the first start (kept on resume), and at this start
         record_server_count(run.path, parts, victim, key)
-    results = run_audit(parts, run, on_part=on_part, echo=lambda s: click.echo(s, err=True), victim=victim, key=key,
-                        top_k=top_k, dataset=dataset, data_dir=data_dir, device=device, seed=seed, extra=extra)
+    results = run_audit(parts, run, on_part=on_part, echo=lambda s: click.echo(s, err=True), jobs=jobs, victim=victim,
+                        key=key, top_k=top_k, dataset=dataset, data_dir=data_dir, device=device, seed=seed,
+                        extra=extra)
     summary = summarise(parts, results, max_queries, notes)
     if usage_path.exists():
         summary["reconciliation"] = reconcile_audit(json.loads(usage_path.read_text(encoding="utf-8")),
