@@ -630,7 +630,7 @@ def explanation_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         kind = r["part"].get("kind")
         if kind == "gradmatch":
             hit, target = r.get("reached"), r.get("target_accuracy")
-            at = hit or (r["curve"][-1] if r.get("curve") else {})
+            at = hit or max(r.get("curve") or [{}], key=lambda p: p.get("queries", 0))  # else the top rung
             rows.append({"attack": "gradient matching (probabilities + gradients)",
                          "target": "–" if target is None else f"0.95x victim accuracy ({target:.3f})",
                          "queries to target": hit["queries"] if hit else
@@ -684,9 +684,10 @@ def seed_spread(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             row[f"{level} per seed"] = ", ".join("–" if v == math.inf else f"{int(v):,}" for v in values)
             row[f"{level} median"] = (f"not reached within {top:,}" if med == math.inf else
                                       int(med) if float(med).is_integer() else med)
-            row[f"{level} range"] = ("not reached" if not reached else
-                                     f"{int(min(reached)):,}-" + (f"not reached within {top:,}" if len(reached) <
-                                                                   len(values) else f"{int(max(reached)):,}"))
+            lo, hi = (f"{int(min(reached)):,}", f"{int(max(reached)):,}") if reached else ("", "")
+            row[f"{level} range"] = (f"not reached within {top:,}" if not reached else
+                                     f"{lo} to not reached within {top:,}" if len(reached) < len(values) else
+                                     lo if lo == hi else f"{lo}-{hi}")
         rows.append(row)
     return rows
 
