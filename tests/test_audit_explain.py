@@ -194,7 +194,21 @@ def test_audit_runs_the_explanation_parts_and_the_seeds_through_their_ledgers(tm
     """Gradient matching and exact recovery run as their commands, every query (answers and explanations) from
     the ledgers, summing to the plan; a repeat at another seed; the audit resumed after the gradient-matching
     part pays nothing twice."""
+    import torch
+
     from stealkit.commands.audit import run_audit_command
+
+    # the CLI's thread policy: one torch thread (conftest's two make gradient matching's double back-propagation
+    # about 14x slower on this shared 2-core machine: 3 min against 13 s)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _whole_audit(tmp_path, mlp8, capsys, run_audit_command)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _whole_audit(tmp_path: Path, mlp8: Path, capsys: pytest.CaptureFixture[str], run_audit_command: Any) -> None:
 
     kwargs: dict[str, Any] = {"victim": str(mlp8), "answers": "label", "budgets": "20",
                               "recipe": [a.split("=", 1)[1] for a in TINY], "transfer_images": 0,
