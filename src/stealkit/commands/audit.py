@@ -69,7 +69,7 @@ DATAFREE_QUERY_SECONDS = 0.01
 #: explanations (issue 39, point 4): gradient matching's ladder of inputs queried (each one ``predict`` and one
 #: ``explain`` query, so a rung of n costs 2n), the default and --quick; its target, the reconstruction's test
 #: accuracy over the victim's (Milli et al. 2019, Sec. 5: "0.95x the victim")
-GRADMATCH_LADDER = (10, 30, 100, 300)
+GRADMATCH_LADDER = (30, 100, 300)
 QUICK_GRADMATCH_LADDER = (10, 30, 100)
 GRADMATCH_TARGET = 0.95
 #: ``stealkit extract gradient-matching``'s training minibatches per rung, and rough seconds per minibatch (double
