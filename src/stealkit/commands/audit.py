@@ -6,7 +6,10 @@ surrogate_config` of :func:`~stealkit.commands.extract_surrogate.command_params`
 probabilities) and per attacker: one with data like the victim's (the attacker split, or ``--pool``) and one with
 only unrelated natural data (``--unrelated``, by default crops of natural photographs). Its headline is the
 fidelity (agreement with the victim on the test split) against queries and Q90/Q95, the fewest measured queries
-that reached 90 % / 95 % fidelity.
+that reached 90 % / 95 % fidelity; where the plan has room, the ladder of the attacker with data like the victim's
+is repeated at other seeds for their spread. When the victim serves explanations, ``stealkit extract
+gradient-matching`` (queries to 0.95x the victim's accuracy) and, for a two-layer ReLU victim, ``stealkit extract
+exact`` run as parts too (Milli et al. 2019).
 
 Every part (one extraction at one budget) is planned before any query: the plan's total never exceeds
 ``--max-queries``, and each part's oracle is metered to its own budget, so the ledger enforces it. Each part
