@@ -265,3 +265,37 @@ def test_more_sizes_defaults() -> None:
     assert more_sizes(False, "0", 0, 1) == MoreSizes((), 0, 1)
     with pytest.raises(InputError):
         more_sizes(False, "-5", None, None)
+
+
+@pytest.mark.slow
+def test_gradient_matching_over_http_is_charged_as_the_server_counts_it(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Against `stealkit serve` with a key that may explain: the explain queries are in the audit's ledgers and
+    equal the server's own count; exact recovery is left out (the server does not publish the hidden width)."""
+    import torch
+
+    from tests.test_serve_support import live_server, make_victim, write_keys
+
+    key = "explain-key-Zx81QpLw6RtV3mNb7Yc4"
+    victim = make_victim(tmp_path / "victim")
+    keys = write_keys(tmp_path / "keys.toml", [{"key": key, "name": "x", "mode": "probs", "explain": True,
+                                                "budget": 5000}])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the CLI's thread policy (see above)
+    try:
+        with live_server(victim, keys, tmp_path / "db.sqlite", log=tmp_path / "server.log") as url:
+            out = tmp_path / "h"
+            assert main(["-q", "audit", "--victim", url, "--key", key, "--dataset", "digits", "--answers", "label",
+                         "--budgets", "20", *TINY, *NO_EXTRAS[:6], "--gradmatch-budgets", "10", "--seeds", "1",
+                         "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    text = capsys.readouterr().out
+    assert "exact recovery left out: a remote victim's hidden width is not published" in text
+    summary = json.loads((out / "summary.json").read_text())
+    (gm,) = [r for r in summary["parts"] if r["part"]["kind"] == "gradmatch"]
+    assert gm["queries"] == {"predict": 10, "explain": 10}
+    rec = summary["reconciliation"]
+    assert rec["equal"] is True and rec["server"]["explain"] == 10 and rec["server"]["predict"] == 40 + 10
+    (row,) = summary["explanations"]
+    assert row["queries to target"] == "not measured (no victim accuracy)"
