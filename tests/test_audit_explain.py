@@ -179,6 +179,10 @@ def test_spread_over_seeds_from_made_up_ladders() -> None:
     # two seeds of three not reaching it: the median is "not reached"; an even count takes the middle pair's mean
     two_short = [r for r in results[:9] if r["part"]["seed_offset"] != 0 or r["part"]["budget"] != 200]
     assert seed_spread(two_short)[0]["Q95 median"] == "not reached within 200"
+    from stealkit.commands.audit import spread_sentences
+
+    assert spread_sentences([row]) == ["Repeated at 3 seeds with data like yours, Q90 ranges 50-200 with top-1 "
+                                       "labels."]
     pair = results[:6]
     assert seed_spread(pair)[0]["Q90 median"] == 75.0
     assert seed_spread(pair)[0]["Q95 range"] == "200 to not reached within 200"

@@ -711,6 +711,15 @@ def explanation_sentences(rows: Sequence[dict[str, Any]]) -> list[str]:
     return out
 
 
+def spread_sentences(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The report's plain words on the spread of Q90 over seeds (one sentence for all answer kinds)."""
+    words = {"label": "top-1 labels", "topk": "top-k answers", "probs": "probabilities"}
+    if not rows:
+        return []
+    parts = [f"{r['Q90 range']} with {words.get(r['answers'], r['answers'])}" for r in rows]
+    return [f"Repeated at {rows[0]['seeds']} seeds with data like yours, Q90 ranges {', '.join(parts)}."]
+
+
 def more_sections(summary: dict[str, Any]) -> list[Section]:
     """The report's sections on explanations and on the spread of Q90/Q95 over seeds (when the audit has them)."""
     from stealkit.report.html import Figure, Section
@@ -1196,7 +1205,7 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
     summary = summarise(parts, results, max_queries, notes)
     summary["explanations"] = explanation_rows(results)
     summary["spread"] = seed_spread(results)
-    summary["sentences"] += explanation_sentences(summary["explanations"])
+    summary["sentences"] += spread_sentences(summary["spread"]) + explanation_sentences(summary["explanations"])
     if usage_path.exists():
         spent: dict[str, int] = {}
         for r in results:
