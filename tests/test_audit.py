@@ -17,9 +17,11 @@ VICTIM = "standard:digits-conv2"
 #: a tiny recipe: an 8-unit MLP student, one epoch, no minimum of steps
 TINY = ["--recipe=--student=mlp2", "--recipe=--student-arg=hidden=8", "--recipe=--epochs=1",
         "--recipe=--set=min_steps=0"]
-#: the extraction ladder only: no transfer, decision or data-free part
-NO_EXTRAS = ["--transfer-images", "0", "--decision-images", "0", "--datafree-budget", "0"]
-NO_EXTRAS_KW = {"transfer_images": 0, "decision_images": 0, "datafree_budget": 0}
+#: the extraction ladder only: no transfer, decision, data-free or explanation part, one seed
+NO_MORE = ["--gradmatch-budgets", "0", "--exact-budget", "0", "--seeds", "1"]
+NO_MORE_KW: dict[str, Any] = {"gradmatch_budgets": "0", "exact_budget": 0, "seeds": 1}
+NO_EXTRAS = ["--transfer-images", "0", "--decision-images", "0", "--datafree-budget", "0", *NO_MORE]
+NO_EXTRAS_KW: dict[str, Any] = {"transfer_images": 0, "decision_images": 0, "datafree_budget": 0, **NO_MORE_KW}
 ARGS = ["audit", "--victim", VICTIM, "--answers", "label,probs", "--budgets", "20,40", *TINY, *NO_EXTRAS]
 
 
@@ -170,12 +172,13 @@ def test_fail_if_exits_one_after_the_report(tmp_path: Path, capsys: pytest.Captu
 
 
 #: small parts beyond the ladder: PGD on 10 images, HopSkipJump on 2 images at 20 queries each, no data-free part
-SMALL_ATTACKS = {"transfer_images": 10, "decision_images": 2, "decision_queries": 20, "datafree_budget": 0}
+SMALL_ATTACKS: dict[str, Any] = {"transfer_images": 10, "decision_images": 2, "decision_queries": 20,
+                                 "datafree_budget": 0, **NO_MORE_KW}
 
 
 def test_plan_shows_the_attack_and_data_free_parts_and_fits_them(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    base = ["-q", "audit", "--victim", VICTIM, "--answers", "label", "--budgets", "20,40", *TINY]
+    base = ["-q", "audit", "--victim", VICTIM, "--answers", "label", "--budgets", "20,40", *TINY, *NO_MORE]
     assert main([*base, "--quick", "--plan", "--out", str(tmp_path / "a")]) == 0
     text = capsys.readouterr().out
     # --quick: PGD on 100 images (2 x 100 queries at most), HopSkipJump 5 images x (200 + 1), data-free 2,000
@@ -246,7 +249,8 @@ def test_data_free_attacker_is_a_row_of_the_extraction_table(tmp_path: Path) -> 
     victim = str(standard_victim("digits-conv2").path)
     out = tmp_path / "f"
     run_audit_command(victim=victim, answers="label", budgets="20", recipe=[a.split("=", 1)[1] for a in TINY],
-                      out=str(out), max_queries=540, transfer_images=0, decision_images=0, datafree_budget=2000)
+                      out=str(out), max_queries=540, transfer_images=0, decision_images=0, datafree_budget=2000,
+                      **NO_MORE_KW)
     summary = json.loads((out / "summary.json").read_text())
     (free,) = [r for r in summary["parts"] if r["part"]["kind"] == "datafree"]
     assert free["id"] == "datafree-label-500"  # 540 - 2 x 20: what the plan leaves, under the cap of 2,000

@@ -6,7 +6,10 @@ surrogate_config` of :func:`~stealkit.commands.extract_surrogate.command_params`
 probabilities) and per attacker: one with data like the victim's (the attacker split, or ``--pool``) and one with
 only unrelated natural data (``--unrelated``, by default crops of natural photographs). Its headline is the
 fidelity (agreement with the victim on the test split) against queries and Q90/Q95, the fewest measured queries
-that reached 90 % / 95 % fidelity.
+that reached 90 % / 95 % fidelity; where the plan has room, the ladder of the attacker with data like the victim's
+is repeated at other seeds for their spread. When the victim serves explanations, ``stealkit extract
+gradient-matching`` (queries to 0.95x the victim's accuracy) and, for a two-layer ReLU victim, ``stealkit extract
+exact`` run as parts too (Milli et al. 2019).
 
 Every part (one extraction at one budget) is planned before any query: the plan's total never exceeds
 ``--max-queries``, and each part's oracle is metered to its own budget, so the ledger enforces it. Each part
@@ -16,6 +19,7 @@ and plan skips the finished parts and pays for no query twice. Every query count
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -66,6 +70,27 @@ FIXMATCH_SECONDS = 5.0
 DECISION_QUERY_SECONDS = 0.0015
 TRANSFER_IMAGE_SECONDS = 0.01
 DATAFREE_QUERY_SECONDS = 0.01
+#: explanations (issue 39, point 4): gradient matching's ladder of inputs queried (each one ``predict`` and one
+#: ``explain`` query, so a rung of n costs 2n), the default and --quick; its target, the reconstruction's test
+#: accuracy over the victim's (Milli et al. 2019, Sec. 5: "0.95x the victim")
+GRADMATCH_LADDER = (30, 100, 300)
+QUICK_GRADMATCH_LADDER = (10, 30, 100)
+GRADMATCH_TARGET = 0.95
+#: ``stealkit extract gradient-matching``'s training minibatches per rung, and rough seconds per minibatch (double
+#: back-propagation, conv2, one shared CPU thread): ``a + b * pixels`` (measured: 8 ms on digits' 64 pixels, 76 ms
+#: on Fashion-MNIST's 784: 141 s for the rungs 30,100,300)
+GRADMATCH_STEPS = 600
+GRADMATCH_STEP_SECONDS = (0.002, 9.4e-5)
+#: exact recovery's budget: queries per hidden unit (``stealkit extract exact --victim standard:digits-mlp2``, h =
+#: 128, spent 15,738 = 6,199 predict + 9,539 explain on all 40 search lines) up to a cap (--exact-budget), and
+#: rough seconds per query
+EXACT_QUERIES_PER_UNIT = 125
+EXACT_BUDGET = 20_000
+EXACT_QUERY_SECONDS = 0.0005
+#: seeds in all of the spread of Q90/Q95 (the undefended ladder of the attacker with data like the victim's at
+#: seeds seed, seed+1, ...), where the plan has room under --max-queries; the default and --quick
+SEEDS = 3
+QUICK_SEEDS = 2
 
 
 @dataclass(frozen=True)
@@ -77,7 +102,13 @@ class Part:
     - ``datafree``: the default data-free recipe (``stealkit extract codfe``) at ``budget`` ``answers`` queries;
     - ``transfer``: ``stealkit attack pgd`` from the best stolen copy at the paper's eps on ``n`` test images;
     - ``decision``: ``stealkit attack hopskipjump`` on ``n`` test images at ``per_image`` queries each, with the
-      best stolen copy as its substitute (``substitute``) or without it.
+      best stolen copy as its substitute (``substitute``) or without it;
+    - ``gradmatch``: ``stealkit extract gradient-matching`` (probabilities and gradient explanations) scored at
+      each rung of ``ladder`` (inputs queried; ``budget`` = 2 x the top rung: one predict and one explain query
+      per input);
+    - ``exact``: ``stealkit extract exact`` (two-layer ReLU victim of hidden width ``n``) under ``budget``.
+
+    An ``extract`` part with ``seed_offset`` k repeats its extraction at ``--seed`` + k (the spread over seeds).
     """
 
     answers: str
@@ -90,6 +121,8 @@ class Part:
     n: int = 0
     per_image: int = 0
     substitute: bool = False
+    ladder: tuple[int, ...] = ()  # gradient matching's rungs (inputs queried)
+    seed_offset: int = 0  # an extraction repeated at --seed + seed_offset (the spread over seeds)
 
     @property
     def id(self) -> str:
@@ -99,8 +132,13 @@ class Part:
             return f"transfer-pgd-{self.n}"
         if self.kind == "decision":
             return f"hopskipjump-{'with' if self.substitute else 'without'}-copy-{self.n}x{self.per_image}"
+        if self.kind == "gradmatch":
+            return "gradient-matching-" + "-".join(map(str, self.ladder))
+        if self.kind == "exact":
+            return f"exact-recovery-h{self.n}-{self.budget}"
         worn = "+" + "".join(c if c.isalnum() or c == "." else "_" for c in self.defence) if self.defence else ""
-        return f"extract-{self.answers}{worn}-{self.attacker}-{self.budget}"
+        again = f"-seed+{self.seed_offset}" if self.seed_offset else ""
+        return f"extract-{self.answers}{worn}-{self.attacker}-{self.budget}{again}"
 
 
 @dataclass(frozen=True)
@@ -150,14 +188,15 @@ def estimate_seconds(budget: int, answers: str, num_classes: int, extra: Sequenc
 
 def make_plan(answers: Sequence[str], attackers: dict[str, str], ladder: Sequence[int], max_queries: int, *,
               num_classes: int, extra: Sequence[str], defences: Sequence[str] = (),
-              extras: Extras = Extras()) -> tuple[list[Part], list[str]]:
+              extras: Extras = Extras(), reserve: int = 0) -> tuple[list[Part], list[str]]:
     """The parts, in the order they run, and notes.
 
     The extraction ladder first (cheapest rung of every cell first, so a stopped audit has a whole first row; a
     cell is an answer kind and an attacker, or a defence: probabilities through it, the attacker with data like
     the victim's), then the transfer attack and the decision attack without and with the stolen copy, then the
     data-free attacker. To fit ``max_queries``, rungs are dropped from the top of the ladder (down to one), then
-    the decision and the transfer parts; the data-free part gets what is left, up to its cap."""
+    the decision and the transfer parts; the data-free part gets what is left (less ``reserve``, the queries of
+    the explanation parts planned after it), up to its cap."""
     rungs = sorted(set(ladder))
     notes = []
     like = next(iter(attackers.items()))
@@ -196,7 +235,7 @@ def make_plan(answers: Sequence[str], attackers: dict[str, str], ladder: Sequenc
              for b in rungs for a, name, pool, d in cell_list]
     parts += attacks
     if extras.datafree_budget:
-        budget = min(extras.datafree_budget, max_queries - spend())
+        budget = min(extras.datafree_budget, max_queries - spend() - reserve)
         if budget >= DATAFREE_MIN:
             parts.append(Part(DATAFREE_ANSWERS, "data-free", "", budget,
                               round(PART_SECONDS + budget * DATAFREE_QUERY_SECONDS, 1), kind="datafree"))
@@ -224,6 +263,8 @@ def run_part(part: Part, *, parts_dir: Path, copy: dict[str, Any] | None = None,
 
     out = parts_dir / part.id
     started = time.perf_counter()
+    if part.seed_offset:
+        kwargs = {**kwargs, "seed": kwargs["seed"] + part.seed_offset}
     if part.kind == "datafree":  # a stopped data-free part resumes from its own checkpoint: no query paid twice
         result = run_datafree_part(part, out, **kwargs)
     else:
@@ -231,6 +272,8 @@ def run_part(part: Part, *, parts_dir: Path, copy: dict[str, Any] | None = None,
             shutil.rmtree(out)
         if part.kind == "extract":
             result = run_extract_part(part, out, **kwargs)
+        elif part.kind in EXPLAIN_KINDS:
+            result = run_explanation_part(part, out, **kwargs)
         elif copy is None:
             raise InputError(f"{part.id}: no stolen copy to attack from (no extraction part finished)")
         else:
@@ -396,6 +439,361 @@ def run_attack_part(part: Part, out: Path, copy: dict[str, Any], *, victim: str,
     return result
 
 
+# -- explanations (issue 39, point 4) and the spread over seeds (point 2) -------------------------------------
+#: the part kinds of the explanation attacks
+EXPLAIN_KINDS = ("gradmatch", "exact")
+
+
+@dataclass(frozen=True)
+class MoreSizes:
+    """The explanation parts and the seeds of the spread: gradient matching's ladder (``()`` leaves it out), the
+    cap on exact recovery's budget (0 leaves it out) and the seeds in all (1: no spread)."""
+
+    gradmatch: tuple[int, ...] = ()
+    exact_budget: int = 0
+    seeds: int = 1
+
+    @classmethod
+    def default(cls, quick: bool) -> MoreSizes:
+        return cls(QUICK_GRADMATCH_LADDER, EXACT_BUDGET, QUICK_SEEDS) if quick else \
+            cls(GRADMATCH_LADDER, EXACT_BUDGET, SEEDS)
+
+
+@dataclass(frozen=True)
+class ExplainAccess:
+    """What the victim gives the explanation attacks, read without a query: ``why_not`` (``None`` when it serves
+    gradient explanations with probabilities, else why not), ``hidden`` (the hidden width of a two-layer ReLU
+    victim, else ``None``) and ``why_not_exact``; ``pixels`` sizes the time estimate."""
+
+    why_not: str | None
+    hidden: int | None
+    why_not_exact: str
+    pixels: int
+
+
+def explanation_access(victim: str, key: str | None, dataset: str | None) -> ExplainAccess:
+    """A local model serves explanations when torch has its gradients (a model directory or TorchScript file; an
+    ONNX file does not); a ``stealkit serve`` key when its ``explain`` is true and it may ask for probabilities;
+    an Open Inference Protocol (v2) endpoint never. Exact recovery: a local ``mlp2`` (a two-layer ReLU network,
+    its hidden width from the model spec)."""
+    from stealkit.commands.extract_exact import _spec_hidden
+    from stealkit.extract.common import open_victim
+    from stealkit.oracle.http_v2 import is_v2
+
+    v = open_victim(victim, mode="label", budget=0, key=key, dataset=dataset)
+    try:
+        pixels = math.prod(v.input_shape)
+        info = getattr(v.oracle, "info", None)
+        if v.model is not None:
+            spec = v.spec
+            onnx = getattr(spec, "format", None) == "onnx"
+            why = "an ONNX victim gives no gradients (onnxruntime)" if onnx else None
+            arch = getattr(spec, "arch", None)
+            hidden = _spec_hidden(spec)
+            why_exact = "" if hidden is not None else (
+                f"the victim is {arch}, not a two-layer ReLU network (mlp2)" if arch else
+                "the model file does not say it is a two-layer ReLU network (mlp2)")
+            return ExplainAccess(why, None if why else hidden, why or why_exact, pixels)
+        if is_v2(victim) or info is None:
+            why = "an Open Inference Protocol (v2) server serves no explanations"
+        elif not info.get("explain"):
+            why = "this API key may not ask for explanations (the server says explain = false)"
+        elif "probs" not in info.get("allowed_modes", [info.get("mode")]):
+            why = "gradient matching trains on probabilities, and this API key may not ask for them"
+        else:
+            why = None
+        arch = info.get("arch") if info else None
+        why_exact = why or ("a remote victim's hidden width is not published; run `stealkit extract exact --hidden "
+                            "H` against it" if arch == "mlp2" else
+                            f"the victim is {arch or 'of an unknown architecture'}, not a two-layer ReLU network (mlp2)")
+        return ExplainAccess(why, None, why_exact, pixels)
+    finally:
+        _close(v)
+
+
+def gradmatch_seconds(ladder: Sequence[int], pixels: int) -> float:
+    """A rough time for the gradient-matching part: :data:`GRADMATCH_STEPS` minibatches per rung."""
+    a, b = GRADMATCH_STEP_SECONDS
+    return PART_SECONDS + len(ladder) * GRADMATCH_STEPS * (a + b * pixels)
+
+
+def plan_explanations(access: ExplainAccess | None, sizes: MoreSizes, room: int) -> tuple[list[Part], list[str]]:
+    """The explanation parts that fit in ``room`` queries (what the ladder and the attacks leave under
+    ``--max-queries``), gradient matching first; a note for each part left out and why."""
+    if access is None or not (sizes.gradmatch or sizes.exact_budget):
+        return [], []
+    if access.why_not is not None:
+        return [], [f"the explanation attacks (gradient matching, exact recovery) left out: {access.why_not}"]
+    parts, notes = [], []
+    if sizes.gradmatch:
+        ladder = tuple(sorted(set(sizes.gradmatch)))
+        budget = 2 * ladder[-1]
+        if budget <= room:
+            parts.append(Part("probs", "explanations", "pool", budget,
+                              round(gradmatch_seconds(ladder, access.pixels), 1), kind="gradmatch", ladder=ladder))
+            room -= budget
+        else:
+            notes.append(f"gradient matching left out: its ladder {','.join(map(str, ladder))} needs {budget:,} "
+                         f"queries (one answer and one explanation per input), the plan leaves {max(room, 0):,}")
+    if sizes.exact_budget:
+        if access.hidden is None:
+            notes.append(f"exact recovery left out: {access.why_not_exact}")
+        else:
+            budget = min(sizes.exact_budget, EXACT_QUERIES_PER_UNIT * access.hidden)
+            if budget <= room:
+                parts.append(Part("logits", "explanations", "", budget, round(PART_SECONDS + budget *
+                                  EXACT_QUERY_SECONDS, 1), kind="exact", n=access.hidden))
+            else:
+                notes.append(f"exact recovery left out: its budget {budget:,} ({EXACT_QUERIES_PER_UNIT} queries per "
+                             f"hidden unit, h = {access.hidden}, capped by --exact-budget) is more than the "
+                             f"{max(room, 0):,} the plan leaves")
+    return parts, notes
+
+
+def plan_seeds(parts: Sequence[Part], seeds: int, max_queries: int, *, attacker: str = "like"
+               ) -> tuple[list[Part], list[str]]:
+    """The repeats of the undefended ladder of ``attacker`` (data like the victim's) at ``--seed`` + 1, + 2, ...,
+    as many as the plan's room under ``max_queries`` holds, up to ``seeds`` in all; a note says how many fitted."""
+    base = [p for p in parts if p.kind == "extract" and p.attacker == attacker and not p.defence]
+    if seeds <= 1 or not base:
+        return [], []
+    cost = sum(p.budget for p in base)
+    room = max_queries - sum(p.budget for p in parts)
+    extra = max(0, min(seeds - 1, room // cost))
+    note = (f"spread over seeds: the ladder of the attacker with data like the victim's at {1 + extra} of --seeds "
+            f"{seeds} seeds")
+    if extra < seeds - 1:
+        note += (f" (each seed more needs {cost:,} queries, the plan leaves {max(room - extra * cost, 0):,} under "
+                 f"--max-queries {max_queries:,})")
+    repeats = [dataclasses.replace(p, seed_offset=k) for k in range(1, extra + 1) for p in base]
+    return repeats, [note]
+
+
+def more_sizes(quick: bool, gradmatch_budgets: str | None, exact_budget: int | None,
+               seeds: int | None) -> MoreSizes:
+    """:class:`MoreSizes` from the command's options over the default (or ``--quick``) ones; bad values refused."""
+    more = MoreSizes.default(quick)
+    if gradmatch_budgets is not None:
+        ladder = parse_int_list(gradmatch_budgets)
+        if min(ladder) < 0 or (0 in ladder and len(ladder) > 1):
+            raise InputError(f"--gradmatch-budgets takes positive numbers of inputs, or 0 to leave gradient "
+                             f"matching out; got {gradmatch_budgets}")
+        more = dataclasses.replace(more, gradmatch=() if ladder == [0] or tuple(ladder) == (0,) else tuple(ladder))
+    if exact_budget is not None:
+        if exact_budget < 0:
+            raise InputError(f"--exact-budget must be 0 (leave exact recovery out) or positive, got {exact_budget}")
+        more = dataclasses.replace(more, exact_budget=exact_budget)
+    if seeds is not None:
+        if seeds < 1:
+            raise InputError(f"--seeds must be at least 1 (the audit's own seed), got {seeds}")
+        more = dataclasses.replace(more, seeds=seeds)
+    return more
+
+
+def plan_all(answers: Sequence[str], attackers: dict[str, str], ladder: Sequence[int], max_queries: int, *,
+             num_classes: int, extra: Sequence[str], defences: Sequence[str], extras: Extras, more: MoreSizes,
+             access: ExplainAccess | None) -> tuple[list[Part], list[str]]:
+    """The whole plan: :func:`make_plan`'s parts (the ladder, the attacks, the data-free attacker), then the
+    explanation parts (room for them is kept from the data-free part, whose budget is what is left), then the
+    repeats at other seeds in what the plan still leaves under ``max_queries``."""
+    kwargs: dict[str, Any] = {"num_classes": num_classes, "extra": extra, "defences": defences}
+    base, _ = make_plan(answers, attackers, ladder, max_queries, extras=dataclasses.replace(extras, datafree_budget=0),
+                        **kwargs)
+    explain, explain_notes = plan_explanations(access, more, max_queries - sum(p.budget for p in base))
+    parts, notes = make_plan(answers, attackers, ladder, max_queries, extras=extras,
+                             reserve=sum(p.budget for p in explain), **kwargs)
+    parts += explain
+    repeats, seed_notes = plan_seeds(parts, more.seeds, max_queries, attacker=next(iter(attackers)))
+    return parts + repeats, [*notes, *explain_notes, *seed_notes]
+
+
+def run_explanation_part(part: Part, out: Path, *, victim: str, key: str | None, top_k: int, dataset: str | None,
+                         data_dir: str | None, device: str, seed: int, extra: Sequence[str]) -> dict[str, Any]:
+    """``stealkit extract gradient-matching --budget <top rung> --checkpoints <ladder>`` run as the command itself
+    (figures read back from its summary, queries its ledger's), or ``stealkit extract exact`` through the
+    command's own body (:func:`stealkit.commands.extract_exact.run_exact`) on a victim opened as the command opens
+    it, metered to the part's budget: a recovery that fails or runs out of budget is a result ("not recovered
+    within N"), its queries still the ledger's."""
+    common = [*(["--key", key] if key else []), *(["--dataset", dataset] if dataset else []),
+              *(["--data-dir", data_dir] if data_dir else [])]
+    if part.kind == "gradmatch":
+        from stealkit.commands.extract_gradmatch import gradmatch_cmd
+
+        args = ["--victim", victim, "--budget", str(max(part.ladder)), "--checkpoints",
+                ",".join(map(str, part.ladder)), "--seed", str(seed), "--out", str(out), "--device", device, *common]
+        with _quiet():
+            gradmatch_cmd.main(args=args, prog_name="stealkit extract gradient-matching", standalone_mode=False)
+        summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+        queries = {k: int(v) for k, v in summary["queries"].items()}
+        victim_accuracy = summary.get("victim_accuracy")
+        target = None if victim_accuracy is None else GRADMATCH_TARGET * victim_accuracy
+        reached = reach_point(summary.get("curve") or [], target)
+        return {"queries": queries, "total_queries": sum(queries.values()), "accuracy": summary["accuracy"],
+                "fidelity": summary.get("fidelity"), "victim_accuracy": victim_accuracy, "served_accuracy": None,
+                "command": "stealkit extract gradient-matching " + " ".join(args), "curve": summary["curve"],
+                "target_accuracy": target, "reached": reached}
+    from stealkit.commands.extract_exact import run_exact
+    from stealkit.errors import BudgetExhausted
+    from stealkit.extract.common import open_victim
+    from stealkit.extract.explanations.exact_access import RecoveryFailure
+
+    v = open_victim(victim, mode="logits", budget=part.budget, key=key, explain=True, dataset=dataset, device=device,
+                    seed=seed)
+    failure = None
+    try:
+        with _quiet():
+            run_exact(v, victim=victim, variant="gradient", hidden=part.n, budget=part.budget, data_dir=data_dir,
+                      seed=seed, out=str(out), device=device)
+    except (BudgetExhausted, RecoveryFailure) as exc:
+        failure = str(exc).splitlines()[0]
+    finally:
+        _close(v)
+    queries = v.oracle.ledger.as_dict()
+    summary = {} if failure else json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    return {"queries": queries, "total_queries": sum(queries.values()), "accuracy": summary.get("accuracy"),
+            "fidelity": summary.get("fidelity"), "victim_accuracy": summary.get("victim_accuracy"),
+            "served_accuracy": None, "command": f"stealkit extract exact --hidden {part.n} --budget {part.budget}",
+            "recovered": failure is None, "failure": failure, "hidden_found": summary.get("hidden_found"),
+            "max_relative_error_test": summary.get("max_relative_error_test")}
+
+
+def reach_point(curve: Sequence[dict[str, Any]], target: float | None) -> dict[str, Any] | None:
+    """The first point of a gradient-matching curve (in queries) whose reconstruction's test accuracy reached
+    ``target`` (0.95x the victim's), or ``None``; its ``queries`` are the ledger's (answers and explanations)."""
+    if target is None:
+        return None
+    for p in sorted(curve, key=lambda p: p["queries"]):
+        if p.get("accuracy") is not None and p["accuracy"] >= target - TOLERANCE:
+            return dict(p)
+    return None
+
+
+def explanation_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per explanation attack: what it aims at, the queries (the ledger's) that reached it or "not
+    reached within N", and the copy's accuracy and fidelity there."""
+    rows = []
+    for r in results:
+        kind = r["part"].get("kind")
+        if kind == "gradmatch":
+            hit, target = r.get("reached"), r.get("target_accuracy")
+            at = hit or max(r.get("curve") or [{}], key=lambda p: p.get("queries", 0))  # else the top rung
+            rows.append({"attack": "gradient matching (probabilities + gradients)",
+                         "target": "–" if target is None else f"0.95x victim accuracy ({target:.3f})",
+                         "queries to target": hit["queries"] if hit else
+                         ("not measured (no victim accuracy)" if target is None else
+                          f"not reached within {r['total_queries']:,}"),
+                         "answers": at.get("queries_predict"), "explanations": at.get("queries_explain"),
+                         "accuracy": at.get("accuracy"), "fidelity": at.get("fidelity"),
+                         "queries spent": r["total_queries"]})
+        elif kind == "exact":
+            q = r["queries"]
+            rows.append({"attack": f"exact recovery (two-layer ReLU, h = {r['part']['n']})",
+                         "target": "a functionally equivalent copy",
+                         "queries to target": r["total_queries"] if r.get("recovered") else
+                         f"not recovered within {r['part']['budget']:,}",
+                         "answers": q.get("predict", 0), "explanations": q.get("explain", 0),
+                         "accuracy": r.get("accuracy"), "fidelity": r.get("fidelity"),
+                         "queries spent": r["total_queries"]})
+    return rows
+
+
+def _median(values: Sequence[float]) -> float:
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def seed_spread(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Q90/Q95 over seeds, per answer kind, of the attacker with data like the victim's (the undefended ladder
+    at ``--seed`` and its repeats): every seed's value, the median and the range. A seed that did not reach
+    the level counts as more than its top rung: the median is "not reached" when it falls there."""
+    seeds: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    for r in results:
+        p = r["part"]
+        if p.get("kind", "extract") == "extract" and p["attacker"] == "like" and not p.get("defence"):
+            seeds.setdefault(p["answers"], {}).setdefault(int(p.get("seed_offset") or 0), []).append(r)
+    rows = []
+    for answers, by_seed in seeds.items():
+        if len(by_seed) < 2:
+            continue
+        row: dict[str, Any] = {"answers": answers, "attacker": "like", "seeds": len(by_seed)}
+        for t in THRESHOLDS:
+            level = f"Q{round(t * 100)}"
+            values, tops = [], []
+            for _, points in sorted(by_seed.items()):
+                q = q_at(points, t)
+                values.append(math.inf if q is None else q)
+                tops.append(max(p["total_queries"] for p in points))
+            top = max(tops)
+            reached = [v for v in values if v != math.inf]
+            med = _median(values)
+            row[f"{level} per seed"] = ", ".join("–" if v == math.inf else f"{int(v):,}" for v in values)
+            row[f"{level} median"] = (f"not reached within {top:,}" if med == math.inf else
+                                      int(med) if float(med).is_integer() else med)
+            lo, hi = (f"{int(min(reached)):,}", f"{int(max(reached)):,}") if reached else ("", "")
+            row[f"{level} range"] = (f"not reached within {top:,}" if not reached else
+                                     f"{lo} to not reached within {top:,}" if len(reached) < len(values) else
+                                     lo if lo == hi else f"{lo}-{hi}")
+        rows.append(row)
+    return rows
+
+
+def explanation_sentences(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The report's plain words on explanations."""
+    out = []
+    for r in rows:
+        q = r["queries to target"]
+        if r["attack"].startswith("gradient matching") and isinstance(q, int):
+            out.append(f"If your API also serves input-gradient explanations, gradient matching with data like yours "
+                       f"gets a copy with 0.95x your model's accuracy from {q:,} queries ({r['answers']:,} answers "
+                       f"and {r['explanations']:,} explanations).")
+        elif r["attack"].startswith("exact") and isinstance(q, int):
+            fid = "" if r["fidelity"] is None else f" (fidelity {100 * r['fidelity']:.1f} %)"
+            out.append(f"Your model is a two-layer ReLU network: from its gradients an attacker recovers a "
+                       f"functionally equivalent copy{fid} with {q:,} queries.")
+    return out
+
+
+def spread_sentences(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The report's plain words on the spread of Q90 over seeds (one sentence for all answer kinds)."""
+    words = {"label": "top-1 labels", "topk": "top-k answers", "probs": "probabilities"}
+    if not rows:
+        return []
+    parts = [f"{r['Q90 range']} with {words.get(r['answers'], r['answers'])}" for r in rows]
+    return [f"Repeated at {rows[0]['seeds']} seeds with data like yours, Q90 ranges {', '.join(parts)}."]
+
+
+def more_sections(summary: dict[str, Any]) -> list[Section]:
+    """The report's sections on explanations and on the spread of Q90/Q95 over seeds (when the audit has them)."""
+    from stealkit.report.html import Figure, Section
+    from stealkit.report.plots import line_plot
+
+    out = []
+    if summary.get("explanations"):
+        sec = Section("Explanations: gradient matching and exact recovery", paragraphs=[
+            "When the API serves explanations (input gradients), `stealkit extract gradient-matching` (Milli et al. "
+            "2019, Sec. 4: the gradient and membership losses) trains a copy on the answers and explanations of "
+            "the attacker's data, scored at each rung; the figure is the queries (one answer and one explanation "
+            "per input, from the ledger) to reach 0.95x the victim's test accuracy. `stealkit extract exact` "
+            "(Sec. 3, Algorithm 1) recovers a two-layer ReLU network from gradient queries."],
+            tables=[("", summary["explanations"])])
+        for r in summary.get("parts") or []:
+            if r["part"].get("kind") == "gradmatch" and r.get("curve"):
+                series = {"gradient matching, test accuracy": ([p["queries"] for p in r["curve"]],
+                                                              [p["accuracy"] for p in r["curve"]])}
+                hl = {"0.95x victim": r["target_accuracy"]} if r.get("target_accuracy") is not None else {}
+                sec.figures.append(Figure(line_plot(series, xlabel="victim queries: answers + explanations (ledger)",
+                                                    ylabel="test accuracy", logx=True, hlines=hl, ylim=(0, 1.02)),
+                                          "Gradient matching: the copy's test accuracy against queries"))
+        out.append(sec)
+    if summary.get("spread"):
+        out.append(Section("Q90 and Q95 over seeds", paragraphs=[
+            "The undefended ladder of the attacker with data like the victim's, repeated at other seeds where the "
+            "plan had room: each seed's Q90/Q95 (\"–\": not reached within its top rung), their median and range."],
+            tables=[("", summary["spread"])]))
+    return out
+
+
 def best_copy(results: Sequence[dict[str, Any]], parts_dir: Path) -> dict[str, Any] | None:
     """The stolen copy the attacks start from: the undefended extraction with the highest fidelity (the fewest
     queries on a tie); without fidelities (a remote victim), the largest budget of the richest answers."""
@@ -435,8 +833,10 @@ def q_at(points: Sequence[dict[str, Any]], threshold: float) -> int | None:
 
 
 def extractions(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The results that are a stolen copy (the extraction ladder and the data-free attacker)."""
-    return [r for r in results if r["part"].get("kind", "extract") in ("extract", "datafree")]
+    """The results that are a stolen copy (the extraction ladder and the data-free attacker; the repeats at other
+    seeds are the spread's, :func:`seed_spread`)."""
+    return [r for r in results if r["part"].get("kind", "extract") in ("extract", "datafree")
+            and not r["part"].get("seed_offset")]
 
 
 def enables(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -607,6 +1007,12 @@ def progress(result: dict[str, Any]) -> str:
     if kind == "decision":
         l2 = "–" if result.get("median_l2") is None else f"{result['median_l2']:.3f}"
         return f"median L2 {l2}, success {_pct(result['asr'])}"
+    if kind == "gradmatch":
+        hit = result.get("reached")
+        return (f"0.95x the victim's accuracy at {hit['queries']:,} queries" if hit else
+                "0.95x the victim's accuracy not reached") + f", accuracy {_pct(result['accuracy'])}"
+    if kind == "exact" and not result.get("recovered"):
+        return f"not recovered ({result.get('failure')})"
     return f"fidelity {_pct(result['fidelity'])}, accuracy {_pct(result['accuracy'])}"
 
 
@@ -748,6 +1154,7 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
     table = [{"part": r["id"], "queries": r["total_queries"], "fidelity": r.get("fidelity"),
               "accuracy": r.get("accuracy"), "served accuracy": r.get("served_accuracy"),
               "recipe": r.get("preset_resolved") or r.get("command"), "seconds": r["elapsed_s"]} for r in results]
+    out += more_sections(summary)
     out.append(Section("Parts", tables=[("", table)]))
     return out
 
@@ -785,6 +1192,17 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
 @click.option("--datafree-budget", type=int, default=None,
               help=f"Cap on the data-free attacker's queries; it gets what the plan leaves, up to this (default "
                    f"{DEFAULT_EXTRAS[3]:,}, --quick {QUICK_EXTRAS[3]:,}; 0 leaves it out).")
+@click.option("--gradmatch-budgets", default=None,
+              help="Gradient matching's ladder of inputs queried, each one answer and one explanation (default "
+                   f"{','.join(map(str, GRADMATCH_LADDER))}, --quick {','.join(map(str, QUICK_GRADMATCH_LADDER))}; "
+                   "0 leaves it out); a victim that serves explanations only.")
+@click.option("--exact-budget", type=int, default=None,
+              help=f"Cap on exact recovery's queries ({EXACT_QUERIES_PER_UNIT} per hidden unit up to this; default "
+                   f"{EXACT_BUDGET:,}; 0 leaves it out); a two-layer ReLU (mlp2) victim that serves explanations only.")
+@click.option("--seeds", type=int, default=None,
+              help=f"Seeds in all of the spread of Q90/Q95 (the ladder of the attacker with data like the victim's "
+                   f"repeated at --seed+1, ... where the plan has room; default {SEEDS}, --quick {QUICK_SEEDS}; 1: "
+                   "no spread).")
 @click.option("--plan", "plan_only", is_flag=True, help="Print the plan and stop (no query).")
 @click.option("--quick", is_flag=True, help=f"A small ladder ({','.join(map(str, QUICK_LADDER))}).")
 @click.option("--recipe", "recipe", multiple=True, metavar="ARG",
@@ -801,18 +1219,22 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
 def audit_cmd(victim: str, key: str | None, answers: str, top_k: int, pool: str, unrelated: str,
               defences: tuple[str, ...], fail_if: tuple[str, ...], budgets: str | None, max_queries: int,
               transfer_images: int | None, decision_images: int | None, decision_queries: int | None,
-              datafree_budget: int | None, plan_only: bool, quick: bool, recipe: tuple[str, ...],
+              datafree_budget: int | None, gradmatch_budgets: str | None, exact_budget: int | None,
+              seeds: int | None, plan_only: bool, quick: bool, recipe: tuple[str, ...],
               dataset: str | None, data_dir: str | None, seed: int, out: str, jobs: int | None,
               device: str) -> None:
     """Audit a victim's exposure to model extraction: the default surrogate recipe at a ladder of budgets, per
-    answer kind and attacker, and a data-free attacker; fidelity against queries and Q90/Q95; what the stolen
-    copy enables (transfer PGD, HopSkipJump with and without it); one report. Prints the plan first."""
+    answer kind and attacker, and a data-free attacker; fidelity against queries and Q90/Q95 (with their spread
+    over seeds where the plan has room); what the stolen copy enables (transfer PGD, HopSkipJump with and without
+    it); explanations (gradient matching, exact recovery of a two-layer ReLU victim) when the victim serves them;
+    one report. Prints the plan first."""
     sizes = {"transfer_images": transfer_images, "decision_images": decision_images,
              "decision_queries": decision_queries, "datafree_budget": datafree_budget}
     failed = run_audit_command(victim=victim, key=key, answers=answers, top_k=top_k, pool=pool,
                                unrelated=unrelated, defences=defences, fail_if=fail_if, budgets=budgets,
                                max_queries=max_queries, plan_only=plan_only, quick=quick, recipe=recipe,
                                dataset=dataset, data_dir=data_dir, seed=seed, out=out, device=device,
+                               gradmatch_budgets=gradmatch_budgets, exact_budget=exact_budget, seeds=seeds,
                                jobs=jobs or (os.cpu_count() or 1 if device == "cpu" else 1),
                                **{k: v for k, v in sizes.items() if v is not None})
     for line in failed:
@@ -827,10 +1249,12 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
                       max_queries: int = DEFAULT_MAX_QUERIES, plan_only: bool = False, quick: bool = False,
                       recipe: Sequence[str] = (), dataset: str | None = None, data_dir: str | None = None,
                       seed: int = 0, out: str, device: str = "cpu", on_part: PartHook | None = None,
-                      jobs: int = 1, **sizes: int) -> list[str]:
+                      gradmatch_budgets: str | None = None, exact_budget: int | None = None,
+                      seeds: int | None = None, jobs: int = 1, **sizes: int) -> list[str]:
     """The command's body (``on_part``: a hook called after each part, e.g. to stop a test's audit; ``sizes``:
-    fields of :class:`Extras` over the default, or ``--quick``, ones); returns the ``--fail-if`` gates the
-    audit failed, one line each."""
+    fields of :class:`Extras` over the default, or ``--quick``, ones; ``gradmatch_budgets``, ``exact_budget``,
+    ``seeds``: :class:`MoreSizes` over the default ones); returns the ``--fail-if`` gates the audit failed, one
+    line each."""
     from stealkit.commands.extract_surrogate import command_params
     from stealkit.rundir import RunDir
 
@@ -867,8 +1291,11 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
     if is_url(victim):
         _check_answers(victim, key, dataset, kinds, top_k)
     attackers = {"like": pool, "unrelated": unrelated}
-    parts, notes = make_plan(kinds, attackers, ladder, max_queries, num_classes=num_classes, extra=extra,
-                             defences=list(dict.fromkeys(defences)), extras=extras)
+    more = more_sizes(quick, gradmatch_budgets, exact_budget, seeds)
+    parts, notes = plan_all(kinds, attackers, ladder, max_queries, num_classes=num_classes, extra=extra,
+                            defences=list(dict.fromkeys(defences)), extras=extras, more=more,
+                            access=explanation_access(victim, key, dataset)
+                            if more.gradmatch or more.exact_budget else None)
     run = RunDir(out)
     config = {"victim": victim, "answers": list(kinds), "top_k": top_k, "attackers": attackers,
               "defences": list(dict.fromkeys(defences)),
@@ -888,6 +1315,9 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
                         key=key, top_k=top_k, dataset=dataset, data_dir=data_dir, device=device, seed=seed,
                         extra=extra)
     summary = summarise(parts, results, max_queries, notes)
+    summary["explanations"] = explanation_rows(results)
+    summary["spread"] = seed_spread(results)
+    summary["sentences"] += spread_sentences(summary["spread"]) + explanation_sentences(summary["explanations"])
     if usage_path.exists():
         summary["reconciliation"] = reconcile_audit(json.loads(usage_path.read_text(encoding="utf-8")),
                                                     server_count(victim, key), results,
@@ -897,9 +1327,10 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
 
     write_report(run)
     click.echo(format_table(summary["headline"]))
-    if summary["enables"]:
-        click.echo("")
-        click.echo(format_table(summary["enables"]))
+    for table in ("enables", "explanations", "spread"):
+        if summary[table]:
+            click.echo("")
+            click.echo(format_table(summary[table]))
     click.echo(f"queries {summary['queries']:,} of --max-queries {max_queries:,} (from the ledgers); "
                f"report: {run.report_path}")
     if summary.get("reconciliation"):

@@ -3,6 +3,7 @@ or one-query identification of a logistic victim (footnote 2)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -46,23 +47,34 @@ def exact_cmd(victim: str, key: str | None, variant: str, hidden: int | None, bu
               lines: int, anchors: int, epsilon: float | None, dataset: str | None, data_dir: str | None,
               settings: tuple[str, ...], seed: int, out: str, device: str) -> None:
     """Recover a functionally equivalent copy of a two-layer ReLU (or logistic) victim from explanations."""
+    from stealkit.extract.common import open_victim
+
+    v = open_victim(victim, mode="probs" if variant == "logistic" else "logits", budget=budget, key=key,
+                    explain=variant != "mq", dataset=dataset, device=device, seed=seed)
+    result = run_exact(v, victim=victim, variant=variant, hidden=hidden, budget=budget, search=search, lines=lines,
+                       anchors=anchors, epsilon=epsilon, data_dir=data_dir, settings=settings, seed=seed, out=out,
+                       device=device)
+    click.echo(f"accuracy {fmt.figure(result.accuracy)}, fidelity {fmt.figure(result.fidelity)}, "
+               f"queries {fmt.queries(result.queries)}; "
+               f"report: {Path(out) / 'report.html'}")
+
+
+def run_exact(v: Any, *, victim: str, variant: str, hidden: int | None, budget: int | None, search: str = "secant",
+              lines: int = 40, anchors: int = 500, epsilon: float | None = None, data_dir: str | None = None,
+              settings: tuple[str, ...] = (), seed: int = 0, out: str, device: str = "cpu") -> Any:
+    """The command's body after the victim ``v`` is opened (its oracle answering logits, or probabilities for
+    the logistic variant, with explanations): the recovery, its scores and the run directory ``out``. Returns
+    the :class:`~stealkit.extract.common.ExtractionResult`; a recovery that fails (or exhausts ``v``'s budget)
+    raises, and ``v.oracle.ledger`` still holds what it spent (``stealkit audit`` reads it)."""
     import torch
 
     from stealkit.errors import InputError
-    from stealkit.extract.common import (
-        ExtractionResult,
-        make_evaluator,
-        open_victim,
-        save_extraction,
-        victim_splits,
-    )
+    from stealkit.extract.common import ExtractionResult, make_evaluator, save_extraction, victim_splits
     from stealkit.extract.explanations.exact import relative_error
     from stealkit.extract.registry import METHODS
     from stealkit.rundir import RunDir
     from stealkit.settings import apply_settings
 
-    v = open_victim(victim, mode="probs" if variant == "logistic" else "logits", budget=budget, key=key,
-                    explain=variant != "mq", dataset=dataset, device=device, seed=seed)
     splits = victim_splits(v, data_dir)
     if variant != "logistic" and hidden is None:
         hidden = _spec_hidden(v.spec)
@@ -78,6 +90,7 @@ def exact_cmd(victim: str, key: str | None, variant: str, hidden: int | None, bu
         ident = method.run(v.oracle)
         student, arch, kwargs = ident.model, "logistic", {}
     else:
+        assert hidden is not None
         config = method.config(search=search, lines=lines, epsilon=epsilon, seed=seed)  # type: ignore[misc]
         config = apply_settings(config, parse_kv(settings), who="exact")
         cfg.update(hidden=hidden, exact=config)
@@ -96,9 +109,7 @@ def exact_cmd(victim: str, key: str | None, variant: str, hidden: int | None, bu
                               accuracy=scores["accuracy"], fidelity=scores.get("fidelity"),
                               victim_accuracy=evaluator.victim_accuracy, extra=extra)
     save_extraction(run, result, v, student_arch=arch, student_kwargs=kwargs, seed=seed, config=cfg)
-    click.echo(f"accuracy {fmt.figure(result.accuracy)}, fidelity {fmt.figure(result.fidelity)}, "
-               f"queries {fmt.queries(result.queries)}; "
-               f"report: {run.report_path}")
+    return result
 
 
 def _spec_hidden(spec: Any) -> int | None:
