@@ -17,9 +17,9 @@ VICTIM = "standard:digits-conv2"
 #: a tiny recipe: an 8-unit MLP student, one epoch, no minimum of steps
 TINY = ["--recipe=--student=mlp2", "--recipe=--student-arg=hidden=8", "--recipe=--epochs=1",
         "--recipe=--set=min_steps=0"]
-#: the extraction ladder only: no transfer, decision or data-free part
-NO_EXTRAS = ["--transfer-images", "0", "--decision-images", "0", "--datafree-budget", "0"]
-NO_EXTRAS_KW = {"transfer_images": 0, "decision_images": 0, "datafree_budget": 0}
+#: the extraction ladder only: no transfer, decision or data-free part, no default defence cells
+NO_EXTRAS = ["--transfer-images", "0", "--decision-images", "0", "--datafree-budget", "0", "--defence", "none"]
+NO_EXTRAS_KW = {"transfer_images": 0, "decision_images": 0, "datafree_budget": 0, "defences": ["none"]}
 ARGS = ["audit", "--victim", VICTIM, "--answers", "label,probs", "--budgets", "20,40", *TINY, *NO_EXTRAS]
 
 

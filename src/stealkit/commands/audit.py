@@ -149,20 +149,27 @@ def estimate_seconds(budget: int, answers: str, num_classes: int, extra: Sequenc
 
 def make_plan(answers: Sequence[str], attackers: dict[str, str], ladder: Sequence[int], max_queries: int, *,
               num_classes: int, extra: Sequence[str], defences: Sequence[str] = (),
-              extras: Extras = Extras()) -> tuple[list[Part], list[str]]:
+              extras: Extras = Extras(), short_defences: Sequence[str] = ()) -> tuple[list[Part], list[str]]:
     """The parts, in the order they run, and notes.
 
     The extraction ladder first (cheapest rung of every cell first, so a stopped audit has a whole first row; a
     cell is an answer kind and an attacker, or a defence: probabilities through it, the attacker with data like
     the victim's), then the transfer attack and the decision attack without and with the stolen copy, then the
     data-free attacker. To fit ``max_queries``, rungs are dropped from the top of the ladder (down to one), then
-    the decision and the transfer parts; the data-free part gets what is left, up to its cap."""
+    the decision and the transfer parts; the data-free part gets what is left, up to its cap.
+    ``short_defences`` (the default defence set) are defence cells on the ladder below its top rung
+    (:func:`~stealkit.commands.audit_defences.defence_rungs`)."""
+    from stealkit.commands.audit_defences import defence_rungs
+
     rungs = sorted(set(ladder))
     notes = []
     like = next(iter(attackers.items()))
     cell_list = [(a, name, pool, "") for a in answers for name, pool in attackers.items()]
-    cell_list += [("probs", like[0], like[1], d) for d in defences]
+    cell_list += [("probs", like[0], like[1], d) for d in [*defences, *short_defences]]
     cells = len(cell_list)
+
+    def cell_rungs(defence: str) -> list[int]:
+        return defence_rungs(rungs) if defence in short_defences else rungs
     attacks: list[Part] = []
     if extras.transfer_images:
         n = extras.transfer_images
@@ -176,7 +183,7 @@ def make_plan(answers: Sequence[str], attackers: dict[str, str], ladder: Sequenc
                                 per_image=q, substitute=sub))
 
     def spend() -> int:
-        return cells * sum(rungs) + sum(p.budget for p in attacks)
+        return sum(sum(cell_rungs(c[3])) for c in cell_list) + sum(p.budget for p in attacks)
 
     while len(rungs) > 1 and spend() > max_queries:
         notes.append(f"rung {rungs[-1]:,} dropped: the plan would spend {spend():,} queries, more than "
@@ -192,7 +199,11 @@ def make_plan(answers: Sequence[str], attackers: dict[str, str], ladder: Sequenc
                          f"({min(ladder):,} queries) for {cells} cells needs {cells * min(ladder):,}; raise "
                          "--max-queries or lower --budgets")
     parts = [Part(a, name, pool, b, round(estimate_seconds(b, a, num_classes, extra), 1), d)
-             for b in rungs for a, name, pool, d in cell_list]
+             for b in rungs for a, name, pool, d in cell_list if b in cell_rungs(d)]
+    if short_defences and defence_rungs(rungs) != rungs:
+        notes.append(f"the default defences ({', '.join(short_defences)}) run on the ladder below its top rung "
+                     f"({', '.join(f'{b:,}' for b in defence_rungs(rungs))}), to keep the audit's time: a Q90 "
+                     "above it reads 'not reached'")
     parts += attacks
     if extras.datafree_budget:
         budget = min(extras.datafree_budget, max_queries - spend())
@@ -488,7 +499,12 @@ def run_audit(parts: Sequence[Part], run: RunDir, *, on_part: PartHook | None = 
             results.append(done[part.id])
             continue
         copy = best_copy(results, parts_dir) if part.kind in ("transfer", "decision") else None
-        result = run_part(part, parts_dir=parts_dir, copy=copy, **kwargs)
+        from stealkit.commands.audit_defences import PradaObserver
+        from stealkit.oracle.observe import observing
+
+        with observing(PradaObserver()) as watch:  # PRADA on the part's own queries, in order: none re-sent
+            result = run_part(part, parts_dir=parts_dir, copy=copy, **kwargs)
+        result["prada"] = watch.as_dict()
         atomic_write_json(parts_dir / f"{part.id}.json", result)
         run.append_record(result)
         echo(f"[{i}/{len(parts)}] {part.id}: {progress(result)}, {result['total_queries']:,} queries, "
@@ -635,9 +651,13 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
             "same test images at the same per-image budget, without a substitute and with the stolen copy as its "
             "substitute (its start and gradient prior); median L2 over the successful images."],
             tables=[("", summary["enables"])]))
+    from stealkit.commands.audit_defences import flagged_text, serving_sections
+
     table = [{"part": r["id"], "queries": r["total_queries"], "fidelity": r.get("fidelity"),
               "accuracy": r.get("accuracy"), "served accuracy": r.get("served_accuracy"),
+              "PRADA flagged at": flagged_text(r.get("prada")),
               "recipe": r.get("preset_resolved") or r.get("command"), "seconds": r["elapsed_s"]} for r in results]
+    out += serving_sections(summary)
     out.append(Section("Parts", tables=[("", table)]))
     return out
 
@@ -656,7 +676,8 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
 @click.option("--defence", "defences", multiple=True, metavar="SPEC",
               help="Also audit probabilities served through this output defence, side by side (repeat; the specs "
                    "of stealkit defences --defence and of a serve key's defences, e.g. round:decimals=1, topk:k=1, label, noise:sigma=0.05; a local "
-                   "victim only).")
+                   "victim only). Without it a local victim's probabilities are audited through round:decimals=2 "
+                   "and noise:sigma=0.05 (on the ladder below its top rung); --defence none turns them off.")
 @click.option("--fail-if", "fail_if", multiple=True, metavar="q90<N",
               help="Exit 1 when an attacker with data like the victim's reaches 90 % (q90) or 95 % (q95) fidelity "
                    "with fewer than N queries (repeat; label:q90<N checks one answer kind): a deployment gate.")
@@ -732,9 +753,11 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
         if bad in extra:
             raise InputError(f"--recipe {bad} is the audit's to set")
     command_params(*recipe_args(1, "label", "pool", seed, extra))  # refuse a bad recipe argument before any work
+    from stealkit.commands.audit_defences import resolve_defences
     from stealkit.extract.common import is_url
     from stealkit.serve.defences import parse_defence
 
+    defences, default_defences = resolve_defences(defences, remote=is_url(victim), answers=kinds)
     for spec in defences:
         parse_defence(spec)  # refuse a bad spec before any work
     if defences and is_url(victim):
@@ -753,10 +776,11 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
         _check_answers(victim, key, dataset, kinds, top_k)
     attackers = {"like": pool, "unrelated": unrelated}
     parts, notes = make_plan(kinds, attackers, ladder, max_queries, num_classes=num_classes, extra=extra,
-                             defences=list(dict.fromkeys(defences)), extras=extras)
+                             defences=list(dict.fromkeys(defences)), extras=extras,
+                             short_defences=default_defences)
     run = RunDir(out)
     config = {"victim": victim, "answers": list(kinds), "top_k": top_k, "attackers": attackers,
-              "defences": list(dict.fromkeys(defences)),
+              "defences": list(dict.fromkeys(defences)), "default_defences": default_defences,
               "ladder": sorted({p.budget for p in parts}), "max_queries": max_queries, "recipe": extra,
               "dataset": dataset, "parts": [p.id for p in parts]}
     done = _check_resume(run, config, seed)
@@ -776,6 +800,11 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
     results = run_audit(parts, run, on_part=on_part, echo=lambda s: click.echo(s, err=True), victim=victim, key=key,
                         top_k=top_k, dataset=dataset, data_dir=data_dir, device=device, seed=seed, extra=extra)
     summary = summarise(parts, results, max_queries, notes)
+    from stealkit.commands.audit_defences import add_serving, serving_costs
+
+    add_serving(summary, serving_costs(victim=victim, answers=kinds, top_k=top_k,
+                                       defences=[*defences, *default_defences], dataset=dataset,
+                                       data_dir=data_dir, device=device), top_k)
     if usage_path.exists():
         spent: dict[str, int] = {}
         for r in results:
@@ -791,6 +820,9 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
     if summary["enables"]:
         click.echo("")
         click.echo(format_table(summary["enables"]))
+    if summary.get("serving"):
+        click.echo("")
+        click.echo(format_table(summary["serving"]))
     click.echo(f"queries {summary['queries']:,} of --max-queries {max_queries:,} (from the ledgers); "
                f"report: {run.report_path}")
     rec = summary.get("reconciliation")
