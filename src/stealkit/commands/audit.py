@@ -293,7 +293,7 @@ def run_extract_part(part: Part, out: Path, *, victim: str, key: str | None, top
     if part.defence and v.model is not None:  # the honest users' cost: top-1 accuracy of what is served (no query)
         from stealkit.studies.defences import served_accuracy
 
-        served = served_accuracy(v.model, worn[0], splits.test.x, splits.test.y)
+        served = served_accuracy(v.model, parse_defence(part.defence), splits.test.x, splits.test.y)  # fresh noise
     return {"queries": queries, "total_queries": sum(queries.values()), "accuracy": result.accuracy,
             "fidelity": result.fidelity, "victim_accuracy": result.victim_accuracy, "served_accuracy": served,
             "preset_resolved": resolved}
