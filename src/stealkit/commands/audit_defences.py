@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 DEFAULT_DEFENCES = ("round:decimals=2", "noise:sigma=0.05")
 #: ``--defence none``: no default defence cells
 OFF = "none"
-WORDS = {"label": "top-1 label", "topk": "top-{k} probabilities", "probs": "probabilities"}
+WORDS = {"label": "top-1 label", "topk": "top-k probabilities (k={k})", "probs": "probabilities"}
 
 
 def defence_rungs(rungs: Sequence[int]) -> list[int]:
@@ -166,24 +166,27 @@ def prada_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def serving_words(table: Sequence[dict[str, Any]], prada: Sequence[dict[str, Any]]) -> list[str]:
     """The report's opening sentences on calibration and PRADA."""
     out = []
-    probs = next((r for r in table if r["serving"] == "probabilities"), None)
-    label = next((r for r in table if r["serving"] == "top-1 label"), None)
-    if probs and probs.get("ECE") is not None:
-        text = (f"What you serve is calibrated to an expected calibration error of {probs['ECE']:.3f} with "
-                "probabilities")
-        if label and label.get("ECE") is not None:
-            text += f" and {label['ECE']:.3f} with top-1 labels alone (a bare label claims certainty)"
-        out.append(text + ".")
+    measured = [r for r in table if r.get("ECE") is not None]
+    if measured:
+        def what(r: dict[str, Any]) -> str:
+            name = r["serving"]
+            if name.startswith("probabilities through "):
+                return "through " + name.removeprefix("probabilities through ")
+            return "with " + name + (" alone (a bare label claims certainty)" if name == "top-1 label" else "")
+
+        out.append("Calibration of what you serve (expected calibration error on your test split, lower is "
+                   "better): " + ", ".join(f"{r['ECE']:.3f} {what(r)}" for r in measured) + ".")
     if prada:
-        flagged = [r for r in prada if isinstance(r["PRADA flagged at"], int)]
+        flagged = sorted((r for r in prada if isinstance(r["PRADA flagged at"], int)),
+                         key=lambda r: r["PRADA flagged at"])
         free = [r for r in prada if not isinstance(r["PRADA flagged at"], int)]
         text = f"PRADA (its default settings) flags {len(flagged)} of the {len(prada)} attacks the audit ran"
         if flagged:
-            first = min(flagged, key=lambda r: r["PRADA flagged at"])
-            text += f", the earliest ({first['attack']}) after {first['PRADA flagged at']:,} queries"
+            text += ": " + "; ".join(f"{r['attack']} after {r['PRADA flagged at']:,} queries" for r in flagged[:3])
+            text += f" and {len(flagged) - 3} more" if len(flagged) > 3 else ""
         if free:
-            text += f"; it never flags {', '.join(r['attack'] for r in free[:3])}" + (
-                f" and {len(free) - 3} more" if len(free) > 3 else "")
+            text += (f"; the other {len(free)} pass unflagged, the longest over "
+                     f"{max(r['queries'] for r in free):,} queries")
         out.append(text + ".")
     return out
 
