@@ -505,6 +505,8 @@ def run_audit(parts: Sequence[Part], run: RunDir, *, on_part: PartHook | None = 
         with observing(PradaObserver()) as watch:  # PRADA on the part's own queries, in order: none re-sent
             result = run_part(part, parts_dir=parts_dir, copy=copy, **kwargs)
         result["prada"] = watch.as_dict()
+        if result.get("resumed"):
+            result["prada"]["note"] = "resumed from its checkpoint: PRADA saw the queries after it only"
         atomic_write_json(parts_dir / f"{part.id}.json", result)
         run.append_record(result)
         echo(f"[{i}/{len(parts)}] {part.id}: {progress(result)}, {result['total_queries']:,} queries, "
