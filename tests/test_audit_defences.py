@@ -136,10 +136,10 @@ def test_default_defences_in_the_plan(tmp_path: Path, capsys: pytest.CaptureFixt
             "--decision-images", "0", "--datafree-budget", "0", "--plan"]
     assert main([*base, "--answers", "label,probs", "--out", str(tmp_path / "a")]) == 0
     text = capsys.readouterr().out
-    # the default defences: probability cells of the attacker with data like the victim's, below the top rung
+    # the default defences: probability cells of the attacker with data like the victim's, lowest and middle rungs
     for spec in ("round_decimals_2", "noise_sigma_0.05"):
         assert f"extract-probs+{spec}-like-40 " in text and f"extract-probs+{spec}-like-60" not in text
-    assert f"{4 * 120 + 2 * 60:,}" in text and "ladder below its top rung (20, 40)" in text
+    assert f"{4 * 120 + 2 * 60:,}" in text and "its lowest and its middle (20, 40)" in text
     # --defence none: none; --defence SPEC: that one on the whole ladder; label answers only: none
     assert main([*base, "--answers", "label,probs", "--defence", "none", "--out", str(tmp_path / "b")]) == 0
     assert "+" not in capsys.readouterr().out.split("total")[0]
@@ -152,6 +152,7 @@ def test_default_defences_in_the_plan(tmp_path: Path, capsys: pytest.CaptureFixt
     assert resolve_defences([], remote=False, answers=["probs"]) == ([], list(DEFAULT_DEFENCES))
     assert resolve_defences(["none", "label"], remote=False, answers=["probs"]) == (["label"], [])
     assert defence_rungs([50, 100, 200]) == [50, 100] and defence_rungs([20, 40]) == [20, 40]
+    assert defence_rungs([250, 500, 1000, 2000, 4000]) == [250, 1000]
 
 
 def test_serving_table_and_prada_from_the_parts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -157,7 +157,7 @@ def make_plan(answers: Sequence[str], attackers: dict[str, str], ladder: Sequenc
     the victim's), then the transfer attack and the decision attack without and with the stolen copy, then the
     data-free attacker. To fit ``max_queries``, rungs are dropped from the top of the ladder (down to one), then
     the decision and the transfer parts; the data-free part gets what is left, up to its cap.
-    ``short_defences`` (the default defence set) are defence cells on the ladder below its top rung
+    ``short_defences`` (the default defence set) are defence cells on two rungs of the ladder
     (:func:`~stealkit.commands.audit_defences.defence_rungs`)."""
     from stealkit.commands.audit_defences import defence_rungs
 
@@ -201,9 +201,9 @@ def make_plan(answers: Sequence[str], attackers: dict[str, str], ladder: Sequenc
     parts = [Part(a, name, pool, b, round(estimate_seconds(b, a, num_classes, extra), 1), d)
              for b in rungs for a, name, pool, d in cell_list if b in cell_rungs(d)]
     if short_defences and defence_rungs(rungs) != rungs:
-        notes.append(f"the default defences ({', '.join(short_defences)}) run on the ladder below its top rung "
-                     f"({', '.join(f'{b:,}' for b in defence_rungs(rungs))}), to keep the audit's time: a Q90 "
-                     "above it reads 'not reached'")
+        notes.append(f"the default defences ({', '.join(short_defences)}) run on two rungs of the ladder, its "
+                     f"lowest and its middle ({', '.join(f'{b:,}' for b in defence_rungs(rungs))}): probability "
+                     "parts are the audit's slowest; a Q90 above the higher reads 'not reached'")
     parts += attacks
     if extras.datafree_budget:
         budget = min(extras.datafree_budget, max_queries - spend())
@@ -679,7 +679,7 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
               help="Also audit probabilities served through this output defence, side by side (repeat; the specs "
                    "of stealkit defences --defence and of a serve key's defences, e.g. round:decimals=1, topk:k=1, label, noise:sigma=0.05; a local "
                    "victim only). Without it a local victim's probabilities are audited through round:decimals=2 "
-                   "and noise:sigma=0.05 (on the ladder below its top rung); --defence none turns them off.")
+                   "and noise:sigma=0.05 (on the lowest and middle rungs); --defence none turns them off.")
 @click.option("--fail-if", "fail_if", multiple=True, metavar="q90<N",
               help="Exit 1 when an attacker with data like the victim's reaches 90 % (q90) or 95 % (q95) fidelity "
                    "with fewer than N queries (repeat; label:q90<N checks one answer kind): a deployment gate.")
