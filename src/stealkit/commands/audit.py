@@ -170,6 +170,7 @@ def make_plan(answers: Sequence[str], attackers: dict[str, str], ladder: Sequenc
 
     def cell_rungs(defence: str) -> list[int]:
         return defence_rungs(rungs) if defence in short_defences else rungs
+
     attacks: list[Part] = []
     if extras.transfer_images:
         n = extras.transfer_images
