@@ -17,11 +17,14 @@ VICTIM = "standard:digits-conv2"
 #: a tiny recipe: an 8-unit MLP student, one epoch, no minimum of steps
 TINY = ["--recipe=--student=mlp2", "--recipe=--student-arg=hidden=8", "--recipe=--epochs=1",
         "--recipe=--set=min_steps=0"]
-#: the extraction ladder only: no transfer, decision, data-free or explanation part, one seed
+#: the extraction ladder only: no transfer, decision, data-free or explanation part, one seed, no default defence
+#: cells
 NO_MORE = ["--gradmatch-budgets", "0", "--exact-budget", "0", "--seeds", "1"]
 NO_MORE_KW: dict[str, Any] = {"gradmatch_budgets": "0", "exact_budget": 0, "seeds": 1}
-NO_EXTRAS = ["--transfer-images", "0", "--decision-images", "0", "--datafree-budget", "0", *NO_MORE]
-NO_EXTRAS_KW: dict[str, Any] = {"transfer_images": 0, "decision_images": 0, "datafree_budget": 0, **NO_MORE_KW}
+NO_EXTRAS = ["--transfer-images", "0", "--decision-images", "0", "--datafree-budget", "0", "--defence", "none",
+             *NO_MORE]
+NO_EXTRAS_KW: dict[str, Any] = {"transfer_images": 0, "decision_images": 0, "datafree_budget": 0,
+                                "defences": ["none"], **NO_MORE_KW}
 ARGS = ["audit", "--victim", VICTIM, "--answers", "label,probs", "--budgets", "20,40", *TINY, *NO_EXTRAS]
 
 

@@ -50,6 +50,25 @@ def agreement(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.long().cpu() == b.long().cpu()).float().mean())
 
 
+#: equal-width bins of :func:`expected_calibration_error` (Guo et al. 2017's choice)
+ECE_BINS = 15
+
+
+def expected_calibration_error(confidence: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS) -> float:
+    """Expected calibration error (Guo, Pleiss, Sun, Weinberger, "On calibration of modern neural networks",
+    ICML 2017, Sec. 2, Eq. 3): ``sum_b |B_b| / n * |acc(B_b) - conf(B_b)|`` over ``bins`` equal-width bins of
+    the confidence, bin ``b`` holding confidences in ``(b / bins, (b + 1) / bins]`` (the first also holds 0).
+    ``confidence [n]``: the confidence served with each top-1 answer; ``correct [n]``: whether that answer is
+    right."""
+    conf = confidence.detach().double().reshape(-1).cpu()
+    ok = correct.detach().double().reshape(-1).cpu()
+    if conf.numel() != ok.numel() or conf.numel() == 0:
+        raise ValueError(f"confidence and correct need the same non-zero length, got {conf.numel()} and {ok.numel()}")
+    idx = (torch.ceil(conf * bins) - 1).clamp(0, bins - 1).long()
+    gap = torch.zeros(bins, dtype=torch.float64).index_add_(0, idx, ok - conf)
+    return float(gap.abs().sum() / conf.numel())
+
+
 class Evaluator:
     """Scores a student on the test split: accuracy against the truth, fidelity against the victim.
 

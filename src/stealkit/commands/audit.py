@@ -188,7 +188,8 @@ def estimate_seconds(budget: int, answers: str, num_classes: int, extra: Sequenc
 
 def make_plan(answers: Sequence[str], attackers: dict[str, str], ladder: Sequence[int], max_queries: int, *,
               num_classes: int, extra: Sequence[str], defences: Sequence[str] = (),
-              extras: Extras = Extras(), reserve: int = 0) -> tuple[list[Part], list[str]]:
+              extras: Extras = Extras(), reserve: int = 0,
+              short_defences: Sequence[str] = ()) -> tuple[list[Part], list[str]]:
     """The parts, in the order they run, and notes.
 
     The extraction ladder first (cheapest rung of every cell first, so a stopped audit has a whole first row; a
@@ -196,13 +197,20 @@ def make_plan(answers: Sequence[str], attackers: dict[str, str], ladder: Sequenc
     the victim's), then the transfer attack and the decision attack without and with the stolen copy, then the
     data-free attacker. To fit ``max_queries``, rungs are dropped from the top of the ladder (down to one), then
     the decision and the transfer parts; the data-free part gets what is left (less ``reserve``, the queries of
-    the explanation parts planned after it), up to its cap."""
+    the explanation parts planned after it), up to its cap. ``short_defences`` (the default defence set) are
+    defence cells on two rungs of the ladder (:func:`~stealkit.commands.audit_defences.defence_rungs`)."""
+    from stealkit.commands.audit_defences import defence_rungs
+
     rungs = sorted(set(ladder))
     notes = []
     like = next(iter(attackers.items()))
     cell_list = [(a, name, pool, "") for a in answers for name, pool in attackers.items()]
-    cell_list += [("probs", like[0], like[1], d) for d in defences]
+    cell_list += [("probs", like[0], like[1], d) for d in [*defences, *short_defences]]
     cells = len(cell_list)
+
+    def cell_rungs(defence: str) -> list[int]:
+        return defence_rungs(rungs) if defence in short_defences else rungs
+
     attacks: list[Part] = []
     if extras.transfer_images:
         n = extras.transfer_images
@@ -216,7 +224,7 @@ def make_plan(answers: Sequence[str], attackers: dict[str, str], ladder: Sequenc
                                 per_image=q, substitute=sub))
 
     def spend() -> int:
-        return cells * sum(rungs) + sum(p.budget for p in attacks)
+        return sum(sum(cell_rungs(c[3])) for c in cell_list) + sum(p.budget for p in attacks)
 
     while len(rungs) > 1 and spend() > max_queries:
         notes.append(f"rung {rungs[-1]:,} dropped: the plan would spend {spend():,} queries, more than "
@@ -232,7 +240,11 @@ def make_plan(answers: Sequence[str], attackers: dict[str, str], ladder: Sequenc
                          f"({min(ladder):,} queries) for {cells} cells needs {cells * min(ladder):,}; raise "
                          "--max-queries or lower --budgets")
     parts = [Part(a, name, pool, b, round(estimate_seconds(b, a, num_classes, extra), 1), d)
-             for b in rungs for a, name, pool, d in cell_list]
+             for b in rungs for a, name, pool, d in cell_list if b in cell_rungs(d)]
+    if short_defences and defence_rungs(rungs) != rungs:
+        notes.append(f"the default defences ({', '.join(short_defences)}) run on two rungs of the ladder, its "
+                     f"lowest and its middle ({', '.join(f'{b:,}' for b in defence_rungs(rungs))}): probability "
+                     "parts are the audit's slowest; a Q90 above the higher reads 'not reached'")
     parts += attacks
     if extras.datafree_budget:
         budget = min(extras.datafree_budget, max_queries - spend() - reserve)
@@ -327,7 +339,7 @@ def run_extract_part(part: Part, out: Path, *, victim: str, key: str | None, top
     if part.defence and v.model is not None:  # the honest users' cost: top-1 accuracy of what is served (no query)
         from stealkit.studies.defences import served_accuracy
 
-        served = served_accuracy(v.model, worn[0], splits.test.x, splits.test.y)
+        served = served_accuracy(v.model, parse_defence(part.defence), splits.test.x, splits.test.y)  # fresh noise
     return {"queries": queries, "total_queries": sum(queries.values()), "accuracy": result.accuracy,
             "fidelity": result.fidelity, "victim_accuracy": result.victim_accuracy, "served_accuracy": served,
             "preset_resolved": resolved, "replayed": journal.replayed}
@@ -592,11 +604,12 @@ def more_sizes(quick: bool, gradmatch_budgets: str | None, exact_budget: int | N
 
 def plan_all(answers: Sequence[str], attackers: dict[str, str], ladder: Sequence[int], max_queries: int, *,
              num_classes: int, extra: Sequence[str], defences: Sequence[str], extras: Extras, more: MoreSizes,
-             access: ExplainAccess | None) -> tuple[list[Part], list[str]]:
+             access: ExplainAccess | None, short_defences: Sequence[str] = ()) -> tuple[list[Part], list[str]]:
     """The whole plan: :func:`make_plan`'s parts (the ladder, the attacks, the data-free attacker), then the
     explanation parts (room for them is kept from the data-free part, whose budget is what is left), then the
     repeats at other seeds in what the plan still leaves under ``max_queries``."""
-    kwargs: dict[str, Any] = {"num_classes": num_classes, "extra": extra, "defences": defences}
+    kwargs: dict[str, Any] = {"num_classes": num_classes, "extra": extra, "defences": defences,
+                              "short_defences": short_defences}
     base, _ = make_plan(answers, attackers, ladder, max_queries, extras=dataclasses.replace(extras, datafree_budget=0),
                         **kwargs)
     explain, explain_notes = plan_explanations(access, more, max_queries - sum(p.budget for p in base))
@@ -923,8 +936,8 @@ def run_audit(parts: Sequence[Part], run: RunDir, *, on_part: PartHook | None = 
     """Run the parts not yet checkpointed in ``run``/parts, each one written atomically when it finishes.
 
     With ``jobs`` > 1 (and the parts estimated at :data:`PARALLEL_MIN_SECONDS` or more) the parts that need no
-    stolen copy (the extraction ladder, the data-free attacker) run in ``jobs`` worker processes of one torch thread each (the CPU thread policy: parallel processes, not threads);
-    the attacks from the stolen copy follow, one at a time. Each part has its own seeded oracle and budget, so the
+    stolen copy (the extraction ladder, the data-free attacker) run in ``jobs`` worker processes of one torch
+    thread each (the CPU thread policy: parallel processes, not threads); the attacks from the stolen copy follow, one at a time. Each part has its own seeded oracle and budget, so the
     figures and the queries are those of a run with ``jobs`` = 1."""
     from stealkit.fsutil import atomic_write_json
 
@@ -958,8 +971,21 @@ def run_audit(parts: Sequence[Part], run: RunDir, *, on_part: PartHook | None = 
         copy = None
         if part.kind in COPY_KINDS:
             copy = best_copy([results[p.id] for p in parts if p.id in results], parts_dir)
-        record(part, run_part(part, parts_dir=parts_dir, copy=copy, **kwargs))
+        record(part, watched_part(part, parts_dir=parts_dir, copy=copy, **kwargs))
     return [results[p.id] for p in parts]
+
+
+def watched_part(part: Part, **kwargs: Any) -> dict[str, Any]:
+    """:func:`run_part` with PRADA watching the part's own queries, in order (none is sent again for it)."""
+    from stealkit.commands.audit_defences import PradaObserver
+    from stealkit.oracle.observe import observing
+
+    with observing(PradaObserver()) as watch:
+        result = run_part(part, **kwargs)
+    result["prada"] = watch.as_dict()
+    if result.get("resumed"):
+        result["prada"]["note"] = "resumed from its checkpoint: PRADA saw the queries after it only"
+    return result
 
 
 #: the parts that attack from the best stolen copy (they run after every extraction part)
@@ -996,7 +1022,7 @@ def _worker_setup() -> None:
 
 
 def _worker_part(part: Part, **kwargs: Any) -> tuple[Part, dict[str, Any]]:
-    return part, run_part(part, **kwargs)
+    return part, watched_part(part, **kwargs)
 
 
 def progress(result: dict[str, Any]) -> str:
@@ -1151,10 +1177,14 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
             "same test images at the same per-image budget, without a substitute and with the stolen copy as its "
             "substitute (its start and gradient prior); median L2 over the successful images."],
             tables=[("", summary["enables"])]))
+    from stealkit.commands.audit_defences import flagged_text, serving_sections
+
     table = [{"part": r["id"], "queries": r["total_queries"], "fidelity": r.get("fidelity"),
               "accuracy": r.get("accuracy"), "served accuracy": r.get("served_accuracy"),
+              "PRADA flagged at": flagged_text(r.get("prada")),
               "recipe": r.get("preset_resolved") or r.get("command"), "seconds": r["elapsed_s"]} for r in results]
     out += more_sections(summary)
+    out += serving_sections(summary)
     out.append(Section("Parts", tables=[("", table)]))
     return out
 
@@ -1173,7 +1203,8 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
 @click.option("--defence", "defences", multiple=True, metavar="SPEC",
               help="Also audit probabilities served through this output defence, side by side (repeat; the specs "
                    "of stealkit defences --defence and of a serve key's defences, e.g. round:decimals=1, topk:k=1, label, noise:sigma=0.05; a local "
-                   "victim only).")
+                   "victim only). Without it a local victim's probabilities are audited through round:decimals=2 "
+                   "and noise:sigma=0.05 (on the lowest and middle rungs); --defence none turns them off.")
 @click.option("--fail-if", "fail_if", multiple=True, metavar="q90<N",
               help="Exit 1 when an attacker with data like the victim's reaches 90 % (q90) or 95 % (q95) fidelity "
                    "with fewer than N queries (repeat; label:q90<N checks one answer kind): a deployment gate.")
@@ -1271,9 +1302,11 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
         if bad in extra:
             raise InputError(f"--recipe {bad} is the audit's to set")
     command_params(*recipe_args(1, "label", "pool", seed, extra))  # refuse a bad recipe argument before any work
+    from stealkit.commands.audit_defences import resolve_defences
     from stealkit.extract.common import is_url
     from stealkit.serve.defences import parse_defence
 
+    defences, default_defences = resolve_defences(defences, remote=is_url(victim), answers=kinds)
     for spec in defences:
         parse_defence(spec)  # refuse a bad spec before any work
     if defences and is_url(victim):
@@ -1295,10 +1328,10 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
     parts, notes = plan_all(kinds, attackers, ladder, max_queries, num_classes=num_classes, extra=extra,
                             defences=list(dict.fromkeys(defences)), extras=extras, more=more,
                             access=explanation_access(victim, key, dataset)
-                            if more.gradmatch or more.exact_budget else None)
+                            if more.gradmatch or more.exact_budget else None, short_defences=default_defences)
     run = RunDir(out)
     config = {"victim": victim, "answers": list(kinds), "top_k": top_k, "attackers": attackers,
-              "defences": list(dict.fromkeys(defences)),
+              "defences": list(dict.fromkeys(defences)), "default_defences": default_defences,
               "ladder": sorted({p.budget for p in parts}), "max_queries": max_queries, "recipe": extra,
               "dataset": dataset, "parts": [p.id for p in parts]}
     done = _check_resume(run, config, seed)
@@ -1318,6 +1351,11 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
     summary["explanations"] = explanation_rows(results)
     summary["spread"] = seed_spread(results)
     summary["sentences"] += spread_sentences(summary["spread"]) + explanation_sentences(summary["explanations"])
+    from stealkit.commands.audit_defences import add_serving, serving_costs
+
+    add_serving(summary, serving_costs(victim=victim, answers=kinds, top_k=top_k,
+                                       defences=[*defences, *default_defences], dataset=dataset,
+                                       data_dir=data_dir, device=device), top_k)
     if usage_path.exists():
         summary["reconciliation"] = reconcile_audit(json.loads(usage_path.read_text(encoding="utf-8")),
                                                     server_count(victim, key), results,
@@ -1327,8 +1365,8 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
 
     write_report(run)
     click.echo(format_table(summary["headline"]))
-    for table in ("enables", "explanations", "spread"):
-        if summary[table]:
+    for table in ("enables", "explanations", "spread", "serving"):
+        if summary.get(table):
             click.echo("")
             click.echo(format_table(summary[table]))
     click.echo(f"queries {summary['queries']:,} of --max-queries {max_queries:,} (from the ledgers); "

@@ -42,6 +42,7 @@ from stealkit.oracle.base import (
     validate_images,
 )
 from stealkit.oracle.ledger import QueryKind, QueryLedger
+from stealkit.oracle.observe import notify
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,9 @@ class HttpOracle:
     def query(self, x: torch.Tensor) -> torch.Tensor:
         """Answer ``[B, C, H, W]`` pixels in [0, 1]; charges B ``predict`` queries (refused whole if over)."""
         x = validate_images(x, self.input_shape)
-        return self._batched(x, QueryKind.PREDICT, "/v1/predict", {"mode": self.mode.value})
+        answer = self._batched(x, QueryKind.PREDICT, "/v1/predict", {"mode": self.mode.value})
+        notify(self, x, answer)
+        return answer
 
     def explain(self, x: torch.Tensor, method: ExplainMethod = "gradient", *, target: int | torch.Tensor | None = None,
                 output: ExplainOutput = "logit", n_samples: int = 10, sigma: float = 0.1) -> torch.Tensor:

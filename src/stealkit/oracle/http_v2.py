@@ -47,6 +47,7 @@ from stealkit.oracle.base import (
 )
 from stealkit.oracle.http import HttpOracle
 from stealkit.oracle.ledger import QueryKind, QueryLedger
+from stealkit.oracle.observe import notify
 
 SCHEME = "v2+"
 FLOAT_TYPES = frozenset({"FP32", "FP64", "FP16"})
@@ -231,7 +232,9 @@ class V2HttpOracle(HttpOracle):
     def query(self, x: torch.Tensor) -> torch.Tensor:
         """Answer ``[B, C, H, W]`` pixels in [0, 1]; charges B ``predict`` queries (refused whole if over)."""
         x = validate_images(x, self.input_shape)
-        return self._batched(x, QueryKind.PREDICT, f"{self.path}/infer", {})
+        answer = self._batched(x, QueryKind.PREDICT, f"{self.path}/infer", {})
+        notify(self, x, answer)
+        return answer
 
     def explain(self, x: torch.Tensor, method: ExplainMethod = "gradient", *, target: int | torch.Tensor | None = None,
                 output: ExplainOutput = "logit", n_samples: int = 10, sigma: float = 0.1) -> torch.Tensor:

@@ -21,6 +21,7 @@ from stealkit.oracle.base import (
     validate_images,
 )
 from stealkit.oracle.ledger import QueryKind, QueryLedger, digest_tensor
+from stealkit.oracle.observe import notify
 
 #: an output defence: maps (probabilities [B,K], logits [B,K]) to perturbed probabilities [B,K]
 Defence = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -108,7 +109,9 @@ class LocalOracle:
         x = validate_images(x, self.input_shape)
         digest = digest_tensor(x) if self._log_queries else ""
         with self._ledger.reserve(QueryKind.PREDICT, x.shape[0], digest=digest):
-            return self.answer_from_logits(self.logits(x))
+            answer = self.answer_from_logits(self.logits(x))
+        notify(self, x, answer)
+        return answer
 
     def answer_from_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """This oracle's answer (mode, temperature, top-k, defences) to raw ``logits``; charges nothing.

@@ -129,3 +129,46 @@ class Prada:
     def state(self) -> PradaState:
         with self._lock:
             return PradaState(self._n_distances, self.statistic, self.flagged)
+
+
+class PradaWatch:
+    """PRADA over one client's whole stream, tested after every query as Algorithm 1 does: :attr:`flagged_at` is
+    the number of queries after which it first flags (1-based), ``None`` while it has not. (A server tests once
+    per request, so it flags at the end of the request holding that query.) Once flagged, later queries are only
+    counted: the flag stands. Feed it with :meth:`observe` in the order the queries were answered."""
+
+    def __init__(self, config: PradaConfig | None = None) -> None:
+        self.detector = Prada(config)
+        self.queries = 0
+        self.flagged_at: int | None = None
+        self.statistic_at_flag: float | None = None
+
+    def observe(self, x: torch.Tensor, labels: torch.Tensor) -> None:
+        """Queries ``x [B, ...]`` in order, with the classes the answers carry ``[B]``."""
+        b = int(x.shape[0])
+        det = self.detector
+        if self.flagged_at is not None:
+            self.queries += b
+            return
+        if det.state.n_distances + b <= det.config.min_samples:
+            # no test runs below min_samples distances, and each class's set grows in query order either way:
+            # the batch in one update leaves the detector as query by query would
+            det.update(x, labels)
+            self.queries += b
+            return
+        for i in range(b):
+            state = det.update(x[i : i + 1], labels[i : i + 1])
+            self.queries += 1
+            if state.flagged:
+                self.flagged_at = self.queries
+                self.statistic_at_flag = state.statistic
+                self.queries += b - i - 1
+                return
+
+    def as_dict(self) -> dict[str, object]:
+        """What the watch saw: queries, the flag (query count or ``None``), the statistic, the settings."""
+        state = self.detector.state
+        return {"queries": self.queries, "flagged_at": self.flagged_at,
+                "statistic": self.statistic_at_flag if self.flagged_at is not None else state.statistic,
+                "distances": state.n_distances, "delta": self.detector.config.delta,
+                "min_samples": self.detector.config.min_samples}

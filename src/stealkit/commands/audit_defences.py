@@ -1,0 +1,228 @@
+"""``stealkit audit``: what each serving choice buys (issue 39, point 5).
+
+For every serving choice the audit covers (probabilities, top-k, top-1 labels, and probabilities through each
+output defence of :mod:`stealkit.serve.defences`), side by side:
+
+- the **attacker's Q90** with data like the victim's: the audit's own extraction cell of that choice, each point
+  a run through the (defended) oracle;
+- the **cost to honest users**: the top-1 accuracy and the expected calibration error (Guo et al. 2017, 15
+  equal-width bins) of what is served on the victim's test split, computed from the local model's logits as the
+  oracle answers them (:func:`stealkit.studies.defences.served_calibration`): no audit query is spent;
+- **PRADA** (Juuti et al. 2019, :class:`stealkit.serve.detection.Prada`, its default settings): after how many
+  queries it flags each attack. Every part's queries and the victim's answers are watched as the oracle answers
+  them (:mod:`stealkit.oracle.observe`), in order; nothing is queried again and no ledger is charged.
+
+Without ``--defence``, a local victim whose probabilities are audited gets :data:`DEFAULT_DEFENCES`, on the
+lowest and middle rungs of the ladder (:func:`defence_rungs`); ``--defence none`` turns them off.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from stealkit.report.html import Section
+
+#: the defences a local victim's audit adds when no ``--defence`` is given (justified in docs/guide/audit.md):
+#: probabilities rounded to whole percentages, and Gaussian noise of 0.05 on each probability
+DEFAULT_DEFENCES = ("round:decimals=2", "noise:sigma=0.05")
+#: ``--defence none``: no default defence cells
+OFF = "none"
+WORDS = {"label": "top-1 label", "topk": "top-k probabilities (k={k})", "probs": "probabilities"}
+
+
+def defence_rungs(rungs: Sequence[int]) -> list[int]:
+    """The ladder of a default defence cell: the audit ladder's lowest and middle rungs (a ladder of one or two
+    rungs whole). Defence cells are probability parts, the audit's slowest (about 150 CPU seconds each on
+    Fashion-MNIST whatever the budget: the recipe's minimum of steps), so two rungs each: Q90 at the lowest, at
+    the middle, or not reached within it."""
+    rungs = sorted(rungs)
+    return [rungs[0], rungs[len(rungs) // 2]] if len(rungs) > 2 else rungs
+
+
+def resolve_defences(specs: Sequence[str], *, remote: bool, answers: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``(explicit, default)`` defence cells: the ``--defence`` specs (``none`` dropped), and the default set when
+    no ``--defence`` is given, the victim is local and its probabilities are audited (the defences act on
+    probabilities; a remote victim's defences are its server's)."""
+    explicit = list(dict.fromkeys(s for s in specs if s.strip().lower() != OFF))
+    if specs or remote or "probs" not in answers:
+        return explicit, []
+    return explicit, list(DEFAULT_DEFENCES)
+
+
+class PradaObserver:
+    """An :mod:`stealkit.oracle.observe` observer feeding one part's answered queries, in order, to PRADA with the
+    class each answer carries (what a server running PRADA for this client sees); it times itself."""
+
+    def __init__(self) -> None:
+        from stealkit.serve.detection import PradaWatch
+        from stealkit.serve.keys import PradaConfig
+
+        self.watch = PradaWatch(PradaConfig())
+        self.seconds = 0.0
+
+    def __call__(self, oracle: Any, x: torch.Tensor, answer: torch.Tensor) -> None:
+        from stealkit.oracle import labels_from_answer
+
+        started = time.perf_counter()
+        self.watch.observe(x.detach().cpu(), labels_from_answer(answer.detach().cpu(), oracle.mode))
+        self.seconds += time.perf_counter() - started
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.watch.as_dict(), "seconds": round(self.seconds, 2)}
+
+
+def serving_costs(*, victim: str, answers: Sequence[str], top_k: int, defences: Sequence[str],
+                  dataset: str | None, data_dir: str | None, device: str) -> dict[str, dict[str, float]] | None:
+    """Top-1 accuracy and ECE of each serving choice on the victim's test split, keyed ``label``, ``topk``,
+    ``probs`` or ``probs+SPEC``; ``None`` for a remote victim (its test answers would cost queries)."""
+    from stealkit.extract.common import is_url, open_victim, victim_splits
+    from stealkit.serve.defences import parse_defence
+    from stealkit.studies.defences import served_calibration
+
+    if is_url(victim):
+        return None
+    v = open_victim(victim, mode="probs", budget=0, dataset=dataset, device=device)
+    if v.model is None:
+        return None
+    test = victim_splits(v, data_dir).test
+    costs = {a: served_calibration(v.model, test.x, test.y, mode=a, top_k=top_k) for a in answers}
+    for spec in defences:  # a fresh defence: seeded noise draws the same on every run
+        costs[f"probs+{spec}"] = served_calibration(v.model, test.x, test.y, mode="probs",
+                                                    defence=parse_defence(spec))
+    return {k: {m: round(x, 4) for m, x in c.items()} for k, c in costs.items()}
+
+
+def flagged_text(prada: dict[str, Any] | None) -> int | str | None:
+    """A part's PRADA column: the query count it flagged at, or "not flagged within N"."""
+    if not prada:
+        return None
+    if prada.get("flagged_at") is not None:
+        return int(prada["flagged_at"])
+    return f"not flagged within {int(prada['queries']):,}"
+
+
+def _longest(results: Sequence[dict[str, Any]], answers: str, attacker: str, defence: str) -> dict[str, Any] | None:
+    cell = [r for r in results if r["part"].get("kind", "extract") == "extract" and r["part"]["answers"] == answers
+            and r["part"]["attacker"] == attacker and (r["part"].get("defence") or "") == defence]
+    return max(cell, key=lambda r: r["part"]["budget"]) if cell else None
+
+
+def serving_table(headline: Sequence[dict[str, Any]], results: Sequence[dict[str, Any]],
+                  costs: dict[str, dict[str, float]] | None, top_k: int) -> list[dict[str, Any]]:
+    """One row per serving choice: the attacker's Q90 (data like the victim's), the served top-1 accuracy and
+    ECE, and PRADA's flag on that cell's longest run (the largest rung)."""
+    rows = []
+    order = {"probs": 0, "topk": 1, "label": 2}
+    for h in sorted(headline, key=lambda h: (h.get("defence", "none") != "none", order.get(h["answers"], 3))):
+        if h["attacker"] != "like":
+            continue
+        answers, defence = h["answers"], h.get("defence", "none")
+        spec = "" if defence == "none" else defence
+        name = WORDS[answers].format(k=top_k) + (f" through {spec}" if spec else "")
+        cost = (costs or {}).get(f"probs+{spec}" if spec else answers) or {}
+        longest = _longest(results, answers, "like", spec)
+        rows.append({"serving": name, "attacker Q90": h.get("Q90"), "served accuracy": cost.get("accuracy"),
+                     "ECE": cost.get("ece"),
+                     "PRADA flagged at": flagged_text(longest.get("prada") if longest else None)})
+    return rows
+
+
+def _attack_name(r: dict[str, Any]) -> str:
+    p = r["part"]
+    kind = p.get("kind", "extract")
+    if kind == "transfer":
+        return "PGD transfer from the copy"
+    if kind == "decision":
+        return "HopSkipJump " + ("with the copy" if p.get("substitute") else "without a copy")
+    if kind == "datafree":
+        return "data-free (CoDFe, labels)"
+    through = f" through {p['defence']}" if p.get("defence") else ""
+    data = {"like": "data like the victim's", "unrelated": "unrelated data"}.get(p["attacker"], p["attacker"])
+    return f"extraction, {p['answers']}{through}, {data}"
+
+
+def prada_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """PRADA on each attack the audit ran: every extraction cell's longest run and every other part."""
+    rows = []
+    seen = set()
+    for r in results:
+        p = r["part"]
+        if not r.get("prada"):
+            continue
+        if p.get("kind", "extract") == "extract":
+            key = (p["answers"], p["attacker"], p.get("defence") or "")
+            if key in seen:
+                continue
+            seen.add(key)
+            r = _longest(results, *key) or r
+        rows.append({"attack": _attack_name(r), "part": r["id"], "queries": r["total_queries"],
+                     "PRADA flagged at": flagged_text(r["prada"]), "W": r["prada"].get("statistic")})
+    return rows
+
+
+def serving_words(table: Sequence[dict[str, Any]], prada: Sequence[dict[str, Any]]) -> list[str]:
+    """The report's opening sentences on calibration and PRADA."""
+    out = []
+    measured = [r for r in table if r.get("ECE") is not None]
+    if measured:
+        def what(r: dict[str, Any]) -> str:
+            name = r["serving"]
+            if name.startswith("probabilities through "):
+                return "through " + name.removeprefix("probabilities through ")
+            return "with " + name + (" alone (a bare label claims certainty)" if name == "top-1 label" else "")
+
+        out.append("Calibration of what you serve (expected calibration error on your test split, lower is "
+                   "better): " + ", ".join(f"{r['ECE']:.3f} {what(r)}" for r in measured) + ".")
+    if prada:
+        flagged = sorted((r for r in prada if isinstance(r["PRADA flagged at"], int)),
+                         key=lambda r: r["PRADA flagged at"])
+        free = [r for r in prada if not isinstance(r["PRADA flagged at"], int)]
+        text = f"PRADA (its default settings) flags {len(flagged)} of the {len(prada)} attacks the audit ran"
+        if flagged:
+            text += ": " + "; ".join(f"{r['attack']} after {r['PRADA flagged at']:,} queries" for r in flagged[:3])
+            text += f" and {len(flagged) - 3} more" if len(flagged) > 3 else ""
+        if free:
+            text += (f"; the other {len(free)} pass unflagged, the longest over "
+                     f"{max(r['queries'] for r in free):,} queries")
+        out.append(text + ".")
+    return out
+
+
+def add_serving(summary: dict[str, Any], costs: dict[str, dict[str, float]] | None, top_k: int) -> None:
+    """Put the serving table, the PRADA rows and their sentences into the audit's summary."""
+    results = summary.get("parts") or []
+    summary["serving"] = serving_table(summary.get("headline") or [], results, costs, top_k)
+    summary["prada"] = prada_rows(results)
+    summary.setdefault("sentences", []).extend(serving_words(summary["serving"], summary["prada"]))
+    if costs is None:
+        summary.setdefault("notes", []).append(
+            "served accuracy and ECE need the victim's answers on the test split, which a remote victim gives only "
+            "for queries: not measured")
+
+
+def serving_sections(summary: dict[str, Any]) -> list[Section]:
+    """The report's defence table and PRADA table."""
+    from stealkit.report.html import Section
+
+    out = []
+    if summary.get("serving"):
+        out.append(Section("What each defence buys", paragraphs=[
+            "One row per serving choice. Attacker Q90: the queries the attacker with data like yours needs for a "
+            "90 % copy (each point a run of the default recipe through the oracle serving that choice). Served "
+            "accuracy and ECE: the honest users' cost, the top-1 accuracy and the expected calibration error (15 "
+            "equal-width bins) of what is served on your test split, computed from your model without a query; "
+            "a top-1 label is scored with confidence 1.0, top-k with the largest probability it shows. PRADA "
+            "flagged at: after how many of that cell's longest run's queries PRADA (default settings) flags it, "
+            "tested after every query."], tables=[("", summary["serving"])]))
+    if summary.get("prada"):
+        out.append(Section("PRADA on each attack's queries", paragraphs=[
+            "Juuti et al. 2019, Algorithm 1, with stealkit serve's default settings (Shapiro-Wilk W below 0.9 "
+            "after 100 distances), fed each attack's own queries and your model's answers in the order they were "
+            "answered, as a server watching that client would; W is the statistic at the flag (or at the end)."],
+            tables=[("", summary["prada"])]))
+    return out
