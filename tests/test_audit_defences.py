@@ -142,12 +142,12 @@ def test_default_defences_in_the_plan(tmp_path: Path, capsys: pytest.CaptureFixt
     assert f"{4 * 120 + 2 * 60:,}" in text and "its lowest and its middle (20, 40)" in text
     # --defence none: none; --defence SPEC: that one on the whole ladder; label answers only: none
     assert main([*base, "--answers", "label,probs", "--defence", "none", "--out", str(tmp_path / "b")]) == 0
-    assert "+" not in capsys.readouterr().out.split("total")[0]
+    assert "extract-probs+" not in capsys.readouterr().out.split("total")[0]
     assert main([*base, "--answers", "label,probs", "--defence", "label", "--out", str(tmp_path / "c")]) == 0
     text = capsys.readouterr().out
     assert "extract-probs+label-like-60" in text and "round" not in text
     assert main([*base, "--answers", "label", "--out", str(tmp_path / "d")]) == 0
-    assert "+" not in capsys.readouterr().out.split("total")[0]
+    assert "extract-probs+" not in capsys.readouterr().out.split("total")[0]
     assert resolve_defences([], remote=True, answers=["probs"]) == ([], [])
     assert resolve_defences([], remote=False, answers=["probs"]) == ([], list(DEFAULT_DEFENCES))
     assert resolve_defences(["none", "label"], remote=False, answers=["probs"]) == (["label"], [])
@@ -163,7 +163,8 @@ def test_serving_table_and_prada_from_the_parts(tmp_path: Path, capsys: pytest.C
     out = tmp_path / "s"
     assert main(["-q", "audit", "--victim", VICTIM, "--answers", "label,probs", "--budgets", "20,40", *TINY,
                  "--transfer-images", "0", "--decision-images", "2", "--decision-queries", "20",
-                 "--datafree-budget", "0", "--out", str(out)]) == 0
+                 "--datafree-budget", "0", "--gradmatch-budgets", "0", "--exact-budget", "0", "--seeds", "1",
+                 "--out", str(out)]) == 0
     terminal = capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     parts = summary["parts"]

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 ANSWERS = ("label", "topk", "probs")
 #: the default ladder of query budgets of each (answer kind, attacker) cell, and the ``--quick`` one
-LADDER = (250, 500, 1000, 2000, 4000)
+LADDER = (250, 1000, 4000)
 QUICK_LADDER = (50, 100, 200)
 #: the default cap on the whole audit's queries: the default ladder for 3 answer kinds x 2 attackers (46,500),
 #: the transfer attack (1,000), HopSkipJump with and without the stolen copy (20,020) and the data-free attacker
