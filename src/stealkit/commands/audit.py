@@ -1361,6 +1361,9 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
                                                     server_count(victim, key), results,
                                                     _read_json(run.path / RESUMED_USAGE))
     run.write_summary(summary)
+    from stealkit.fsutil import atomic_write_json
+
+    atomic_write_json(run.path / "audit.json", {"audit": config, "seed": seed, **summary})  # every figure, one file
     from stealkit.report.builders import write_report
 
     write_report(run)
