@@ -62,9 +62,12 @@ DEFAULT_UNRELATED = "patches"
 THRESHOLDS = (0.90, 0.95)
 #: fidelities are float32 means: 405 of 450 agreeing reads 0.89999998, which reached 90 %
 TOLERANCE = 1e-6
-#: rough seconds per student optimiser step (conv2, batch 64, one shared CPU thread), per query, per part, and
-#: FixMatch's extra (it also trains on the unqueried pool), for the plan's estimate (measured on digits, --quick)
+#: rough seconds per student optimiser step (conv2, batch 64, one shared CPU thread, digits' 64 pixels; a step
+#: grows as pixels ** STEP_PIXEL_EXPONENT: a Fashion-MNIST probability part, 3,000 steps, took 208-211 s beside a
+#: second worker), per query, per part, and FixMatch's extra (it also trains on the unqueried pool), for the plan's
+#: estimate (measured on digits, --quick, and Fashion-MNIST)
 STEP_SECONDS = 0.01
+STEP_PIXEL_EXPONENT = 0.8
 QUERY_SECONDS = 0.0002
 PART_SECONDS = 2.0
 FIXMATCH_SECONDS = 5.0
@@ -178,22 +181,23 @@ def recipe_args(budget: int, answers: str, pool: str, seed: int, extra: Sequence
     return ["--budget", str(budget), "--mode", answers, "--pool", pool, "--seed", str(seed), *extra]
 
 
-def estimate_seconds(budget: int, answers: str, num_classes: int, extra: Sequence[str]) -> float:
-    """A rough time for one part: the recipe's student optimiser steps at ``STEP_SECONDS``, the queries, a
-    fixed cost per part and FixMatch's extra."""
+def estimate_seconds(budget: int, answers: str, num_classes: int, extra: Sequence[str], pixels: int = 64) -> float:
+    """A rough time for one part: the recipe's student optimiser steps at ``STEP_SECONDS`` (scaled to the
+    victim's input size), the queries, a fixed cost per part and FixMatch's extra."""
     from stealkit.commands.extract_surrogate import command_params, surrogate_config
 
     params = command_params(*recipe_args(budget, answers, "pool", 0, extra))
     _, config = surrogate_config(params, budget, num_classes)
     steps = config.student_epochs(budget, budget) * math.ceil(budget / config.batch_size)
     fixmatch = FIXMATCH_SECONDS if config.ssl != "none" else 0.0
-    return PART_SECONDS + fixmatch + steps * STEP_SECONDS + budget * QUERY_SECONDS
+    step = STEP_SECONDS * max(1.0, pixels / 64) ** STEP_PIXEL_EXPONENT
+    return PART_SECONDS + fixmatch + steps * step + budget * QUERY_SECONDS
 
 
 def make_plan(answers: Sequence[str], attackers: dict[str, str], ladder: Sequence[int], max_queries: int, *,
               num_classes: int, extra: Sequence[str], defences: Sequence[str] = (),
               extras: Extras = Extras(), reserve: int = 0,
-              short_defences: Sequence[str] = ()) -> tuple[list[Part], list[str]]:
+              short_defences: Sequence[str] = (), pixels: int = 64) -> tuple[list[Part], list[str]]:
     """The parts, in the order they run, and notes.
 
     The extraction ladder first (cheapest rung of every cell first, so a stopped audit has a whole first row; a
@@ -243,7 +247,7 @@ def make_plan(answers: Sequence[str], attackers: dict[str, str], ladder: Sequenc
         raise InputError(f"--max-queries {max_queries:,} is too small for any part: the smallest rung "
                          f"({min(ladder):,} queries) for {cells} cells needs {cells * min(ladder):,}; raise "
                          "--max-queries or lower --budgets")
-    parts = [Part(a, name, pool, b, round(estimate_seconds(b, a, num_classes, extra), 1), d)
+    parts = [Part(a, name, pool, b, round(estimate_seconds(b, a, num_classes, extra, pixels), 1), d)
              for b in rungs for a, name, pool, d in cell_list if b in cell_rungs(d)]
     if short_defences and defence_rungs(rungs) != rungs:
         notes.append(f"the default defences ({', '.join(short_defences)}) run on two rungs of the ladder, its "
@@ -608,12 +612,13 @@ def more_sizes(quick: bool, gradmatch_budgets: str | None, exact_budget: int | N
 
 def plan_all(answers: Sequence[str], attackers: dict[str, str], ladder: Sequence[int], max_queries: int, *,
              num_classes: int, extra: Sequence[str], defences: Sequence[str], extras: Extras, more: MoreSizes,
-             access: ExplainAccess | None, short_defences: Sequence[str] = ()) -> tuple[list[Part], list[str]]:
+             access: ExplainAccess | None, short_defences: Sequence[str] = (),
+             pixels: int = 64) -> tuple[list[Part], list[str]]:
     """The whole plan: :func:`make_plan`'s parts (the ladder, the attacks, the data-free attacker), then the
     explanation parts (room for them is kept from the data-free part, whose budget is what is left), then the
     repeats at other seeds in what the plan still leaves under ``max_queries``."""
     kwargs: dict[str, Any] = {"num_classes": num_classes, "extra": extra, "defences": defences,
-                              "short_defences": short_defences}
+                              "short_defences": short_defences, "pixels": pixels}
     base, _ = make_plan(answers, attackers, ladder, max_queries, extras=dataclasses.replace(extras, datafree_budget=0),
                         **kwargs)
     explain, explain_notes = plan_explanations(access, more, max_queries - sum(p.budget for p in base))
@@ -1324,7 +1329,7 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
     for name, value in dataclasses.asdict(extras).items():
         if value < 0:
             raise InputError(f"--{name.replace('_', '-')} must be 0 (leave the part out) or positive, got {value}")
-    num_classes = _num_classes(victim, key, dataset)
+    num_classes, pixels = _victim_shape(victim, key, dataset)
     if is_url(victim):
         _check_answers(victim, key, dataset, kinds, top_k)
     attackers = {"like": pool, "unrelated": unrelated}
@@ -1332,7 +1337,8 @@ def run_audit_command(*, victim: str, key: str | None = None, answers: str = ","
     parts, notes = plan_all(kinds, attackers, ladder, max_queries, num_classes=num_classes, extra=extra,
                             defences=list(dict.fromkeys(defences)), extras=extras, more=more,
                             access=explanation_access(victim, key, dataset)
-                            if more.gradmatch or more.exact_budget else None, short_defences=default_defences)
+                            if more.gradmatch or more.exact_budget else None, short_defences=default_defences,
+                            pixels=pixels)
     run = RunDir(out)
     config = {"victim": victim, "answers": list(kinds), "top_k": top_k, "attackers": attackers,
               "defences": list(dict.fromkeys(defences)), "default_defences": default_defences,
@@ -1549,15 +1555,16 @@ def _check_answers(victim: str, key: str | None, dataset: str | None, kinds: Seq
                              "answer kinds it serves") from None
 
 
-def _num_classes(victim: str, key: str | None, dataset: str | None) -> int:
-    """The victim's number of classes, read without a query (a model's metadata, a server's /v1/info)."""
+def _victim_shape(victim: str, key: str | None, dataset: str | None) -> tuple[int, int]:
+    """The victim's number of classes and input size (pixels x channels), read without a query (a model's
+    metadata, a server's /v1/info)."""
     from stealkit.extract.common import open_victim
 
     v = open_victim(victim, mode="label", budget=0, key=key, dataset=dataset)
     close = getattr(v.oracle, "close", None)
     if close is not None:
         close()
-    return v.num_classes
+    return v.num_classes, math.prod(v.input_shape)
 
 
 def _check_resume(run: RunDir, config: dict[str, Any], seed: int) -> set[str]:
