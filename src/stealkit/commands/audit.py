@@ -1123,7 +1123,9 @@ def plain_words(rows: Sequence[dict[str, Any]], results: Sequence[dict[str, Any]
     for r in rows:
         if r.get("defence", "none") != "none":
             out.append(f"Serving probabilities through the defence {r['defence']} gives honest users "
-                       f"{_pct(r['served accuracy'])} accuracy and puts Q90 at {_words(r['Q90'])}.")
+                       f"{_pct(r['served accuracy'])} accuracy and "
+                       + (f"puts Q90 at {r['Q90']:,} queries." if isinstance(r["Q90"], int) else
+                          f"keeps the copy under 90 % fidelity ({r['Q90']} queries)."))
     return out
 
 
@@ -1170,7 +1172,8 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
     for r in sorted(extractions(results), key=lambda r: r["part"]["budget"]):
         if r.get("fidelity") is None:
             continue
-        xs, ys = series.setdefault(f"fidelity, {r['part']['answers']} {r['part']['attacker']}", ([], []))
+        worn = f" through {r['part']['defence']}" if r["part"].get("defence") else ""
+        xs, ys = series.setdefault(f"fidelity, {r['part']['answers']} {r['part']['attacker']}{worn}", ([], []))
         xs.append(r["total_queries"])
         ys.append(r["fidelity"])
     if series:
