@@ -264,8 +264,9 @@ def _whole_audit(tmp_path: Path, mlp8: Path, capsys: pytest.CaptureFixture[str],
 def test_more_sizes_defaults() -> None:
     from stealkit.commands.audit import GRADMATCH_LADDER, QUICK_GRADMATCH_LADDER, more_sizes
 
-    assert more_sizes(False, None, None, None) == MoreSizes(GRADMATCH_LADDER, 20_000, 3)
-    assert more_sizes(True, None, None, None).gradmatch == QUICK_GRADMATCH_LADDER
+    assert more_sizes(False, None, None, None) == MoreSizes(GRADMATCH_LADDER, 20_000, 1)
+    assert more_sizes(True, None, None, None) == MoreSizes(QUICK_GRADMATCH_LADDER, 20_000, 2)
+    assert more_sizes(False, None, None, 3).seeds == 3
     assert more_sizes(False, "0", 0, 1) == MoreSizes((), 0, 1)
     with pytest.raises(InputError):
         more_sizes(False, "-5", None, None)
