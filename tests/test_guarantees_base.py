@@ -96,3 +96,14 @@ def test_validate_images_refuses_before_any_charge() -> None:
     graded = validate_images(torch.full((1, 1, 2, 2), 0.5, requires_grad=True), shape)
     assert not graded.requires_grad  # the oracle answers pixels, it does not join the caller's graph
     assert ok.dtype == torch.float32 and ok.shape == (2, 1, 2, 2) and ok.is_contiguous()
+
+
+@pytest.mark.parametrize("field", ["method", "output"])
+@pytest.mark.parametrize("bad", [[[]], {"a": 1}, ["gradient"]])
+def test_explain_arguments_of_the_wrong_json_type_are_input_errors(field: str, bad: object) -> None:
+    """The schema fuzz sent ``"method": [[]]`` to /v1/explain and got a 500: a list is unhashable, so the
+    membership test raised TypeError; it is now a one-line 400 like any other bad argument."""
+    from stealkit.oracle.base import check_explain_args
+
+    with pytest.raises(InputError, match=f"unknown explanation {field}"):
+        check_explain_args(**{field: bad})

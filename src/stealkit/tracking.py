@@ -46,9 +46,12 @@ def curves(summary: dict[str, Any]) -> Iterator[tuple[str, str, int | float, flo
         if step_key is None:
             continue
         for p in points:
+            step = p.get(step_key)
+            if not isinstance(step, int | float) or isinstance(step, bool):  # e.g. the audit's per-kind query counts
+                continue
             for metric, value in p.items():
                 if metric != step_key and isinstance(value, int | float) and not isinstance(value, bool):
-                    yield name, metric, p[step_key], float(value)
+                    yield name, metric, step, float(value)
 
 
 def log_run(run: RunDir, backend: str) -> str:

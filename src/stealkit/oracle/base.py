@@ -107,9 +107,9 @@ def check_explain_args(method: Any = "gradient", output: Any = "logit", n_sample
     in ``[1, MAX_SMOOTHGRAD_SAMPLES]``; ``sigma`` a finite number in ``[0, MAX_SMOOTHGRAD_SIGMA]``. Anything else
     is an :class:`InputError` naming the argument and its legal range.
     """
-    if method not in EXPLAIN_METHODS:
+    if not isinstance(method, str) or method not in EXPLAIN_METHODS:  # a list is unhashable: no TypeError, a 400
         raise InputError(f"unknown explanation method {method!r}; expected one of {list(EXPLAIN_METHODS)}")
-    if output not in EXPLAIN_OUTPUTS:
+    if not isinstance(output, str) or output not in EXPLAIN_OUTPUTS:
         raise InputError(f"unknown explanation output {output!r}; expected one of {list(EXPLAIN_OUTPUTS)}")
     if isinstance(n_samples, bool) or not isinstance(n_samples, int | np.integer) \
             or not 1 <= n_samples <= MAX_SMOOTHGRAD_SAMPLES:

@@ -134,8 +134,10 @@ def _prada_on_pool(model: torch.nn.Module, pool: torch.Tensor, config: DefenceSt
     gen = torch.Generator().manual_seed(config.seeds[0])
     x = pool[torch.randperm(pool.shape[0], generator=gen)][: config.budget]
     det = Prada(PradaConfig())
+    from stealkit.device import module_device
+
     with torch.inference_mode():
-        labels = model(x).argmax(1)
+        labels = model(x.to(module_device(model))).argmax(1).cpu()
     for i in range(0, x.shape[0], 256):
         det.update(x[i : i + 256], labels[i : i + 256])
     return {"delta": det.config.delta, "statistic": det.statistic, "flagged": det.flagged,
