@@ -39,9 +39,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +184,25 @@ def spawn(args: argparse.Namespace, name: str, n: int, num: int) -> dict[str, An
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def interleaved(a: argparse.Namespace, names: tuple[str, str], repeats: int,
+                on_error: Callable[[str, dict[str, Any]], None]) -> dict[str, Any]:
+    """Images/s of two certifiers at ``a``'s settings, each run in its own process, the order alternating per
+    repeat; a failed run is handed to ``on_error`` and counts as NaN. The medians and the first over the second."""
+    ips: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeats):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            res = spawn(a, name, a.n, a.num)
+            if "error" in res:
+                on_error(name, res)
+                ips[name].append(float("nan"))
+            else:
+                ips[name].append(res["images_per_second"])
+    med = {k: statistics.median(v) for k, v in ips.items()}
+    return {"images_per_second": {k: [round(x, 3) for x in v] for k, v in ips.items()},
+            "median": {k: round(v, 3) for k, v in med.items()},
+            f"{names[0]}_over_{names[1]}": round(med[names[0]] / med[names[1]], 3)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smoke run: 20 images, n = 200")
@@ -228,7 +249,6 @@ def main() -> None:
     np.save(Path(tmp.name) / "y.npy", test.y[: args.num].numpy())
     import os
     import platform
-    import statistics
 
     machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": args.threads,
                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "load_average_start": os.getloadavg()}
@@ -237,17 +257,10 @@ def main() -> None:
         for b in [int(v) for v in args.rate_batches.split(",") if v.strip()]:
             a = argparse.Namespace(**vars(args))
             a.batch = b
-            ips: dict[str, list[float]] = {"stealkit": [], "bare": []}
-            for r in range(args.repeats):
-                for name in (["stealkit", "bare"] if r % 2 == 0 else ["bare", "stealkit"]):
-                    res = spawn(a, name, args.n, args.num)
-                    if "error" in res:
-                        raise SystemExit(f"{name} at batch {b} failed: {res['error']}")
-                    ips[name].append(res["images_per_second"])
-            med = {k: statistics.median(v) for k, v in ips.items()}
-            rate[str(b)] = {"images_per_second": {k: [round(v, 3) for v in vs] for k, vs in ips.items()},
-                            "median": {k: round(v, 3) for k, v in med.items()},
-                            "stealkit_over_bare": round(med["stealkit"] / med["bare"], 3)}
+            def fail(name: str, res: dict[str, Any], b: int = b) -> None:
+                raise SystemExit(f"{name} at batch {b} failed: {res['error']}")
+
+            rate[str(b)] = interleaved(a, ("stealkit", "bare"), args.repeats, fail)
         machine["load_average_end"] = os.getloadavg()
         if args.device.startswith("cuda"):
             import torch
@@ -263,20 +276,10 @@ def main() -> None:
         for b in [int(v) for v in args.equal_batches.split(",") if v.strip()]:
             a = argparse.Namespace(**vars(args))
             a.batch, a.art_batch = b, b
-            times: dict[str, list[float]] = {"stealkit": [], "art": []}
-            for r in range(args.repeats):
-                order = ["stealkit", "art"] if r % 2 == 0 else ["art", "stealkit"]
-                for name in order:
-                    res = spawn(a, name, args.n, args.num)
-                    if "error" in res:
-                        times[name].append(float("nan"))
-                        eq.setdefault("errors", []).append({"batch": b, **res})
-                    else:
-                        times[name].append(res["images_per_second"])
-            med = {k: statistics.median(v) for k, v in times.items()}
-            eq[str(b)] = {"images_per_second": {k: [round(x, 3) for x in v] for k, v in times.items()},
-                          "median": {k: round(v, 3) for k, v in med.items()},
-                          "ratio_stealkit_over_art": round(med["stealkit"] / med["art"], 2)}
+            def note(_name: str, res: dict[str, Any], b: int = b) -> None:
+                eq.setdefault("errors", []).append({"batch": b, **res})
+
+            eq[str(b)] = interleaved(a, ("stealkit", "art"), args.repeats, note)
         machine["load_average_end"] = os.getloadavg()
         print(json.dumps({"benchmark": "certify-equal-batch", "model": _recipe(args.dataset).name,
                           "settings": {k: getattr(args, k) for k in ("num", "n0", "n", "alpha", "sigma", "threads",
