@@ -3,6 +3,8 @@ report (at a tiny size on the standard digits victim)."""
 
 from __future__ import annotations
 
+from tests.audit_kit import part_id
+
 import json
 from pathlib import Path
 from typing import Any
@@ -15,8 +17,9 @@ from stealkit.errors import InputError
 ROOT = Path(__file__).resolve().parents[1]
 VICTIM = "standard:digits-conv2"
 #: a tiny recipe: an 8-unit MLP student, one epoch, no minimum of steps
-TINY = ["--recipe=--student=mlp2", "--recipe=--student-arg=hidden=8", "--recipe=--epochs=1",
-        "--recipe=--set=min_steps=0"]
+TINY = ["--set", "student=mlp2", "--set", "student.hidden=8", "--set", "epochs=1", "--set", "min_steps=0"]
+#: the same, as run_audit_command's settings
+TINY_KW = {"student": "mlp2", "student.hidden": 8, "epochs": 1, "min_steps": 0}
 #: the extraction ladder only: no transfer, decision, data-free or explanation part, one seed, no default defence
 #: cells
 NO_MORE = ["--gradmatch-budgets", "0", "--exact-budget", "0", "--seeds", "1"]
@@ -61,12 +64,12 @@ def test_bad_answer_kind_is_one_clear_error(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_audit_resumes_without_paying_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from stealkit.commands.audit import run_audit_command
+    from tests.audit_kit import run_audit_command
     from stealkit.victims import standard_victim
 
     victim = str(standard_victim("digits-conv2").path)
     kwargs: dict[str, Any] = {"victim": victim, "answers": "label,probs", "budgets": "20,40",
-                              "recipe": [a.split("=", 1)[1] for a in TINY], **NO_EXTRAS_KW}
+                              "settings": TINY_KW, **NO_EXTRAS_KW}
 
     # an uninterrupted audit
     whole = tmp_path / "whole"
@@ -81,7 +84,7 @@ def test_audit_resumes_without_paying_twice(tmp_path: Path, capsys: pytest.Captu
         pass
 
     def stop(part: Any, result: dict[str, Any]) -> None:
-        raise Stop(part.id)
+        raise Stop(part_id(part))
 
     cut = tmp_path / "cut"
     with pytest.raises(Stop):
@@ -92,7 +95,7 @@ def test_audit_resumes_without_paying_twice(tmp_path: Path, capsys: pytest.Captu
     spent_after_cut = first["extract-label-like-20"]["total_queries"]
 
     calls: list[str] = []
-    run_audit_command(out=str(cut), on_part=lambda p, r: calls.append(p.id), **kwargs)
+    run_audit_command(out=str(cut), on_part=lambda p, r: calls.append(part_id(p)), **kwargs)
     assert "extract-label-like-20" not in calls and len(calls) == 7  # the finished part is not run again
     assert (cut / "parts" / "extract-label-like-20.json").stat().st_mtime_ns == stamp
     resumed = json.loads((cut / "summary.json").read_text())
@@ -212,7 +215,7 @@ def test_what_the_stolen_copy_enables(tmp_path: Path) -> None:
 
     victim = str(standard_victim("digits-conv2").path)
     out = tmp_path / "e"
-    run_audit_command(victim=victim, answers="label", budgets="20,40", recipe=[a.split("=", 1)[1] for a in TINY],
+    run_audit_command(victim=victim, answers="label", budgets="20,40", settings=TINY_KW,
                       out=str(out), **SMALL_ATTACKS)
     summary = json.loads((out / "summary.json").read_text())
     parts = {r["id"]: r for r in summary["parts"]}
@@ -246,12 +249,12 @@ def test_what_the_stolen_copy_enables(tmp_path: Path) -> None:
 def test_data_free_attacker_is_a_row_of_the_extraction_table(tmp_path: Path) -> None:
     """The default data-free recipe (stealkit extract codfe, labelonly-v3) at the budget the plan leaves it, on
     label answers: its copy is a row beside the other attackers', its queries the ledger's."""
-    from stealkit.commands.audit import run_audit_command
+    from tests.audit_kit import run_audit_command
     from stealkit.victims import standard_victim
 
     victim = str(standard_victim("digits-conv2").path)
     out = tmp_path / "f"
-    run_audit_command(victim=victim, answers="label", budgets="20", recipe=[a.split("=", 1)[1] for a in TINY],
+    run_audit_command(victim=victim, answers="label", budgets="20", settings=TINY_KW,
                       out=str(out), max_queries=540, transfer_images=0, decision_images=0, datafree_budget=2000,
                       **NO_MORE_KW)
     summary = json.loads((out / "summary.json").read_text())

@@ -13,8 +13,9 @@ from stealkit.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 VICTIM = "standard:digits-conv2"
-TINY = ["--recipe=--student=mlp2", "--recipe=--student-arg=hidden=8", "--recipe=--epochs=1",
-        "--recipe=--set=min_steps=0"]
+TINY = ["--set", "student=mlp2", "--set", "student.hidden=8", "--set", "epochs=1", "--set", "min_steps=0"]
+#: the same, as run_audit_command's settings
+TINY_KW = {"student": "mlp2", "student.hidden": 8, "epochs": 1, "min_steps": 0}
 
 
 @pytest.fixture(autouse=True)

@@ -4,6 +4,8 @@ the figures computed right."""
 
 from __future__ import annotations
 
+from tests.audit_kit import part_id
+
 import json
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from stealkit.commands.audit import (
     seed_spread,
 )
 from stealkit.errors import InputError
-from tests.test_audit import NO_EXTRAS, TINY, _repo_root  # noqa: F401 (an autouse fixture)
+from tests.test_audit import NO_EXTRAS, TINY, TINY_KW, _repo_root  # noqa: F401 (an autouse fixture)
 
 VICTIM = "standard:digits-conv2"
 NOTHING_MORE = ["--gradmatch-budgets", "0", "--exact-budget", "0", "--seeds", "1"]
@@ -121,7 +123,7 @@ def test_plan_seeds_repeats_only_the_undefended_like_ladder() -> None:
     parts = [Part("label", "like", "pool", 50), Part("label", "unrelated", "patches", 50),
              Part("probs", "like", "pool", 50, defence="label"), Part("label", "like", "pool", 100)]
     repeats, notes = plan_seeds(parts, 3, 1000)
-    assert [p.id for p in repeats] == ["extract-label-like-50-seed+1", "extract-label-like-100-seed+1",
+    assert [part_id(p) for p in repeats] == ["extract-label-like-50-seed+1", "extract-label-like-100-seed+1",
                                        "extract-label-like-50-seed+2", "extract-label-like-100-seed+2"]
     assert plan_seeds(parts, 1, 1000) == ([], [])
 
@@ -200,7 +202,7 @@ def test_audit_runs_the_explanation_parts_and_the_seeds_through_their_ledgers(tm
     part pays nothing twice."""
     import torch
 
-    from stealkit.commands.audit import run_audit_command
+    from tests.audit_kit import run_audit_command
 
     # the CLI's thread policy: one torch thread (conftest's two make gradient matching's double back-propagation
     # about 14x slower on this shared 2-core machine: 3 min against 13 s)
@@ -215,7 +217,7 @@ def test_audit_runs_the_explanation_parts_and_the_seeds_through_their_ledgers(tm
 def _whole_audit(tmp_path: Path, mlp8: Path, capsys: pytest.CaptureFixture[str], run_audit_command: Any) -> None:
 
     kwargs: dict[str, Any] = {"victim": str(mlp8), "answers": "label", "budgets": "20",
-                              "recipe": [a.split("=", 1)[1] for a in TINY], "transfer_images": 0,
+                              "settings": TINY_KW, "transfer_images": 0,
                               "decision_images": 0, "datafree_budget": 0, "gradmatch_budgets": "10,30",
                               "exact_budget": 1000, "seeds": 2}
 
@@ -224,13 +226,13 @@ def _whole_audit(tmp_path: Path, mlp8: Path, capsys: pytest.CaptureFixture[str],
 
     def stop(part: Any, result: dict[str, Any]) -> None:
         if part.kind == "gradmatch":
-            raise Stop(part.id)
+            raise Stop(part_id(part))
 
     out = tmp_path / "x"
     with pytest.raises(Stop):
         run_audit_command(out=str(out), on_part=stop, **kwargs)
     calls: list[str] = []
-    run_audit_command(out=str(out), on_part=lambda p, r: calls.append(p.id), **kwargs)
+    run_audit_command(out=str(out), on_part=lambda p, r: calls.append(part_id(p)), **kwargs)
     assert calls == ["exact-recovery-h8-1000", "extract-label-like-20-seed+1"]  # the rest was done before
     summary = json.loads((out / "summary.json").read_text())
     parts = {r["id"]: r for r in summary["parts"]}

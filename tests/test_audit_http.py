@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tests.audit_kit import part_id
+
 import json
 from pathlib import Path
 
@@ -13,8 +15,9 @@ from tests.test_serve_support import live_server, make_victim, write_keys
 pytestmark = pytest.mark.slow
 
 KEY = "audit-key-Zx81QpLw6RtV3mNb7Yc4"
-TINY = ["--recipe=--student=mlp2", "--recipe=--student-arg=hidden=8", "--recipe=--epochs=1",
-        "--recipe=--set=min_steps=0"]
+TINY = ["--set", "student=mlp2", "--set", "student.hidden=8", "--set", "epochs=1", "--set", "min_steps=0"]
+#: the same, as run_audit_command's settings
+TINY_KW = {"student": "mlp2", "student.hidden": 8, "epochs": 1, "min_steps": 0}
 
 
 def test_audit_over_http_reconciles_with_the_servers_charges(tmp_path: Path,
@@ -64,7 +67,7 @@ def test_a_server_that_stops_mid_audit_is_one_line_and_the_finished_parts_stay(
     def stop_after_first(part, **kw):  # the server goes away once the first part has finished
         if calls:
             stack.close()
-        calls.append(part.id)
+        calls.append(part_id(part))
         return real(part, **kw)
 
     out = tmp_path / "s"

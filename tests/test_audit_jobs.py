@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from tests.audit_kit import part_id
+
 import json
 from pathlib import Path
 
 import pytest
 
 from stealkit.commands import audit as audit_mod
-from stealkit.commands.audit import run_audit_command
-from tests.test_audit import NO_EXTRAS_KW, TINY, VICTIM
+from tests.audit_kit import run_audit_command
+from tests.test_audit import NO_EXTRAS_KW, TINY_KW, VICTIM
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,10 +24,10 @@ def test_parts_in_two_workers_give_the_figures_and_queries_of_one_process(tmp_pa
     seen: list[str] = []
     from stealkit.victims import standard_victim
 
-    kw = {"victim": str(standard_victim(VICTIM.split(":", 1)[1]).path), "answers": "label,probs", "budgets": "20,40", "recipe": [a.split("=", 1)[1] for a in TINY], **NO_EXTRAS_KW,
+    kw = {"victim": str(standard_victim(VICTIM.split(":", 1)[1]).path), "answers": "label,probs", "budgets": "20,40", "settings": TINY_KW, **NO_EXTRAS_KW,
           "transfer_images": 5}
     run_audit_command(out=str(tmp_path / "one"), jobs=1, **kw)
-    run_audit_command(out=str(tmp_path / "two"), jobs=2, on_part=lambda part, _r: seen.append(part.id), **kw)
+    run_audit_command(out=str(tmp_path / "two"), jobs=2, on_part=lambda part, _r: seen.append(part_id(part)), **kw)
     one, two = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("one", "two"))
     assert two["headline"] == one["headline"] and two["enables"] == one["enables"]
     assert two["queries"] == one["queries"] and 4 * 20 + 4 * 40 < one["queries"] <= 4 * 20 + 4 * 40 + 10
@@ -40,8 +42,8 @@ def test_small_audits_stay_in_this_process(monkeypatch: pytest.MonkeyPatch) -> N
     part = audit_mod.Part("label", "like", "pool", 20, estimate_s=1.0)
     todo = [part, audit_mod.Part("label", "like", "pool", 40, estimate_s=1.0)]
     ran: list[str] = []
-    monkeypatch.setattr(audit_mod, "run_part", lambda p, **_k: ran.append(p.id) or {
-        "part": {"kind": "extract"}, "id": p.id, "total_queries": 0, "fidelity": 0.5, "accuracy": 0.5,
+    monkeypatch.setattr(audit_mod, "run_part", lambda p, **_k: ran.append(part_id(p)) or {
+        "part": {"kind": "extract"}, "id": part_id(p), "total_queries": 0, "fidelity": 0.5, "accuracy": 0.5,
         "elapsed_s": 0.0})
 
     class Run:
@@ -55,4 +57,4 @@ def test_small_audits_stay_in_this_process(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(fsutil, "atomic_write_json", lambda *_a, **_k: None)
     audit_mod.run_audit(todo, Run(), echo=lambda _s: None, jobs=2)  # type: ignore[arg-type]
-    assert ran == [p.id for p in todo]
+    assert ran == [part_id(p) for p in todo]

@@ -31,7 +31,7 @@ BUILDERS: dict[str, str] = {
     "certify": "stealkit.certify.report:certify_sections",
     "certify-study": "stealkit.studies.stn_certify:sections",
     "defences": "stealkit.studies.defences:sections",
-    "audit": "stealkit.commands.audit:sections",
+    "audit": "stealkit.audit.report:sections",
     "study dfme-table4": "stealkit.studies.dfme_table4:sections",
     "study dfme-logits": "stealkit.studies.dfme_logits:sections",
     "study dfme-hypothesis1": "stealkit.studies.dfme_hypothesis1:sections",

@@ -1,4 +1,4 @@
-"""``stealkit audit``: what each serving choice buys (issue 39, point 5).
+"""The audit's defence table: what each serving choice buys.
 
 For every serving choice the audit covers (probabilities, top-k, top-1 labels, and probabilities through each
 output defence of :mod:`stealkit.serve.defences`), side by side:
@@ -7,7 +7,7 @@ output defence of :mod:`stealkit.serve.defences`), side by side:
   a run through the (defended) oracle;
 - the **cost to honest users**: the top-1 accuracy and the expected calibration error (Guo et al. 2017, 15
   equal-width bins) of what is served on the victim's test split, computed from the local model's logits as the
-  oracle answers them (:func:`stealkit.studies.defences.served_calibration`): no audit query is spent;
+  oracle answers them (:func:`stealkit.serve.defences.served_calibration`): no audit query is spent;
 - **PRADA** (Juuti et al. 2019, :class:`stealkit.serve.detection.Prada`, its default settings): after how many
   queries it flags each attack. Every part's queries and the victim's answers are watched as the oracle answers
   them (:mod:`stealkit.oracle.observe`), in order; nothing is queried again and no ledger is charged.
@@ -22,9 +22,12 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
+from stealkit.audit.parts import kind_of
 
 if TYPE_CHECKING:
+    import torch
+
+    from stealkit.oracle.victim import Target
     from stealkit.report.html import Section
 
 #: the defences a local victim's audit adds when no ``--defence`` is given (justified in docs/guide/audit.md):
@@ -59,8 +62,7 @@ class PradaObserver:
     class each answer carries (what a server running PRADA for this client sees); it times itself."""
 
     def __init__(self) -> None:
-        from stealkit.serve.detection import PradaWatch
-        from stealkit.serve.keys import PradaConfig
+        from stealkit.serve.detection import PradaConfig, PradaWatch
 
         self.watch = PradaWatch(PradaConfig())
         self.seconds = 0.0
@@ -76,20 +78,20 @@ class PradaObserver:
         return {**self.watch.as_dict(), "seconds": round(self.seconds, 2)}
 
 
-def serving_costs(*, victim: str, answers: Sequence[str], top_k: int, defences: Sequence[str],
-                  dataset: str | None, data_dir: str | None, device: str) -> dict[str, dict[str, float]] | None:
+def serving_costs(target: Target, *, answers: Sequence[str], defences: Sequence[str]
+                  ) -> dict[str, dict[str, float]] | None:
     """Top-1 accuracy and ECE of each serving choice on the victim's test split, keyed ``label``, ``topk``,
     ``probs`` or ``probs+SPEC``; ``None`` for a remote victim (its test answers would cost queries)."""
-    from stealkit.extract.common import is_url, open_victim, victim_splits
-    from stealkit.serve.defences import parse_defence
-    from stealkit.studies.defences import served_calibration
+    from stealkit.oracle.victim import is_url, victim_splits
+    from stealkit.serve.defences import parse_defence, served_calibration
 
-    if is_url(victim):
+    if isinstance(target.victim, str) and is_url(target.victim):
         return None
-    v = open_victim(victim, mode="probs", budget=0, dataset=dataset, device=device)
+    v = target.open(mode="probs", budget=0)
     if v.model is None:
         return None
-    test = victim_splits(v, data_dir).test
+    top_k = target.top_k
+    test = victim_splits(v, target.data_dir).test
     costs = {a: served_calibration(v.model, test.x, test.y, mode=a, top_k=top_k) for a in answers}
     for spec in defences:  # a fresh defence: seeded noise draws the same on every run
         costs[f"probs+{spec}"] = served_calibration(v.model, test.x, test.y, mode="probs",
@@ -107,7 +109,7 @@ def flagged_text(prada: dict[str, Any] | None) -> int | str | None:
 
 
 def _longest(results: Sequence[dict[str, Any]], answers: str, attacker: str, defence: str) -> dict[str, Any] | None:
-    cell = [r for r in results if r["part"].get("kind", "extract") == "extract" and r["part"]["answers"] == answers
+    cell = [r for r in results if kind_of(r) == "extract" and r["part"]["answers"] == answers
             and r["part"]["attacker"] == attacker and (r["part"].get("defence") or "") == defence]
     return max(cell, key=lambda r: r["part"]["budget"]) if cell else None
 
@@ -134,7 +136,7 @@ def serving_table(headline: Sequence[dict[str, Any]], results: Sequence[dict[str
 
 def _attack_name(r: dict[str, Any]) -> str:
     p = r["part"]
-    kind = p.get("kind", "extract")
+    kind = kind_of(r)
     if kind == "transfer":
         return "PGD transfer from the copy"
     if kind == "decision":
@@ -154,7 +156,7 @@ def prada_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         p = r["part"]
         if not r.get("prada"):
             continue
-        if p.get("kind", "extract") == "extract":
+        if kind_of(r) == "extract":
             key = (p["answers"], p["attacker"], p.get("defence") or "")
             if key in seen:
                 continue

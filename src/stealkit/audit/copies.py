@@ -1,0 +1,177 @@
+"""The stolen copies' figures: fidelity against queries, Q90/Q95 per cell, their spread over seeds, the best copy.
+
+Q90 (Q95) is the fewest measured queries of a cell's ladder whose copy reached 90 % (95 %) fidelity on the
+victim's test split; a cell whose top rung did not reach it reads "not reached within N" (N: the top rung's
+queries, from the ledger). Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stealkit.audit.options import ANSWERS
+from stealkit.audit.parts import THRESHOLDS, Copy, kind_of, pct, q_at, stolen_copies
+
+if TYPE_CHECKING:
+    from stealkit.report.html import Section
+
+WORDS = {"label": "top-1 labels", "topk": "top-k answers", "probs": "probabilities"}
+
+
+def extractions(results: Sequence[dict[str, Any]], kinds: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return stolen_copies(results, kinds)
+
+
+def headline(stolen: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (answer kind, attacker, defence) of the stolen copies: fidelity at each rung, Q90 and Q95
+    (or "not reached within N")."""
+    cells: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in stolen:
+        p = r["part"]
+        cells.setdefault((p["answers"], p["attacker"], p.get("defence", "")), []).append(r)
+    rows = []
+    for (answers, attacker, defence), points in cells.items():
+        points = sorted(points, key=lambda r: r["part"]["budget"])
+        row: dict[str, Any] = {"answers": answers, "attacker": attacker}
+        if any(k[2] for k in cells):
+            row["defence"] = defence or "none"
+            row["served accuracy"] = points[0].get("served_accuracy") if defence else points[0].get("victim_accuracy")
+        for p in points:
+            row[f"fidelity @{p['part']['budget']}"] = p["fidelity"]
+        top = max(p["total_queries"] for p in points)
+        for t in THRESHOLDS:
+            q = q_at(points, t)
+            row[f"Q{round(t * 100)}"] = q if q is not None else f"not reached within {top:,}"
+        rows.append(row)
+    rungs = sorted({int(k.split("@")[1]) for r in rows for k in r if k.startswith("fidelity @")})
+    order = [k for r in rows for k in r if not k.startswith("fidelity @") and not k.startswith("Q")]
+    order = [*dict.fromkeys(order), *(f"fidelity @{b}" for b in rungs), *(f"Q{round(t * 100)}" for t in THRESHOLDS)]
+    return [{k: r[k] for k in order if k in r} for r in rows]
+
+
+def _median(values: Sequence[float]) -> float:
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def seed_spread(results: Sequence[dict[str, Any]], kind: str = "extract") -> list[dict[str, Any]]:
+    """Q90/Q95 over seeds, per answer kind, of the attacker with data like the victim's (the undefended ladder
+    at the seed and its repeats): every seed's value, the median and the range. A seed that did not reach the
+    level counts as more than its top rung: the median is "not reached" when it falls there."""
+    seeds: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    for r in results:
+        p = r["part"]
+        if kind_of(r) == kind and p["attacker"] == "like" and not p.get("defence"):
+            seeds.setdefault(p["answers"], {}).setdefault(int(p.get("seed_offset") or 0), []).append(r)
+    rows = []
+    for answers, by_seed in seeds.items():
+        if len(by_seed) < 2:
+            continue
+        row: dict[str, Any] = {"answers": answers, "attacker": "like", "seeds": len(by_seed)}
+        for t in THRESHOLDS:
+            level = f"Q{round(t * 100)}"
+            values, tops = [], []
+            for _, points in sorted(by_seed.items()):
+                q = q_at(points, t)
+                values.append(math.inf if q is None else q)
+                tops.append(max(p["total_queries"] for p in points))
+            top = max(tops)
+            reached = [v for v in values if v != math.inf]
+            med = _median(values)
+            row[f"{level} per seed"] = ", ".join("–" if v == math.inf else f"{int(v):,}" for v in values)
+            row[f"{level} median"] = (f"not reached within {top:,}" if med == math.inf else
+                                      int(med) if float(med).is_integer() else med)
+            lo, hi = (f"{int(min(reached)):,}", f"{int(max(reached)):,}") if reached else ("", "")
+            row[f"{level} range"] = (f"not reached within {top:,}" if not reached else
+                                     f"{lo} to not reached within {top:,}" if len(reached) < len(values) else
+                                     lo if lo == hi else f"{lo}-{hi}")
+        rows.append(row)
+    return rows
+
+
+def best_copy(results: Sequence[dict[str, Any]], parts_dir: Path, kind: str = "extract") -> Copy | None:
+    """The stolen copy the attacks start from: the undefended extraction with the highest fidelity (the fewest
+    queries on a tie); without fidelities (a remote victim), the largest budget of the richest answers."""
+    mine = [r for r in results if kind_of(r) == kind and not r["part"].get("defence")]
+    if not mine:
+        return None
+    rank = {a: i for i, a in enumerate(ANSWERS)}
+    if all(r.get("fidelity") is not None for r in mine):
+        best = max(mine, key=lambda r: (r["fidelity"], -r["total_queries"]))
+    else:
+        best = max(mine, key=lambda r: (r["part"]["attacker"] == "like", r["part"]["budget"],
+                                        rank.get(r["part"]["answers"], -1)))
+    return Copy(best["id"], str(parts_dir / best["id"]), best.get("fidelity"), best["total_queries"])
+
+
+def _words(q: Any) -> str:
+    return f"{q:,}" if isinstance(q, int) else str(q)
+
+
+def copy_sentences(summary: dict[str, Any], kinds: Mapping[str, Any]) -> list[str]:
+    """Plain words on the copies: the best copy per answer kind, Q90 with probabilities against labels, each
+    defence's cost and Q90, and the spread of Q90 over seeds."""
+    out = []
+    stolen = extractions(summary.get("parts") or [], kinds)
+    for answers in dict.fromkeys(r["part"]["answers"] for r in stolen):
+        mine = [r for r in stolen if r["part"]["answers"] == answers and r["fidelity"] is not None]
+        if not mine:
+            continue
+        best = max(mine, key=lambda r: (r["fidelity"], -r["total_queries"]))
+        p = best["part"]
+        data = {"like": f"data like yours ({p['pool']})", "unrelated": f"only unrelated data ({p['pool']})",
+                "data-free": "no data at all (a generator makes the queries)"}.get(p["attacker"], p["pool"])
+        out.append(f"With {best['total_queries']:,} queries answered with {WORDS[answers]} and {data}, an "
+                   f"attacker gets a copy that agrees with your model on {100 * best['fidelity']:.1f} % of test "
+                   "inputs.")
+    rows = summary.get("headline") or []
+    q = {(r["answers"], r["attacker"]): r["Q90"] for r in rows if r.get("defence", "none") == "none"}
+    if ("probs", "like") in q and ("label", "like") in q:
+        out.append(f"With data like yours, Q90 (queries to a 90 % copy) is {_words(q[('probs', 'like')])} with "
+                   f"probabilities and {_words(q[('label', 'like')])} with top-1 labels only.")
+    for r in rows:
+        if r.get("defence", "none") != "none":
+            out.append(f"Serving probabilities through the defence {r['defence']} gives honest users "
+                       f"{pct(r['served accuracy'])} accuracy and "
+                       + (f"puts Q90 at {r['Q90']:,} queries." if isinstance(r["Q90"], int) else
+                          f"keeps the copy under 90 % fidelity ({r['Q90']} queries)."))
+    spread = summary.get("spread") or []
+    if spread:
+        parts = [f"{r['Q90 range']} with {WORDS.get(r['answers'], r['answers'])}" for r in spread]
+        out.append(f"Repeated at {spread[0]['seeds']} seeds with data like yours, Q90 ranges {', '.join(parts)}.")
+    return out
+
+
+def sections(summary: dict[str, Any], kinds: Mapping[str, Any]) -> list[Section]:
+    """Fidelity against queries per answer kind and attacker with the Q90/Q95 table, and the spread over seeds."""
+    from stealkit.report.html import Figure, Section
+    from stealkit.report.plots import line_plot
+
+    sec = Section("Extraction risk: fidelity against queries, Q90 and Q95", paragraphs=[
+        "Fidelity: agreement of the stolen copy with the victim on the test split. Q90/Q95: the fewest "
+        "measured queries whose copy reached 90 %/95 % fidelity (the audit's ladder of budgets; each "
+        "point is one run of the default `stealkit extract surrogate` recipe)."],
+        tables=[("", summary.get("headline") or [])])
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for r in sorted(extractions(summary.get("parts") or [], kinds), key=lambda r: r["part"]["budget"]):
+        if r.get("fidelity") is None:
+            continue
+        worn = f" through {r['part']['defence']}" if r["part"].get("defence") else ""
+        xs, ys = series.setdefault(f"fidelity, {r['part']['answers']} {r['part']['attacker']}{worn}", ([], []))
+        xs.append(r["total_queries"])
+        ys.append(r["fidelity"])
+    if series:
+        uri = line_plot(series, xlabel="victim queries (from the ledger)", ylabel="fidelity on the test split",
+                        logx=True, hlines={"90 %": 0.9, "95 %": 0.95}, ylim=(0, 1.02))
+        sec.figures.append(Figure(uri, "Fidelity of the stolen copy against queries, per answer kind and attacker"))
+    out = [sec]
+    if summary.get("spread"):
+        out.append(Section("Q90 and Q95 over seeds", paragraphs=[
+            "The undefended ladder of the attacker with data like the victim's, repeated at other seeds where the "
+            "plan had room: each seed's Q90/Q95 (\"–\": not reached within its top rung), their median and range."],
+            tables=[("", summary["spread"])]))
+    return out

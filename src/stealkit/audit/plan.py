@@ -1,0 +1,92 @@
+"""The audit's plan: every part, in the order it runs, sized to fit ``--max-queries`` before any query.
+
+The extraction ladder and the ``fixed`` kinds (the attacks from the stolen copy) come first: to fit, rungs are
+dropped from the top of the ladder (down to one), then the fixed kinds' parts, the last kind first. The ``room``
+kinds (the explanation attacks) take what is left, in table order; the ``rest`` kinds (the data-free attacker)
+what they leave; the repeats of the ladder at other seeds (the spread of Q90/Q95) whatever remains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from stealkit.audit.kinds import KINDS, LADDER_KIND, part_id
+from stealkit.audit.parts import Part, PlanContext
+from stealkit.errors import InputError
+
+
+@dataclass(frozen=True)
+class Plan:
+    parts: list[Part]
+    notes: list[str]
+
+    @property
+    def queries(self) -> int:
+        return sum(p.budget for p in self.parts)
+
+
+def make_plan(ctx: PlanContext) -> Plan:
+    """The parts, in the order they run, and notes on what was left out to fit ``--max-queries``."""
+    max_queries = ctx.options.max_queries
+    ladder = ctx.options.ladder
+    ext = KINDS[LADDER_KIND]
+    rungs = sorted(set(ladder))
+    cells = ext.cells(ctx)  # type: ignore[attr-defined]
+    fixed = {k.name: k.plan(ctx, max_queries) for k in KINDS.values() if k.claim == "fixed" and k.name != LADDER_KIND}
+    notes = [n for _, kind_notes in fixed.values() for n in kind_notes]
+
+    def spend() -> int:
+        ladder_queries = sum(sum(ext.cell_rungs(ctx, c[3], rungs)) for c in cells)  # type: ignore[attr-defined]
+        return ladder_queries + sum(p.budget for parts, _ in fixed.values() for p in parts)
+
+    while len(rungs) > 1 and spend() > max_queries:
+        notes.append(f"rung {rungs[-1]:,} dropped: the plan would spend {spend():,} queries, more than "
+                     f"--max-queries {max_queries:,}")
+        rungs.pop()
+    for name in reversed(list(fixed)):
+        if spend() > max_queries and fixed[name][0]:
+            notes.append(f"the {name} attack left out: the plan would spend {spend():,} queries, more than "
+                         f"--max-queries {max_queries:,}")
+            fixed[name] = ([], [])
+    if spend() > max_queries:
+        raise InputError(f"--max-queries {max_queries:,} is too small for any part: the smallest rung "
+                         f"({min(ladder):,} queries) for {len(cells)} cells needs {len(cells) * min(ladder):,}; "
+                         "raise --max-queries or lower --budgets")
+    parts = ext.ladder(ctx, rungs)  # type: ignore[attr-defined]
+    short = ext.cell_rungs(ctx, ctx.default_defences[0], rungs) if ctx.default_defences else rungs  # type: ignore[attr-defined]
+    if ctx.default_defences and short != rungs:
+        notes.append(f"the default defences ({', '.join(ctx.default_defences)}) run on two rungs of the ladder, "
+                     f"its lowest and its middle ({', '.join(f'{b:,}' for b in short)}): probability parts are "
+                     "the audit's slowest; a Q90 above the higher reads 'not reached'")
+    for kind_parts, _ in fixed.values():
+        parts += kind_parts
+    room = max_queries - spend()
+    room_parts: list[Part] = []
+    room_notes: list[str] = []
+    for kind in (k for k in KINDS.values() if k.claim == "room"):
+        got, why = kind.plan(ctx, room)
+        room_parts += got
+        room_notes += why
+        room -= sum(p.budget for p in got)
+    for kind in (k for k in KINDS.values() if k.claim == "rest"):
+        got, why = kind.plan(ctx, room)
+        parts += got
+        notes += why
+        room -= sum(p.budget for p in got)
+    parts += room_parts
+    notes += room_notes
+    repeats, why = ext.repeats(parts, ctx.sizes.seeds, max_queries - sum(p.budget for p in parts))  # type: ignore[attr-defined]
+    return Plan(parts + repeats, notes + why)
+
+
+def format_plan(parts: Sequence[Part], max_queries: int, done: set[str]) -> str:
+    lines = [f"{'part':<42} {'queries':>8} {'est. time':>10}"]
+    for p in parts:
+        mark = "  (done: resumed)" if part_id(p) in done else ""
+        lines.append(f"{part_id(p):<42} {p.budget:>8,} {p.estimate_s:>9.0f}s{mark}")
+    total = sum(p.budget for p in parts)
+    est = sum(p.estimate_s for p in parts)
+    lines.append(f"{'total':<42} {total:>8,} {est:>9.0f}s  (of --max-queries {max_queries:,}; "
+                 "times are rough, one CPU thread)")
+    return "\n".join(lines)
