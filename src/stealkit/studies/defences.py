@@ -18,9 +18,10 @@ from typing import Any
 import torch
 
 from stealkit import fmt
-from stealkit.extract.common import Victim, make_evaluator, student_factory
+from stealkit.extract.common import student_factory
 from stealkit.extract.surrogate_data.baseline import BaselineConfig, extract_baseline
 from stealkit.oracle import LocalOracle
+from stealkit.oracle.victim import Victim, make_evaluator
 from stealkit.report.html import Section
 from stealkit.rundir import RunDir
 from stealkit.serve.defences import parse_defence
