@@ -24,8 +24,7 @@ from stealkit.oracle import LocalOracle
 from stealkit.report.html import Section
 from stealkit.rundir import RunDir
 from stealkit.serve.defences import parse_defence, served_accuracy, served_calibration  # noqa: F401 (re-exported)
-from stealkit.serve.detection import Prada
-from stealkit.serve.keys import PradaConfig
+from stealkit.serve.detection import Prada, PradaConfig
 from stealkit.train import TrainConfig
 
 log = logging.getLogger(__name__)
