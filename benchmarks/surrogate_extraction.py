@@ -48,18 +48,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from stealkit.commands.extract_surrogate import command_params, surrogate_config
+from stealkit.commands.common import parse_kv
 from stealkit.data import load_query_source
-from stealkit.extract.common import make_evaluator, open_victim, pool_holdout, student_factory, victim_splits
+from stealkit.extract.common import pool_holdout, student_factory
 from stealkit.extract.surrogate_data.knockoff import KnockoffConfig
+from stealkit.extract.surrogate_data.run import SurrogateOptions, resolve_surrogate
 from stealkit.extract.surrogate_data.surrogate import SurrogateConfig, extract_surrogate
 from stealkit.metrics import Evaluator
+from stealkit.oracle.victim import make_evaluator, open_victim, victim_splits
 from stealkit.victims import standard_victim
 
 log = logging.getLogger("bench.surrogate")
 
 #: the command's own defaults (``stealkit extract surrogate`` with nothing but a budget): epochs and batch size
-CLI_DEFAULTS = command_params("--budget", "1")
+CLI_DEFAULTS = {"epochs": SurrogateOptions().epochs, "batch_size": SurrogateOptions().batch_size}
 #: ``--art-search``: ART's thief learning rates and schedules (Adam; per-epoch cosine annealing or constant)
 ART_SEARCH = tuple((lr, schedule) for lr in (1e-3, 3e-3, 1e-2) for schedule in ("constant", "cosine"))
 
@@ -345,14 +347,12 @@ def art_rows(row: str, mode: str) -> list[str]:
 def default_config(args: argparse.Namespace, budget: int, num_classes: int, mode: str,
                    flip: bool = False) -> SurrogateConfig:
     """What ``ours-default`` runs at ``budget``: the configuration ``stealkit extract surrogate --budget BUDGET
-    --mode MODE --seed SEED`` runs (:func:`stealkit.commands.extract_surrogate.surrogate_config` on the command's
-    own parse of those options), with the benchmark's ``--epochs``/``--batch-size`` (by default the command's) and
-    ``--set`` values given to it as options."""
-    argv = ["--budget", str(budget), "--mode", mode, "--seed", str(getattr(args, "seed", 0)),
-            "--epochs", str(args.epochs), "--batch-size", str(args.batch_size)]
-    for setting in args.set:
-        argv += ["--set", setting]
-    return surrogate_config(command_params(*argv), budget, num_classes, flip=flip)[1]
+    --mode MODE --seed SEED`` runs (:func:`stealkit.extract.surrogate_data.run.resolve_surrogate` of those
+    options), with the benchmark's ``--epochs``/``--batch-size`` (by default the command's) and ``--set`` values
+    given to it as options."""
+    options = SurrogateOptions(mode=mode, epochs=args.epochs, batch_size=args.batch_size,
+                               settings=parse_kv(tuple(args.set)))
+    return resolve_surrogate(options, budget, num_classes, flip=flip, seed=getattr(args, "seed", 0))[1]
 
 
 def default_epochs(args: argparse.Namespace, budget: int, num_classes: int, mode: str, pool_size: int) -> int:

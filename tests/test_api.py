@@ -64,3 +64,35 @@ def test_readme_python_example_runs(tmp_path, monkeypatch, capsys):
     exec(compile(code, "README.md", "exec"), {})
     out = capsys.readouterr().out
     assert re.match(r"accuracy 0\.\d{3}, fidelity 0\.\d{3}, queries 60 predict / 0 explain; report: \S+report\.html", out)
+
+
+class _ThroughNumpy(torch.nn.Module):
+    """A victim whose forward leaves torch (as a wrapped foreign model's may): no trace could follow it."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import numpy as np
+
+        return torch.from_numpy(np.asarray(self.inner(x).detach().numpy()))
+
+
+def test_a_module_whose_forward_goes_through_numpy_is_stolen_as_its_torch_twin(victim_dir, tmp_path):
+    """The module is called as it is (no trace, no file): the numpy detour and its pure-torch twin give the same
+    ledger and the same figures at the same seed."""
+    from stealkit.models import load_model
+
+    inner = load_model(victim_dir)[0]
+    runs = [steal(m, input_shape=(1, 8, 8), dataset="digits", budget=40, mode="label", epochs=1, student="mlp2",
+                  student_args={"hidden": 8}, seed=3, out=tmp_path / name)
+            for name, m in (("numpy", _ThroughNumpy(inner)), ("torch", inner))]
+    assert runs[0].queries == runs[1].queries == {"predict": 40, "explain": 0}
+    assert (runs[0].accuracy, runs[0].fidelity) == (runs[1].accuracy, runs[1].fidelity)
+    assert runs[0].accuracy is not None and runs[0].config["victim"] == "<module _ThroughNumpy>"
+
+
+def test_an_unknown_keyword_is_one_line_naming_the_known_ones():
+    with pytest.raises(InputError, match="unknown keyword 'epoch'.*epochs"):
+        steal("standard:digits-conv2", budget=10, epoch=1)

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from stealkit.commands.extract_surrogate import command_params, surrogate_config
+from stealkit.extract.surrogate_data.run import SurrogateOptions, resolve_surrogate
 from stealkit.extract.surrogate_data.surrogate_presets import STUDENT_MIN_STEPS
 from tests.conftest import TinyNet, load_benchmark
 
@@ -29,8 +29,8 @@ def _args(bench, *settings: str, seed: int = 0) -> argparse.Namespace:
 
 def test_the_benchmarks_defaults_are_the_commands(bench):
     args = _args(bench)
-    cli = command_params("--budget", "1")
-    assert (args.epochs, args.batch_size) == (cli["epochs"], cli["batch_size"]) == (30, 64)
+    cli = SurrogateOptions()
+    assert (args.epochs, args.batch_size) == (cli.epochs, cli.batch_size) == (30, 64)
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +66,7 @@ def test_the_benchmarks_default_row_is_what_the_command_runs(bench, victim_dir, 
         main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--mode", mode, "--budget", str(budget),
               "--seed", "2", "--out", str(tmp_path / "run")])
     assert seen[0] == bench.default_config(_args(bench, seed=2), budget, 10, mode)
-    assert seen[0] == surrogate_config(command_params("--mode", mode, "--budget", str(budget), "--seed", "2"),
-                                       budget, 10)[1]
+    assert seen[0] == resolve_surrogate(SurrogateOptions(mode=mode), budget, 10, seed=2)[1]
     assert seen[0].batch_size == 64
 
 

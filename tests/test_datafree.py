@@ -247,6 +247,31 @@ def test_resume_refuses_a_different_configuration(tmp_path: Path) -> None:
            checkpoint_dir=tmp_path, resume=True)
 
 
+def test_a_journal_written_before_the_shared_digest_still_replays(tmp_path: Path) -> None:
+    """Journals hold 32 hex digits of the float32 bytes (``journal.digest`` before ``digest_tensor`` took it over):
+    one written then is replayed, not re-queried, and a float64 batch matches its float32 record."""
+    import json
+    import struct
+
+    from stealkit.extract.journal import JournalOracle
+
+    x = torch.arange(24, dtype=torch.float32).reshape(2, 3, 2, 2) / 24
+    answer = torch.tensor([[0.25, 0.75], [0.5, 0.5]])
+    old_digest = "da9c0fa0660de5c4b8dd5e04dc1a30dc"  # what the old journal.digest(x) wrote for this batch
+    journal = tmp_path / "journal-3.bin"
+    for _ in range(2):
+        header = json.dumps({"digest": old_digest, "dtype": "<f4", "shape": [2, 2]}).encode()
+        with journal.open("ab") as fh:
+            fh.write(struct.pack("<II", len(header), answer.numpy().nbytes) + header + answer.numpy().tobytes())
+
+    inner = CrashingOracle(oracle(budget=10), crash_after=0)  # any live query raises Crash
+    wrapped = JournalOracle(inner)  # type: ignore[arg-type]
+    wrapped.open(journal, replay=True)
+    assert torch.equal(wrapped.query(x), answer) and torch.equal(wrapped.query(x.double()), answer)
+    wrapped.close()
+    assert (wrapped.replayed, wrapped.live, inner.sent, wrapped.ledger.total) == (4, 0, 0, 4)
+
+
 def test_checkpoint_has_no_pickle(tmp_path: Path) -> None:
     fn, config = TINY["maze"]
     fn(oracle(), make_student=student, evaluator=None, config=with_loop(config, checkpoint_every=1,

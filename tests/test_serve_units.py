@@ -23,8 +23,8 @@ from stealkit.serve.defences import (
     rounding,
     top_k,
 )
-from stealkit.serve.detection import Prada
-from stealkit.serve.keys import PradaConfig, load_keys, parse_keys
+from stealkit.serve.detection import Prada, PradaConfig
+from stealkit.serve.keys import load_keys, parse_keys
 from stealkit.serve.store import Store
 
 # -- defences -------------------------------------------------------------------------------------------

@@ -220,10 +220,10 @@ def test_removed_flags_and_presets_are_refused(tmp_path, args):
 
 def test_the_command_and_the_python_api_reach_the_same_default(victim_dir, tmp_path, monkeypatch):
     """What the command runs with no option but the budget and the answer kind is ``SurrogateConfig.default`` (and
-    :func:`command_params` + :func:`surrogate_config`) for that budget, batch 64 included; the run is stopped
+    :func:`~stealkit.extract.surrogate_data.run.resolve_surrogate` of the default options) for that budget, batch 64 included; the run is stopped
     before training."""
-    from stealkit.commands.extract_surrogate import command_params, surrogate_config
     from stealkit.extract.surrogate_data import surrogate as mod
+    from stealkit.extract.surrogate_data.run import SurrogateOptions, resolve_surrogate
 
     seen = []
 
@@ -241,5 +241,5 @@ def test_the_command_and_the_python_api_reach_the_same_default(victim_dir, tmp_p
                   "--out", str(tmp_path / f"{mode}{budget}")])
         config = seen[-1]
         assert config.batch_size == 64
-        assert config == surrogate_config(command_params("--mode", mode, "--budget", str(budget)), budget, 10)[1]
+        assert config == resolve_surrogate(SurrogateOptions(mode=mode), budget, 10)[1]
         assert config == mod.SurrogateConfig.default(budget, 10, mode=mode, eval_every=5)

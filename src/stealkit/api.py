@@ -1,8 +1,8 @@
 """The Python API: one call per capability, with the CLI's options and the CLI's defaults.
 
-Each function runs the very command the CLI runs (the same option parsing, the same preset resolution, the
-same query ledger), so a default can never differ between ``stealkit extract surrogate`` and
-:func:`steal`. It returns a typed result read back from the run directory::
+Each function calls the runner the CLI's command calls (:func:`stealkit.extract.surrogate_data.run.run_surrogate`
+for :func:`steal`: the same option defaults, the same preset resolution, the same query ledger), so a default can
+never differ between ``stealkit extract surrogate`` and :func:`steal`. It returns a typed result::
 
     from stealkit.api import steal
     run = steal("standard:digits-conv2", budget=1000, mode="label")
@@ -12,10 +12,10 @@ same query ledger), so a default can never differ between ``stealkit extract sur
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +24,8 @@ from stealkit.errors import InputError
 
 if TYPE_CHECKING:
     from torch import nn
+
+    from stealkit.extract.common import ExtractionRun
 
 
 @dataclass(frozen=True)
@@ -62,62 +64,6 @@ class Extraction:
                 f"{fmt.queries(self.queries)}; report: {self.report}")
 
 
-def _victim_args(victim: Any, *, input_shape: tuple[int, ...] | None, num_classes: int | None,
-                 workdir: Path) -> list[str]:
-    """``--victim`` (and the flags a TorchScript file needs) for what the user has: a model directory or file,
-    ``standard:NAME``, a URL, or an ``nn.Module`` (traced to TorchScript in ``workdir``)."""
-    from torch import nn
-
-    if isinstance(victim, (str, os.PathLike)):
-        return ["--victim", os.fspath(victim)]
-    if not isinstance(victim, nn.Module):
-        raise InputError(f"victim must be an nn.Module, a model directory or file, standard:NAME or a URL; got "
-                         f"{type(victim).__name__}")
-    if input_shape is None:
-        raise InputError("an nn.Module victim needs input_shape=(C, H, W)")
-    import torch
-
-    was_training = victim.training
-    victim.eval()
-    example = torch.zeros(1, *input_shape)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.trace: the .pt victim loader reads it
-        k = num_classes or int(victim(example).shape[-1])
-        traced = torch.jit.trace(victim, example)
-    victim.train(was_training)
-    path = workdir / "victim.pt"
-    traced.save(str(path))
-    return ["--victim", str(path), "--input-shape", ",".join(map(str, input_shape)), "--num-classes", str(k),
-            "--value-range", "0,1", "--normalize", "none"]
-
-
-def _options(options: dict[str, Any]) -> list[str]:
-    """Keyword options as the command's flags: ``student_args={"hidden": 8}`` -> ``--student-arg hidden=8``,
-    ``settings={"min_steps": 0}`` -> ``--set min_steps=0``, ``x=True`` -> ``--x``, ``x=None`` left out."""
-    args: list[str] = []
-    for name, value in options.items():
-        if value is None or value is False:
-            continue
-        if name in ("student_args", "settings"):
-            flag = "--student-arg" if name == "student_args" else "--set"
-            for k, v in dict(value).items():
-                args += [flag, f"{k}={v}"]
-            continue
-        flag = "--" + name.replace("_", "-")
-        args += [flag] if value is True else [flag, str(value)]
-    return args
-
-
-def surrogate_args(victim: Any, *, budget: int, out: str | os.PathLike[str] | None = None, workdir: Path,
-                   input_shape: tuple[int, ...] | None = None, num_classes: int | None = None,
-                   **options: Any) -> list[str]:
-    """The ``stealkit extract surrogate`` arguments :func:`steal` runs (for a test or a log)."""
-    out = out if out is not None else workdir / "run"
-    return [*_victim_args(victim, input_shape=input_shape, num_classes=num_classes, workdir=workdir),
-            "--budget", str(budget), *_options(options), "--out", os.fspath(out)]
-
-
 def read_extraction(path: str | os.PathLike[str]) -> Extraction:
     """The :class:`Extraction` an ``extract`` run directory holds."""
     p = Path(path)
@@ -128,27 +74,65 @@ def read_extraction(path: str | os.PathLike[str]) -> Extraction:
                       config=config, summary=summary)
 
 
+#: steal()'s keywords that are the Target's (the rest but ``resume`` and ``student_args`` are SurrogateOptions')
+TARGET_KEYWORDS = ("key", "top_k", "dataset", "data_dir", "device", "seed")
+
+
 def steal(victim: Any, *, budget: int, mode: str = "probs", out: str | os.PathLike[str] | None = None,
           input_shape: tuple[int, ...] | None = None, num_classes: int | None = None, **options: Any) -> Extraction:
     """Steal ``victim`` with ``budget`` queries: ``stealkit extract surrogate`` (DFME appendix A surrogate-data
     extraction, ``--preset auto`` by default), with every option of that command as a keyword (``pool=``,
-    ``student=``, ``epochs=``, ``preset=``, ``dataset=``, ``seed=``, ``device=``, ``settings={...}``,
-    ``student_args={...}``).
+    ``student=``, ``epochs=``, ``preset=``, ``dataset=``, ``seed=``, ``device=``, ``resume=``, ``settings={...}``,
+    ``student_args={...}`` (or ``student_kwargs=``)).
 
-    ``victim``: an ``nn.Module`` taking images in [0, 1] (with ``input_shape=(C, H, W)`` and ``dataset=``;
-    traced to TorchScript), a
-    model directory from ``stealkit train``, ``standard:NAME``, an ``.onnx``/``.pt`` file, or an
+    ``victim``: an ``nn.Module`` taking images in [0, 1] (with ``input_shape=(C, H, W)`` and ``dataset=``; called
+    as it is), a model directory from ``stealkit train``, ``standard:NAME``, an ``.onnx``/``.pt`` file, or an
     ``http(s)://`` / ``v2+http://`` address. ``out``: the run directory (default: a temporary one, kept).
     """
-    from stealkit.commands.extract_surrogate import surrogate_cmd
+    from torch import nn
 
-    workdir = Path(tempfile.mkdtemp(prefix="stealkit-"))
-    args = surrogate_args(victim, budget=budget, out=out, workdir=workdir, input_shape=input_shape,
-                          num_classes=num_classes, mode=mode, **options)
-    import contextlib
-    import io
+    from stealkit.commands.common import check_arch, check_budget, check_source, dataset_name
+    from stealkit.device import resolve_device
+    from stealkit.extract.surrogate_data.run import SurrogateOptions, run_surrogate
+    from stealkit.oracle.victim import Target
 
-    # the command's closing line is the caller's to print (``print(run)``); progress and logs stay on stderr
-    with contextlib.redirect_stdout(io.StringIO()), surrogate_cmd.make_context("surrogate", list(args)) as ctx:
-        surrogate_cmd.invoke(ctx)
-    return read_extraction(args[args.index("--out") + 1])
+    check_budget(None, None, budget)
+    fields = {f.name for f in dataclasses.fields(SurrogateOptions)}
+    known = sorted(fields | set(TARGET_KEYWORDS) | {"student_args", "resume"})
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise InputError(f"steal(): unknown keyword {unknown[0]!r}; known: budget, mode, out, input_shape, "
+                         f"num_classes, {', '.join(known)}")
+    if "student_args" in options and "student_kwargs" in options:
+        raise InputError("steal(): give student_args or student_kwargs, not both")
+    opts = {k: v for k, v in options.items() if k in fields}
+    opts["student_kwargs"] = dict(options.get("student_args") or opts.get("student_kwargs") or {})
+    opts["settings"] = dict(opts.get("settings") or {})
+    check_arch(None, None, opts.get("student"))
+    check_source(None, None, opts.get("pool"))
+    where = {k: options[k] for k in TARGET_KEYWORDS if k in options}
+    if where.get("dataset") is not None:
+        where["dataset"] = dataset_name(None, None, where["dataset"])
+    where["device"] = resolve_device(where.get("device"))
+    if isinstance(victim, (str, os.PathLike)):
+        victim = os.fspath(victim)
+        if victim.startswith("standard:"):
+            from stealkit.victims import standard_victim
+
+            victim = str(standard_victim(victim.split(":", 1)[1]).path)
+    elif not isinstance(victim, nn.Module):
+        raise InputError(f"victim must be an nn.Module, a model directory or file, standard:NAME or a URL; got "
+                         f"{type(victim).__name__}")
+    elif input_shape is None:
+        raise InputError("an nn.Module victim needs input_shape=(C, H, W)")
+    target = Target(victim, input_shape=tuple(input_shape) if input_shape is not None else None,
+                    num_classes=num_classes, **where)
+    out = out if out is not None else Path(tempfile.mkdtemp(prefix="stealkit-")) / "run"
+    run = run_surrogate(target, budget, SurrogateOptions(mode=mode, **opts), out=out,
+                        resume=bool(options.get("resume", False)))
+    return extraction_of(run)
+
+
+def extraction_of(run: ExtractionRun) -> Extraction:
+    """The :class:`Extraction` of a runner's result: its figures as its run directory's summary.json records them."""
+    return read_extraction(run.path)

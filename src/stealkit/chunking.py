@@ -2,8 +2,8 @@
 
 On a CPU a forward pass is fastest while each layer's output for the whole chunk stays in the last-level
 cache; past that, every layer streams its activations through main memory. Measured on this project's 2-core
-AMD EPYC (32 MiB L3, 1 torch thread, torch 2.13.0+cpu; ``benchmarks/forward_chunk.py`` at 9158eae, since removed, `docs/notebook/benchmarks.md`,
-"Forward chunk size on the CPU"): the Fashion-MNIST ``conv2`` victim answers 2,400-2,700 images/s in chunks of
+AMD EPYC (32 MiB L3, 1 torch thread, torch 2.13.0+cpu; ``benchmarks/forward_chunk.py`` at 9158eae, since removed: docs/archive.md,
+"One-off diagnostics removed from benchmarks/"): the Fashion-MNIST ``conv2`` victim answers 2,400-2,700 images/s in chunks of
 32-256 and 1,500-1,650 in chunks of 512-1,024; ``cnn4`` 1,750-2,130 at 32-256 and 1,180-1,360 at 512-1,024;
 the digits ``conv2`` victim is fastest at 512 (noisy). The 28x28 victims slow down where the largest layer
 output of the chunk passes about 32 MiB, so the CPU chunk is the largest power of two that keeps it under

@@ -7,7 +7,8 @@ argument: a rare, very large gradient (a "cliff" of the loss surface) throws the
 training had reached, and rescaling keeps the step's direction while bounding its length. In stealkit it is a
 setting of every training on the answers (``grad_clip``; 0 is off and leaves the loop bitwise as it was): issue
 21's tenth pass found the tau-2 KL students of probability answers collapsing after such spikes (gradient norms
-of 10-40, 6-30 times a run's median step, near the one-cycle peak; docs/notebook/surrogate-active.md), and the default
+of 10-40, 6-30 times a run's median step, near the one-cycle peak; docs/guide/surrogate.md, "The default and why"),
+and the default
 with probability answers from 10 per class clips at 5.
 
 ``torch.nn.utils.clip_grad_norm_`` divides by ``norm + 1e-6``; :func:`clip_gradients` rescales by exactly

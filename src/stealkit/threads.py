@@ -1,8 +1,8 @@
 """The CPU thread policy: how many intra-op threads torch uses in a stealkit process.
 
 stealkit's models (the zoo on digits, Fashion-MNIST, CIFAR-sized inputs) are small: extra intra-op threads
-gain little on them and cost a lot when the cores are shared with other work (see docs/notebook/benchmarks.md, "Thread
-policy"). So a process uses **one** intra-op thread unless told otherwise, and parallelism comes from running
+gain little on them and cost a lot when the cores are shared with other work (docs/results.md#threads: the demo took
+10.1 s beside a CPU-bound neighbour at one thread, 24.5 s at two). So a process uses **one** intra-op thread unless told otherwise, and parallelism comes from running
 independent work in separate processes (``reproduce --jobs``, ``sweep --workers``).
 
 Precedence: ``--threads N`` > ``$STEALKIT_THREADS`` > ``$OMP_NUM_THREADS`` (set by the user) > 1. ``0`` means

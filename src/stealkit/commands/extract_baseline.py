@@ -38,14 +38,9 @@ def baseline_cmd(victim: str, key: str | None, mode: str, temperature: float, to
     """Plain extraction: query a pool through the victim's oracle and train a student on the answers."""
     from stealkit.data import load_query_source
     from stealkit.errors import InputError
-    from stealkit.extract.common import (
-        make_evaluator,
-        open_victim,
-        save_extraction,
-        student_factory,
-        victim_splits,
-    )
+    from stealkit.extract.common import save_extraction, student_factory
     from stealkit.extract.registry import METHODS
+    from stealkit.oracle.victim import make_evaluator, open_victim, victim_splits
     from stealkit.rundir import RunDir
     from stealkit.settings import apply_settings
     from stealkit.train import TrainConfig

@@ -47,14 +47,9 @@ def gradmatch_cmd(victim: str, key: str | None, budget: int, checkpoints: str | 
                   settings: tuple[str, ...], seed: int, out: str, device: str) -> None:
     """Train a reconstruction on the victim's answers and input-gradient explanations (l_G + lambda l_M)."""
     from stealkit.data import load_query_source
-    from stealkit.extract.common import (
-        make_evaluator,
-        open_victim,
-        save_extraction,
-        student_factory,
-        victim_splits,
-    )
+    from stealkit.extract.common import save_extraction, student_factory
     from stealkit.extract.registry import METHODS
+    from stealkit.oracle.victim import make_evaluator, open_victim, victim_splits
     from stealkit.rundir import RunDir
     from stealkit.settings import apply_settings
 

@@ -1,12 +1,11 @@
 """``stealkit extract surrogate``: surrogate-data extraction (DFME appendix A; Knockoff Nets' adaptive policy;
 ActiveThief's active selection and FixMatch on the unqueried pool). ``--preset`` picks the combination; its
 default is ``stealkit.extract.surrogate_data.surrogate_presets.DEFAULT_PRESET``, chosen on the validation split
-(docs/guide/surrogate.md). :func:`surrogate_config` turns the command's options into the configuration it runs;
-``benchmarks/surrogate_extraction.py`` calls it for its default rows (with :func:`command_params`)."""
+(docs/guide/surrogate.md). The command is options in, one
+:func:`~stealkit.extract.surrogate_data.run.run_surrogate` call, the closing line out."""
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -21,52 +20,23 @@ from stealkit.commands.common import (
     set_option,
     victim_options,
 )
-from stealkit.errors import InputError
 from stealkit.extract.surrogate_data.surrogate_presets import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_EPOCHS,
     DEFAULT_PRESET,
     PRESET_NAMES,
 )
-from stealkit.rundir import RunDir
 
 if TYPE_CHECKING:
     import torch
 
-    from stealkit.extract.common import Victim
+    from stealkit.extract.surrogate_data.run import SurrogateOptions
     from stealkit.extract.surrogate_data.surrogate import SurrogateConfig
+    from stealkit.oracle.victim import Victim
 
-log = logging.getLogger(__name__)
-
-
-def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | None, seed: int,
-                        data_dir: str | None, victim_dataset: str | None, split_seed: int,
-                        with_labels: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Images of query source ``spec`` (see :mod:`stealkit.data.query_sources`); with ``with_labels``, also
-    the source data set's own labels of the same images (Knockoff Nets' actions), or ``None`` where the
-    source has none (synthetic) or they cannot be matched (then the policy clusters the pool instead)."""
-    import torch
-
-    from stealkit.data import adapt_images, keep_classes, load_query_source, load_splits, parse_source
-
-    parsed = parse_source(spec)
-    if parsed.is_synthetic and n is None:
-        raise InputError(f"query source {spec!r} is synthetic: give a number of images")
-    x = load_query_source(spec, input_shape=input_shape, n=n, seed=seed, data_dir=data_dir,
-                          victim_dataset=victim_dataset, split_seed=split_seed)
-    if not with_labels or parsed.is_synthetic or parsed.imbalance is not None:
-        return x, None
-    name = victim_dataset if parsed.name == "pool" else parsed.name
-    ds = load_splits(str(name), data_dir=data_dir, seed=split_seed).attacker_pool
-    if parsed.classes is not None:
-        ds = keep_classes(ds, parsed.classes)
-    order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed))
-    if n is not None:
-        order = order[:n]
-    if order.numel() != x.shape[0] or not torch.equal(adapt_images(ds.x[order], input_shape), x):
-        log.warning("could not match labels to the query source %r; knockoff will cluster the pool", spec)
-        return x, None
-    return x, ds.y[order]
+#: the command's options that are SurrogateOptions fields (the rest: the Target's, budget, out, resume)
+OPTION_FIELDS = ("mode", "temperature", "pool", "max_distinct", "loss", "tau", "schedule", "lr", "strategy", "select",
+                 "ssl", "preset", "student", "epochs", "batch_size", "eval_every")
 
 
 @click.command("surrogate")
@@ -121,89 +91,44 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
                   batch_size: int, eval_every: int, settings: tuple[str, ...], seed: int, out: str,
                   device: str) -> None:
     """Surrogate-data extraction: query a surrogate pool, distil the answers with the tau-scaled KL (DFME A)."""
-    from stealkit.extract.common import (
-        make_evaluator,
-        open_victim,
-        save_extraction,
-        student_factory,
-        victim_splits,
-    )
-    from stealkit.extract.registry import METHODS
-    from stealkit.extract.surrogate_data.surrogate import FLIP_INVARIANT, resolve_loss
+    from stealkit.extract.surrogate_data.run import run_surrogate
+    from stealkit.oracle.victim import Target
 
-    resolve_loss(loss, mode)  # type: ignore[arg-type]  # refuse e.g. KL on labels before any work
-    kwargs = parse_kv(student_args)
-    method = METHODS["surrogate"]
-    cap = min(budget, max_distinct) if max_distinct is not None else budget
-    params = {"mode": mode, "max_distinct": max_distinct, "loss": loss, "tau": tau, "schedule": schedule, "lr": lr,
-              "strategy": strategy, "select": select, "ssl": ssl, "preset": preset, "epochs": epochs,
-              "batch_size": batch_size, "eval_every": eval_every, "settings": settings, "seed": seed}
-
-    def refuse_resume() -> None:
-        raise InputError("--resume continues active rounds; this run has --select random (nothing to resume)")
-
-    # refuse bad settings and resume mistakes before the victim is opened; one class gives the most answers per
-    # class, so if even then nothing is checkpointed (the default selects by margin from 20 per class), nothing is
-    _, widest = surrogate_config(params, cap, 1)
-    if resume and widest.select == "random":
-        refuse_resume()
-    run = RunDir(out)
-    checkpoint = run.path / "checkpoint"
-    if not resume and (checkpoint / "active.json").exists():
-        raise InputError(f"{out} holds a checkpoint of an earlier run: pass --resume to continue it, or choose "
-                         "another --out")
-    v = open_victim(victim, mode=mode, budget=budget, temperature=temperature, top_k=top_k, key=key,
-                    dataset=dataset, device=device, seed=seed)
-    resolved, config = surrogate_config(params, cap, v.num_classes, flip=v.dataset in FLIP_INVARIANT)
-    checkpointed = config.select != "random"
-    if resume and not checkpointed:
-        refuse_resume()
-    splits = victim_splits(v, data_dir)
-    x_pool, labels = surrogate_pool(pool, v, config, cap=cap, seed=seed, data_dir=data_dir)
-    cfg = {"victim": victim, "mode": mode, "budget": budget, "pool": pool, "student": student, "preset": preset,
-           "preset_resolved": resolved, "student_kwargs": kwargs, "dataset": v.dataset, "surrogate": config}
-    run.create(command="extract surrogate", seed=seed, config=cfg)
-    result = method.run(v.oracle, x_pool, make_student=student_factory(student, v, seed, **kwargs),
-                        config=config, evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
-                        pool_labels=labels, on_point=run.append_record, device=device,
-                        checkpoint_dir=checkpoint if checkpointed else None, resume=resume)
-    save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
-    click.echo(f"accuracy {fmt.figure(result.accuracy)}, fidelity {fmt.figure(result.fidelity)}, "
-               f"queries {fmt.queries(result.queries)}; "
-               f"report: {run.report_path}")
+    params = dict(click.get_current_context().params)
+    target = Target(victim, key=key, top_k=top_k, dataset=dataset, data_dir=data_dir, device=device, seed=seed)
+    r = run_surrogate(target, budget, surrogate_options(params), out=out, resume=resume)
+    click.echo(f"accuracy {fmt.figure(r.accuracy)}, fidelity {fmt.figure(r.fidelity)}, "
+               f"queries {fmt.queries(r.result.queries)}; "
+               f"report: {r.path / 'report.html'}")
 
 
+def surrogate_options(params: dict[str, Any]) -> SurrogateOptions:
+    """The :class:`~stealkit.extract.surrogate_data.run.SurrogateOptions` of the command's parsed ``params``
+    (``student_args`` and ``settings`` as ``KEY=VALUE`` strings)."""
+    from stealkit.extract.surrogate_data.run import SurrogateOptions
+
+    return SurrogateOptions(**{k: params[k] for k in OPTION_FIELDS},
+                            student_kwargs=parse_kv(tuple(params.get("student_args", ()))),
+                            settings=parse_kv(tuple(params.get("settings", ()))))
+
+
+# kept for the audit until it moves: command_params, surrogate_config and surrogate_pool (the old names, thin over
+# stealkit.extract.surrogate_data.run)
 def surrogate_pool(pool: str, v: Victim, config: SurrogateConfig, *, cap: int, seed: int,
                    data_dir: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The images (and, for Knockoff Nets' policy, their source labels) the command queries from: plain random
-    queries take the first ``cap`` of a shuffle; the adaptive policy, active selection and FixMatch use the whole
-    pool (a synthetic source draws four candidates per query it may make)."""
-    from stealkit.data import parse_source
+    """:func:`stealkit.extract.surrogate_data.run.surrogate_pool`."""
+    from stealkit.extract.surrogate_data.run import surrogate_pool as pool_of
 
-    knockoff = config.strategy == "knockoff"
-    whole = knockoff or config.select != "random" or config.ssl != "none"
-    n_pool = (4 * cap if parse_source(pool).is_synthetic else None) if whole else cap
-    return load_surrogate_pool(pool, input_shape=v.input_shape, n=n_pool, seed=seed, data_dir=data_dir,
-                               victim_dataset=v.dataset, split_seed=v.split_seed, with_labels=knockoff)
+    return pool_of(pool, v, config, cap=cap, seed=seed, data_dir=data_dir)
 
 
 def surrogate_config(params: dict[str, Any], answers: int, num_classes: int, *,
                      flip: bool = False) -> tuple[str, SurrogateConfig]:
-    """The configuration the command runs for its options ``params`` (keyed by the command's parameter names:
-    ``mode``, ``preset``, ``epochs``, ``batch_size``, ``settings`` as ``KEY=VALUE`` strings, ...; see
-    :func:`command_params`) at ``answers`` distinct images of ``num_classes`` classes, and the name of what the
-    preset resolved to. ``--strategy knockoff`` runs the ``paper`` preset (its own policy chooses every query); an
-    explicit ``--select/--ssl/--tau/--lr`` and then ``--set`` win over the preset; ``flip``: FixMatch mirrors
-    images (a flip-invariant data set) unless ``--set fixmatch.flip`` says otherwise
-    (:func:`stealkit.extract.surrogate_data.surrogate.resolve_config`)."""
-    from stealkit.extract.surrogate_data.surrogate import resolve_config
+    """:func:`stealkit.extract.surrogate_data.run.resolve_surrogate` of the command's parsed ``params``
+    (:func:`command_params`)."""
+    from stealkit.extract.surrogate_data.run import resolve_surrogate
 
-    flags = {k: params[k] for k in ("select", "ssl", "tau", "lr") if params.get(k) is not None}
-    preset = params["preset"] if params["strategy"] == "random" else "paper"
-    fields = {k: params[k] for k in ("max_distinct", "loss", "epochs", "batch_size", "schedule", "strategy",
-                                     "eval_every", "seed")}
-    return resolve_config(preset, answers, num_classes, mode=params["mode"], flip=flip,
-                          settings={**flags, **parse_kv(tuple(params["settings"]))}, **fields)
+    return resolve_surrogate(surrogate_options(params), answers, num_classes, flip=flip, seed=params["seed"])
 
 
 def command_params(*args: str) -> dict[str, Any]:

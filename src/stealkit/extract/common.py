@@ -1,4 +1,5 @@
-"""What every extraction method shares: the victim handle, metered batch querying, results and records."""
+"""What every extraction method shares: metered batch querying, results (:class:`ExtractionResult`, a runner's
+:class:`ExtractionRun`) and records. The victim handle lives in :mod:`stealkit.oracle.victim` (re-exported here)."""
 
 from __future__ import annotations
 
@@ -12,133 +13,16 @@ import torch
 from torch import nn
 
 from stealkit import __version__
-from stealkit.errors import InputError, StealkitError
-from stealkit.metrics import Evaluator, predict_labels
-from stealkit.oracle import Oracle, OutputMode
+from stealkit.metrics import Evaluator
+from stealkit.oracle import Oracle
+from stealkit.oracle.victim import Victim, is_url, make_evaluator, open_victim, victim_splits
 from stealkit.rundir import RunDir
 
+__all__ = ["ExtractionResult", "ExtractionRun", "Victim", "affordable", "curve_point", "extraction_notes",
+           "is_url", "make_evaluator", "open_victim", "pool_holdout", "query_all", "save_extraction",
+           "student_factory", "victim_splits"]
+
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Victim:
-    """An oracle over the victim, and what the experimenter knows about it for evaluation."""
-
-    oracle: Oracle
-    input_shape: tuple[int, int, int]
-    num_classes: int
-    dataset: str | None
-    split_seed: int = 0
-    model: nn.Module | None = None  # only for local victims: evaluation, never attacks
-    spec: Any = None
-    location: str = ""
-
-    @property
-    def is_local(self) -> bool:
-        return self.model is not None
-
-
-def is_url(victim: str) -> bool:
-    return victim.startswith(("http://", "https://", "v2+http://", "v2+https://"))
-
-
-def open_victim(
-    victim: str | Path,
-    *,
-    mode: str | OutputMode = "probs",
-    budget: int | None = None,
-    temperature: float = 1.0,
-    top_k: int = 1,
-    key: str | None = None,
-    explain: bool = False,
-    dataset: str | None = None,
-    device: str = "cpu",
-    seed: int = 0,
-    defences: tuple[Any, ...] = (),
-) -> Victim:
-    """Open a victim given as a model directory, an ONNX or TorchScript file, an ``http(s)://`` API address, or a
-    v2 (Open Inference Protocol) endpoint ``v2+http://host:port/v2/models/NAME`` (:mod:`stealkit.oracle.http_v2`).
-
-    A file may carry what its metadata lacks as ``FILE?input_shape=C,H,W&num_classes=K&...`` (see
-    :mod:`stealkit.models.foreign_meta`; the CLI's ``--input-shape`` etc. are folded in this way). It is wrapped
-    as an ``nn.Module`` and answered by the same :class:`~stealkit.oracle.LocalOracle`, so the ledger counts
-    the same. (The CLI's ``--victim standard:NAME`` is resolved to a directory by the command layer, which may
-    build victims; this layer only opens them.) ``defences`` (:func:`stealkit.serve.defences.parse_defence`)
-    perturb a local victim's answers, as a ``stealkit serve`` key's ``defences`` do; a remote victim's are its server's.
-    """
-    victim = str(victim)
-    if victim.startswith("standard:"):
-        raise InputError(f"{victim}: resolve standard victims first (stealkit.victims.standard_victim(NAME).path)")
-    if is_url(victim):
-        if defences:
-            raise InputError(f"{victim} is a remote victim: its defences are its server's (a stealkit serve key's defences)")
-        try:
-            from stealkit.oracle.http import HttpOracle
-            from stealkit.oracle.http_v2 import V2HttpOracle, is_v2
-        except ImportError:
-            raise StealkitError("HTTP victims need stealkit.oracle.http, which this install lacks") from None
-        remote: HttpOracle
-        if is_v2(victim):  # the Open Inference Protocol: a key only if the server wants one
-            remote = V2HttpOracle(victim, key=key, mode=mode, budget=budget)
-        elif not key:
-            raise InputError("an HTTP victim needs an API key: pass --key KEY")
-        else:
-            remote = HttpOracle(victim, key=key, mode=mode, budget=budget)
-        return Victim(
-            oracle=remote,
-            input_shape=remote.input_shape,
-            num_classes=remote.num_classes,
-            dataset=dataset or getattr(remote, "dataset", None),
-            split_seed=int(getattr(remote, "split_seed", 0) or 0),
-            location=victim,
-        )
-    from stealkit.models import load_model
-    from stealkit.models.foreign import is_foreign, load_foreign
-    from stealkit.oracle import LocalExplanationOracle, LocalOracle
-
-    model: nn.Module
-    spec: Any  # a ModelSpec, or a ForeignMeta for an ONNX/TorchScript file
-    if is_foreign(victim):
-        model, spec = load_foreign(victim, device=device)
-        if explain and spec.format == "onnx":
-            raise InputError(f"{spec.path} is an ONNX victim: onnxruntime gives no gradients, so it cannot answer "
-                             "explanations; use a TorchScript (.pt) or stealkit model directory for explanation modes")
-    else:
-        model, spec = load_model(victim, device=device)
-    cls = LocalExplanationOracle if explain else LocalOracle
-    kwargs: dict[str, Any] = {"seed": seed} if explain else {}
-    oracle = cls(
-        model,
-        spec.input_shape,
-        num_classes=spec.num_classes,
-        mode=mode,
-        temperature=temperature,
-        top_k=top_k,
-        budget=budget,
-        device=device,
-        defences=defences,
-        **kwargs,
-    )
-    from stealkit.progress import ledger_progress
-
-    ledger_progress(oracle.ledger)
-    extra = spec.extra or {}
-    return Victim(
-        oracle=oracle,
-        input_shape=tuple(spec.input_shape),
-        num_classes=spec.num_classes,
-        dataset=dataset or extra.get("dataset"),
-        split_seed=int(extra.get("split_seed", 0)),
-        model=model,
-        spec=spec,
-        location=victim,
-    )
-
-
-def make_evaluator(victim: Victim, test_x: torch.Tensor, test_y: torch.Tensor, device: str = "cpu") -> Evaluator:
-    """Evaluation on the test split; fidelity needs the victim's labels, computed without the ledger."""
-    labels = predict_labels(victim.model, test_x, device=device) if victim.model is not None else None
-    return Evaluator(test_x, test_y, labels, device=device)
 
 
 def query_all(oracle: Oracle, x: torch.Tensor, *, batch_size: int = 256) -> torch.Tensor:
@@ -178,6 +62,39 @@ class ExtractionResult:
             "stealkit_version": __version__,
             **self.extra,
         }
+
+
+@dataclass
+class ExtractionRun:
+    """What a runner returns: the run directory, the result it saved there, and the opened victim (its oracle's
+    ledger; the model of a local victim)."""
+
+    path: Path
+    result: ExtractionResult
+    victim: Victim = field(repr=False)
+    config: dict[str, Any] = field(default_factory=dict, repr=False)  # what config.json's "config" holds
+    preset_resolved: str | None = None
+
+    @property
+    def queries(self) -> dict[str, int]:
+        """The ledger's counts by kind."""
+        return dict(self.victim.oracle.ledger.as_dict())
+
+    @property
+    def accuracy(self) -> float | None:
+        return self.result.accuracy
+
+    @property
+    def fidelity(self) -> float | None:
+        return self.result.fidelity
+
+    @property
+    def victim_accuracy(self) -> float | None:
+        return self.result.victim_accuracy
+
+    @property
+    def student(self) -> nn.Module:
+        return self.result.student
 
 
 def curve_point(oracle: Oracle, evaluator: Evaluator, student: nn.Module, **extra: Any) -> dict[str, Any]:
@@ -281,18 +198,3 @@ def pool_holdout(pool: Any, *, seed: int = 1234) -> tuple[torch.Tensor, torch.Te
     order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed))
     cut = len(pool) * 4 // 5
     return pool.x[order[:cut]], pool.y[order[:cut]], pool.x[order[cut:]], pool.y[order[cut:]]
-
-
-def victim_splits(victim: Victim, data_dir: str | Path | None = None) -> Any:
-    """The victim task's splits (for the attacker pool and the test split)."""
-    from stealkit.data import load_splits
-
-    if not victim.dataset:
-        raise InputError("the victim's data set is unknown: pass --dataset (e.g. digits, fashion-mnist)")
-    splits = load_splits(victim.dataset, data_dir=data_dir, seed=victim.split_seed)
-    if tuple(splits.test.input_shape) != tuple(victim.input_shape):
-        raise InputError(
-            f"--dataset {victim.dataset} has images of shape {splits.test.input_shape} but the victim takes "
-            f"{victim.input_shape}; pass the data set the victim was trained for"
-        )
-    return splits

@@ -159,12 +159,25 @@ def budget_left(counts: Mapping[str, int], budget: int | None, budgets: Mapping[
     return max(0, min(left)) if left else None
 
 
-def digest_tensor(x: Any) -> str:
-    """A short SHA-256 digest of an array's bytes (for query logs)."""
+def digest_tensor(x: Any, *, length: int = 16, dtype: str | None = None) -> str:
+    """The first ``length`` hex digits of the SHA-256 of an array's (C-contiguous) bytes.
+
+    Query logs and the serve store use the default 16; the answer journal (:mod:`stealkit.extract.journal`) uses
+    32 digits of the float32 bytes (``dtype="float32"``: a tensor is cast first, so a float64 batch and its float32
+    copy digest alike), the digests its files have always held.
+    """
     import numpy as np
 
-    arr = x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
-    return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()[:16]
+    if hasattr(x, "detach"):
+        t = x.detach().cpu()
+        if dtype is not None:
+            import torch
+
+            t = t.to(getattr(torch, dtype))
+        arr = t.numpy()
+    else:
+        arr = np.asarray(x) if dtype is None else np.asarray(x, dtype=dtype)
+    return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()[:length]
 
 
 def _kind(kind: str | QueryKind) -> str:

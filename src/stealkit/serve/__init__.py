@@ -13,8 +13,8 @@ from stealkit.serve.defences import (
     rounding,
     top_k,
 )
-from stealkit.serve.detection import Prada
-from stealkit.serve.keys import KeyConfig, PradaConfig, ServerConfig, load_keys, parse_keys
+from stealkit.serve.detection import Prada, PradaConfig
+from stealkit.serve.keys import KeyConfig, ServerConfig, load_keys, parse_keys
 from stealkit.serve.store import Store
 
 __all__ = [

@@ -19,6 +19,9 @@ per-model defences. They are applied to the (temperature-scaled) softmax before 
 Specs for configuration files: ``"round:decimals=2"``, ``"topk:k=3"``, ``"label"``,
 ``"reverse_sigmoid:beta=1.0,gamma=0.1"``, ``"noise:sigma=0.05,seed=0"`` or the same as TOML tables
 (``{name = "round", decimals = 2}``); see :func:`parse_defence`.
+
+What a defence costs the honest user: :func:`served_accuracy` and :func:`served_calibration` (top-1 accuracy and
+ECE of the served answer, the owner's own evaluation; nothing charged).
 """
 
 from __future__ import annotations
@@ -186,3 +189,35 @@ def parse_defence(spec: str | Mapping[str, Any]) -> Defence:
 
 def parse_defences(specs: Sequence[str | Mapping[str, Any]] | None) -> tuple[Defence, ...]:
     return tuple(parse_defence(s) for s in (specs or ()))
+
+
+def served_accuracy(model: torch.nn.Module, defence: Any, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Top-1 accuracy on ``(x, y)`` of the probabilities served through ``defence`` (the owner's own
+    evaluation: no ledger charged, no query observed)."""
+    return served_calibration(model, x, y, mode="probs", defence=defence)["accuracy"]
+
+
+def served_calibration(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str = "probs",
+                       defence: Any = None, top_k: int = 1) -> dict[str, float]:
+    """Top-1 accuracy and expected calibration error (:func:`stealkit.metrics.expected_calibration_error`, 15
+    equal-width bins) of what an API serves in ``mode`` (through ``defence``, if any) on ``(x, y)``, computed
+    from the model's logits as :meth:`stealkit.oracle.LocalOracle.answer_from_logits` answers (nothing charged).
+
+    The served confidence is the top-1 class's served score: the probability (after the defence; rounded
+    scores are not renormalised) for ``probs``; for ``topk``, the largest of the ``top_k`` probabilities it
+    shows, as served (the same number ``probs`` serves); 1.0 for ``label`` (a bare label claims certainty)."""
+    from stealkit.device import module_device
+    from stealkit.metrics import expected_calibration_error
+    from stealkit.oracle import LocalOracle
+
+    oracle = LocalOracle(model, tuple(x.shape[1:]), mode=mode, top_k=top_k, defences=[defence] if defence else [],
+                         device=module_device(model))
+    answer = oracle.answer_from_logits(oracle.logits(x))
+    if oracle.mode.value == "label":
+        pred = answer.long().cpu()
+        conf = torch.ones(pred.shape[0])
+    else:
+        conf, pred = answer.float().cpu().max(dim=1)
+    correct = pred == y.cpu()
+    return {"accuracy": float(correct.float().mean()),
+            "ece": expected_calibration_error(conf, correct)}

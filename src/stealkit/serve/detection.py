@@ -24,14 +24,47 @@ from __future__ import annotations
 import threading
 import warnings
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
-from stealkit.serve.keys import PradaConfig
+from stealkit.errors import InputError
+from stealkit.serve import keyfields as kf
 
 SHAPIRO_MAX = 5000
+
+
+@dataclass(frozen=True)
+class PradaConfig:
+    """PRADA settings: ``delta`` is the Shapiro-Wilk threshold, ``min_samples`` the distances needed first."""
+
+    delta: float = 0.9
+    min_samples: int = 100
+    block: bool = False
+    max_growing: int = 20000
+
+    @classmethod
+    def parse(cls, value: Any, where: str) -> PradaConfig | None:
+        if value is None or value is False:
+            return None
+        if value is True:
+            return cls()
+        if not isinstance(value, Mapping):
+            raise InputError(f"{where}: prada must be true/false or a table like {{delta = 0.9, block = false}}")
+        unknown = set(value) - {"delta", "min_samples", "block", "max_growing"}
+        if unknown:
+            raise InputError(f"{where}: unknown prada fields {sorted(unknown)}")
+        d = cls()
+        return cls(delta=kf.number(value.get("delta", d.delta), f"{where}: 'prada.delta'", 0.0, 1.0, lo_open=True),
+                   min_samples=kf.integer(value.get("min_samples", d.min_samples), f"{where}: 'prada.min_samples'",
+                                          3, 10**7),
+                   block=kf.boolean(value.get("block", d.block), f"{where}: 'prada.block'"),
+                   max_growing=kf.integer(value.get("max_growing", d.max_growing), f"{where}: 'prada.max_growing'",
+                                          1, 10**8))
+
 
 
 @dataclass(frozen=True)

@@ -72,11 +72,12 @@ Config = CoDFeStudyConfig
 
 def run(config: CoDFeStudyConfig, *, on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """CoDFe and DaST in both access modes on each data set: Table 3 rows and the Figure 2 curves."""
-    from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
+    from stealkit.extract.common import student_factory
     from stealkit.extract.datafree.codfe import CoDFeConfig, extract_codfe
     from stealkit.extract.datafree.dast import DaSTConfig, extract_dast
     from stealkit.extract.datafree.datafree_loop import LoopConfig
     from stealkit.extract.datafree.recipes import PAPER, recipe_settings
+    from stealkit.oracle.victim import make_evaluator, open_victim, victim_splits
     from stealkit.victims import standard_victim
 
     seed, device = config.seed, config.device

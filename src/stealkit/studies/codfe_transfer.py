@@ -138,10 +138,11 @@ def _mode_suffix(mode: str) -> str:
 def train_substitutes(cfg: StudyConfig, victim: Any, splits: Any, *, device: str = "cpu",
                       on_note: Callable[[str], None] = log.info) -> list[Substitute]:
     """Steal the victim with the real-data baseline and the available data-free methods, in both modes."""
-    from stealkit.extract.common import Victim, make_evaluator, student_factory
+    from stealkit.extract.common import student_factory
     from stealkit.extract.datafree.recipes import PAPER, recipe_settings
     from stealkit.extract.surrogate_data.baseline import BaselineConfig, extract_baseline
     from stealkit.oracle import LocalOracle
+    from stealkit.oracle.victim import Victim, make_evaluator
     from stealkit.train import TrainConfig
 
     v = Victim(oracle=None, input_shape=tuple(victim.spec.input_shape), num_classes=victim.spec.num_classes,  # type: ignore[arg-type]
@@ -205,8 +206,8 @@ def run(cfg: StudyConfig, *, on_record: Callable[[dict[str, Any]], None] | None 
     """Train/load the substitutes, attack the victim from each; returns the summary (rows + markdown)."""
     device, data_dir = cfg.device, cfg.data_dir
     from stealkit.data import load_splits
-    from stealkit.extract.common import Victim, make_evaluator
     from stealkit.oracle import LocalOracle
+    from stealkit.oracle.victim import Victim, make_evaluator
     from stealkit.victims import standard_victim
 
     victim = standard_victim(cfg.victim or DEFAULT_VICTIM[cfg.dataset], data_dir=data_dir, device=device)

@@ -18,14 +18,14 @@ from typing import Any
 import torch
 
 from stealkit import fmt
-from stealkit.extract.common import Victim, make_evaluator, student_factory
+from stealkit.extract.common import student_factory
 from stealkit.extract.surrogate_data.baseline import BaselineConfig, extract_baseline
 from stealkit.oracle import LocalOracle
+from stealkit.oracle.victim import Victim, make_evaluator
 from stealkit.report.html import Section
 from stealkit.rundir import RunDir
-from stealkit.serve.defences import parse_defence
-from stealkit.serve.detection import Prada
-from stealkit.serve.keys import PradaConfig
+from stealkit.serve.defences import parse_defence, served_accuracy, served_calibration  # noqa: F401 (re-exported)
+from stealkit.serve.detection import Prada, PradaConfig
 from stealkit.train import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -50,37 +50,6 @@ class DefenceStudyConfig:
     student: str = "conv2"
     train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=30, batch_size=64))
     device: str = "cpu"
-
-
-def served_accuracy(model: torch.nn.Module, defence: Any, x: torch.Tensor, y: torch.Tensor) -> float:
-    """Top-1 accuracy on ``(x, y)`` of the probabilities served through ``defence`` (the owner's own
-    evaluation: no ledger charged, no query observed)."""
-    return served_calibration(model, x, y, mode="probs", defence=defence)["accuracy"]
-
-
-def served_calibration(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, mode: str = "probs",
-                       defence: Any = None, top_k: int = 1) -> dict[str, float]:
-    """Top-1 accuracy and expected calibration error (:func:`stealkit.metrics.expected_calibration_error`, 15
-    equal-width bins) of what an API serves in ``mode`` (through ``defence``, if any) on ``(x, y)``, computed
-    from the model's logits as :meth:`stealkit.oracle.LocalOracle.answer_from_logits` answers (nothing charged).
-
-    The served confidence is the top-1 class's served score: the probability (after the defence; rounded
-    scores are not renormalised) for ``probs``; for ``topk``, the largest of the ``top_k`` probabilities it
-    shows, as served (the same number ``probs`` serves); 1.0 for ``label`` (a bare label claims certainty)."""
-    from stealkit.device import module_device
-    from stealkit.metrics import expected_calibration_error
-
-    oracle = LocalOracle(model, tuple(x.shape[1:]), mode=mode, top_k=top_k, defences=[defence] if defence else [],
-                         device=module_device(model))
-    answer = oracle.answer_from_logits(oracle.logits(x))
-    if oracle.mode.value == "label":
-        pred = answer.long().cpu()
-        conf = torch.ones(pred.shape[0])
-    else:
-        conf, pred = answer.float().cpu().max(dim=1)
-    correct = pred == y.cpu()
-    return {"accuracy": float(correct.float().mean()),
-            "ece": expected_calibration_error(conf, correct)}
 
 
 def run_defence_study(config: DefenceStudyConfig, on_row: Any = None) -> dict[str, Any]:

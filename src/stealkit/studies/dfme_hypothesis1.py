@@ -16,8 +16,9 @@ import torch
 
 from stealkit import fmt
 from stealkit.errors import InputError
-from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
+from stealkit.extract.common import student_factory
 from stealkit.extract.surrogate_data.surrogate import SurrogateConfig, extract_surrogate
+from stealkit.oracle.victim import make_evaluator, open_victim, victim_splits
 from stealkit.report.html import Figure, Section
 from stealkit.report.plots import line_plot
 from stealkit.rundir import RunDir

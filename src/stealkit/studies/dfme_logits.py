@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from stealkit import fmt
-from stealkit.extract.common import open_victim, victim_splits
 from stealkit.extract.logit_recovery import recovery_error
+from stealkit.oracle.victim import open_victim, victim_splits
 from stealkit.report.html import Section
 from stealkit.rundir import RunDir
 

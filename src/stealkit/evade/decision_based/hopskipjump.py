@@ -149,7 +149,8 @@ class HopSkipJumpConfig:
             raise InputError("prior_spread must be in (0, 10) and prior_agreement in (0, 1)")
 
 
-#: settings chosen on validation images (``benchmarks/decision_attacks.py --tune``, docs/notebook/decision-attacks.md),
+#: settings chosen on validation images (``benchmarks/decision_attacks.py --tune``; docs/guide/attacks.md, "The default
+#: and why"; what they measured: docs/results.md#decision-nosub),
 #: the CLI's ``--preset tuned``: without and with a substitute
 TUNED: dict[bool, dict[str, object]] = {False: {"start_tries": 100, "semicircle": True, "orthogonal": True},
                                        True: {"init_evals": 50, "subspace": 14}}
@@ -160,10 +161,10 @@ TUNED_BUDGETED: dict[str, object] = {"schedule": "geoda", "init_evals": 50, "max
                                      "start_tries": 30}
 #: added to the tuned settings without a substitute when the attacker gives its own natural images
 #: (``start_pool``; the CLI's ``--start-pool``), since the seventh round: after the noise tries, the nearest
-#: image of each of 100 k-means clusters of the pool, one query each (docs/notebook/decision-attacks.md)
+#: image of each of 100 k-means clusters of the pool, one query each (docs/guide/attacks.md, "The default and why")
 TUNED_POOL: dict[str, object] = {"pool_tries": 100, "pool_spread": 100}
 #: the opening only for images at least this many pixels high and wide: it won on Fashion-MNIST (28 x 28)
-#: and lost on digits (8 x 8) on the validation images (docs/notebook/decision-attacks.md, fourth round)
+#: and lost on digits (8 x 8) on the validation images (docs/guide/attacks.md, "The default and why")
 OPENING_MIN_SIDE = 16
 
 

@@ -29,7 +29,7 @@ to the original ``x`` than the current adversarial point ``x_t`` and costs **one
    iteration that found a nearer point and shrinks by ``alpha_down`` after each clean candidate, kept in
    ``[pi/2 - half_range, pi/2 + half_range]``: a larger ``alpha`` gives bolder candidates.
 
-Differences from the reference code (documented in docs/notebook/decision-attacks.md): the start is HopSkipJump's
+Differences from the reference code (all of them; docs/guide/attacks.md names the reference): the start is HopSkipJump's
 (uniform noise, binary search to the boundary, optionally the best of ``start_tries`` more noise directions,
 :mod:`~stealkit.evade.decision_based.starts`; with a substitute its transfer example) instead of foolbox's blended-noise
 line search, so that every attack of the benchmark starts alike; the DCT is orthonormal (so the geometry of
@@ -92,7 +92,8 @@ class TriangleConfig:
             raise InputError("alpha_up and alpha_down must be in [0, 1) radians")
 
 
-#: settings chosen on the validation images (``benchmarks/decision_attacks.py --tune``, docs/notebook/decision-attacks.md)
+#: settings chosen on the validation images (``benchmarks/decision_attacks.py --tune``; docs/guide/attacks.md, "The
+#: default and why")
 TUNED: dict[str, object] = {"freq": 0.3, "coords": 3}
 
 

@@ -11,15 +11,16 @@ Sec. 3.2 and Algorithm 1: a noise set ``Z = {z_1..z_M}`` is drawn once and reuse
 
 The paper leaves the optimiser, ``M`` and the iteration counts open (no public code): the defaults here (Adam,
 lr 1e-3 for both, ``M = 1000``, 50 substitute and 10 generator iterations of batch 128) were chosen by
-measurement, see ``docs/notebook/benchmarks.md``. ``diversity > 0`` adds a stealkit option that is *not* in the paper:
+measurement (CoDFe with them against DaST: docs/results.md#datafree-codfe-dast). ``diversity > 0`` adds a stealkit option that is *not* in the paper:
 the negative entropy of the substitute's mean prediction over the batch (a class-balance term), off by default.
 ``replay_capacity > 0`` is a second stealkit option, also off by default: the answered rounds are kept in a
 bounded replay buffer (:mod:`stealkit.extract.datafree.replay`, MAZE's experience replay) and half of every substitute
 batch is drawn from earlier rounds, which the generator has since moved away from. Replayed rows cost no
-queries. On Fashion-MNIST labels it raised CoDFe-L from 0.51 to 0.71 (``docs/notebook/benchmarks.md``).
+queries. On Fashion-MNIST labels it raised CoDFe-L from 0.51 to 0.71 at 100k queries (with the class-balance term;
+docs/results.md#datafree-fmnist-test).
 
 Label-only extensions (all off in the paper preset; the default recipe, :mod:`stealkit.extract.datafree.recipes`,
-switches them on; ``docs/notebook/label-only.md``): ``fresh_noise`` draws a new noise batch every round instead of the
+switches them on; docs/guide/datafree.md, "The default and why"): ``fresh_noise`` draws a new noise batch every round instead of the
 fixed ``Z``; ``candidates > 1`` over-generates and queries a class-balanced, hardest-first selection of ``M``
 rows (hardness: the student's entropy), and ``hard_replay`` draws that share of each replay batch by hardness
 (CaBaGE-style, :mod:`stealkit.extract.datafree.cabage`); ``holdout`` sets that share of every round's answers aside to
@@ -29,7 +30,8 @@ replacing the reported student only when a candidate beats it by ``selection_mar
 selection rule plugs in through ``make_selector``, a :class:`~stealkit.extract.datafree.selection.Selector`).
 ``substitute_schedule="cosine"`` anneals the student's learning rate from ``lr_substitute`` to 0 over the
 planned budget (MAZE's schedule; the paper's Adam rate is constant). A round still costs exactly ``M``
-queries. One student only: DisGUIDE's second clone hurt CoDFe on the validation split (``docs/notebook/label-only.md``).
+queries. One student only: DisGUIDE's second clone hurt CoDFe on the validation split (0.873 with two clones against
+0.889 with one at 25k, twice the time; docs/archive.md, "Data-free extraction").
 """
 
 from __future__ import annotations

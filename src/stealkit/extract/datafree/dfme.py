@@ -22,7 +22,8 @@ authors built on DFME's code): ``students`` clones, the generator maximises thei
 the victim's labels (label mode) or DFME's l1/KL (scores). One iteration then costs ``B * n_S``. ``holdout``
 sets that share of every answered batch aside to choose the reported clone by held-out agreement
 (:mod:`stealkit.extract.datafree.selection`: the most recent ``holdout_capacity`` held-out rows, no margin; CoDFe's
-reservoir and margin made the reported clone lag here, ``docs/notebook/label-only.md``), or by the caller's own
+reservoir and margin made the reported clone lag here, by 3.1 points at 100k; docs/archive.md, "Data-free
+extraction"), or by the caller's own
 :class:`~stealkit.extract.datafree.selection.Selector` (``make_selector``).
 """
 
@@ -50,7 +51,9 @@ from stealkit.oracle import Oracle, OutputMode
 
 @dataclass(frozen=True)
 class DFMEConfig:
-    """DFME settings; defaults are the reference code's except where noted in ``docs/notebook/benchmarks.md``."""
+    """DFME settings; defaults are the reference code's. One deviation: the zeroth-order estimate is not divided by
+    the class count as the reference's is (Adam's step ignores the scale); what they reach:
+    docs/results.md#datafree-fmnist-test."""
 
     batch_size: int = 256
     directions: int = 1

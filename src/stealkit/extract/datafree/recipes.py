@@ -5,8 +5,8 @@ overridden; the studies and ``stealkit reproduce`` use it. The default, named ``
 ``config.json`` has recorded since it was chosen), was chosen on a validation split (digits' attacker split,
 which the attack never sees; the test split only reports), per method and per access mode (``label``, or
 ``probs`` for every mode that returns scores), with the generator and student sizes it was validated at, by the
-victim's input size (:func:`recipe_sizes`). How each value was chosen, and the runs behind it, are in
-``docs/notebook/label-only.md``. The commands write the recipe's name, and the sizes it gave, into ``config.json``.
+victim's input size (:func:`recipe_sizes`). Why each piece is there: docs/guide/datafree.md, "The default and why";
+what it measured: docs/results.md#datafree-labelonly; the recipes it replaced: docs/archive.md. The commands write the recipe's name, and the sizes it gave, into ``config.json``.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ RECIPES: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
 
 #: the largest input side (pixels) the small sizes were validated on: digits' 8x8
 SMALL_SIDE = 8
-#: the sizes every labelonly row of docs/notebook/label-only.md ran at on 8x8 digits (benchmarks/data_free.py --preset
-#: cpu): generator width 16, conv2 student 16/32/64. Larger inputs keep the commands' own sizes (ngf 64,
-#: conv2 32/64/128) until the recipe is validated there (on a GPU, docs/notebook/label-only.md).
+#: the sizes the default recipe was validated at on 8x8 digits (docs/results.md#datafree-labelonly; benchmarks/data_free.py
+#: --preset cpu): generator width 16, conv2 student 16/32/64. Larger inputs keep the commands' own sizes (ngf 64,
+#: conv2 32/64/128) until the recipe is validated there (no GPU run of it yet: docs/guide/datafree.md, "Caveats").
 SMALL_SIZES: dict[str, Any] = {"ngf": 16, "student_kwargs": {"c1": 16, "c2": 32, "hidden": 64}}
 
 

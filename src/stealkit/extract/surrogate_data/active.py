@@ -67,11 +67,11 @@ class ActiveConfig:
     all of them); only those and the answered images are scored, so a pool much larger than the budget
     costs a round no more than a pool of ``candidates`` images (k-center greedy is ``O(candidates * m)``
     distances per round). 10,000 by default: at a 10k budget with a 60,000-image pool the selection step
-    then takes 22 % of a round's wall time instead of 64 % (docs/notebook/surrogate-active.md, third pass); pools with
+    then takes 22 % of a round's wall time instead of 64 % (docs/archive.md, ``benchmarks/selection_cost.py``); pools with
     at most that many unanswered images are unaffected. Scoring runs 2x2 max-pooling as strided maxima and
     k-center's distances come from precomputed augmented features (:func:`strided_max_pooling`,
     :func:`distances_to_row`): bitwise the same scores and picks as the plain computation, the selection step
-    2.7x faster at the 10k setting (docs/notebook/surrogate-active.md, sixth pass).
+    2.7x faster at the 10k setting (docs/archive.md, ``active.fast_select``).
     """
 
     initial: float = 0.2
@@ -111,8 +111,8 @@ def max_2x2(x: torch.Tensor) -> torch.Tensor:
     """2x2 max-pooling with stride 2 (odd edges dropped, as ``F.max_pool2d(x, 2)``) as the elementwise maximum
     of four strided views: a maximum is exact, so the output is bitwise ``F.max_pool2d``'s (NaN propagates
     alike), without computing the argmax indices. On this project's CPU (torch 2.13, 1 thread) it takes a
-    fifth of ``max_pool2d``'s time on the conv2 student's first pooling layer (docs/notebook/surrogate-active.md,
-    sixth pass)."""
+    fifth of ``max_pool2d``'s time on the conv2 student's first pooling layer (docs/archive.md,
+    ``benchmarks/scoring_forward.py``)."""
     h, w = x.shape[-2] // 2 * 2, x.shape[-1] // 2 * 2
     x = x[..., :h, :w]
     return torch.maximum(torch.maximum(x[..., 0::2, 0::2], x[..., 1::2, 0::2]),

@@ -25,8 +25,8 @@ epoch being one pass over the pool (``epoch="pool"``: the labelled images cycle)
 (``epoch="labelled"``).
 
 Against confirmation bias with a weak start (a student that has seen 100 answers is confidently wrong on a
-fifth of the pool it keeps, and its confident pseudo-labels pile onto a few classes: docs/notebook/surrogate-active.md,
-second pass), three remedies from the field, each a setting:
+fifth of the pool it keeps, and its confident pseudo-labels pile onto a few classes; where FixMatch still wins:
+docs/guide/surrogate.md, "The default and why"), three remedies from the field, each a setting:
 
 * ``warmup``: the unlabelled term is off for the first ``warmup`` fraction of the steps (the student learns
   the answers first), then ramps linearly to ``lambda_u`` over as many steps (the ramp-up of Laine & Aila,
@@ -59,7 +59,7 @@ SSL = Literal["none", "fixmatch"]
 @dataclass(frozen=True)
 class FixMatchConfig:
     """FixMatch settings (Sohn et al. 2020, Section 2.2 and Table 9's defaults where they fit small data; the
-    remedies' values were chosen on the validation split, docs/notebook/surrogate-active.md; FixMatch as first built:
+    remedies' values were chosen on the validation split, docs/guide/surrogate.md; FixMatch as first built:
     ``threshold=0.95, warmup=0, ema=0, align=false``).
 
     ``mu``: unlabelled images per labelled one in each step (paper 7). ``threshold``: confidence needed to

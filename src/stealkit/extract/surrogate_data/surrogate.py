@@ -86,7 +86,7 @@ BatchLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Generator], t
 #: order) to query first, before any answer (a cold start)
 FirstRound = Callable[[torch.Tensor, int], torch.Tensor]
 
-#: settings removed after commit 9158eae (measured on the validation split and not adopted, docs/notebook/surrogate-active.md)
+#: settings removed after commit 9158eae (measured on the validation split and not adopted, docs/archive.md)
 REMOVED_SETTINGS = ("augment", "ema", "mixup", "noisy_student", "pretrain", "pretraining", "cold_start",
                     "cold_start_size", "optimizer", "active.round_ssl", "active.fast_select", "active.factor",
                     "fixmatch.views", "fixmatch.sharpen")
@@ -278,7 +278,7 @@ def resolve_config(preset: str, answers: int, num_classes: int, *, mode: OutputM
     removed = [k for k in given if k in REMOVED_SETTINGS or k.split(".")[0] in REMOVED_SETTINGS]
     if removed:
         raise InputError(f"setting {removed[0]!r} was removed (measured on the validation split and not adopted, "
-                         "docs/notebook/surrogate-active.md); its code is at commit 9158eae")
+                         "docs/archive.md); its code is at commit 9158eae")
     resolved, chosen = resolve_preset(preset, answers, num_classes, mode=OutputMode.parse(mode).value)
     config = apply_settings(SurrogateConfig(**fields), {**chosen, **given}, who="surrogate")
     if "fixmatch.flip" not in given:  # mirror images only where the data set is flip-invariant

@@ -2,7 +2,7 @@
 
 ``paper`` is the attack of DFME appendix A: random queries, no semi-supervised learning, the ragged last batch.
 ``auto`` (``DEFAULT_PRESET``, the command's default) was chosen on the validation split and confirmed on fresh
-seeds (docs/notebook/surrogate-active.md, seventh to eleventh passes). :func:`resolve_preset` gives what it is for a budget
+seeds (docs/guide/surrogate.md, "The default and why"; docs/results.md#surrogate-probs). :func:`resolve_preset` gives what it is for a budget
 and an answer kind:
 
 * label, top-k and logit answers below ``SMALL_BUDGET_PER_CLASS`` (10) answers per class: random queries and

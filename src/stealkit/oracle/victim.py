@@ -1,0 +1,229 @@
+"""The victim handle: :class:`Target` (the victim as a caller has it) and :func:`open_victim` (its metered oracle,
+and what the experimenter knows about it for evaluation). Every runner and study opens its victim here."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from stealkit.errors import InputError, StealkitError
+from stealkit.metrics import Evaluator, predict_labels
+from stealkit.oracle.base import Oracle, OutputMode
+
+
+@dataclass
+class Victim:
+    """An oracle over the victim, and what the experimenter knows about it for evaluation."""
+
+    oracle: Oracle
+    input_shape: tuple[int, int, int]
+    num_classes: int
+    dataset: str | None
+    split_seed: int = 0
+    model: nn.Module | None = None  # only for local victims: evaluation, never attacks
+    spec: Any = None
+    location: str = ""
+
+    @property
+    def is_local(self) -> bool:
+        return self.model is not None
+
+
+@dataclass(frozen=True)
+class Target:
+    """The victim as a caller has it, and how to reach it.
+
+    ``victim``: a model directory, an ``.onnx``/``.pt`` file (with ``?k=v`` metadata), an ``http(s)://`` or
+    ``v2+http://`` address, or an ``nn.Module`` taking images in [0, 1] (then ``input_shape`` is required and
+    ``num_classes`` defaults to one forward of zeros, outside any ledger). ``standard:NAME`` is resolved by the
+    caller (:func:`stealkit.victims.standard_victim`)."""
+
+    victim: Any
+    key: str | None = None
+    top_k: int = 1
+    dataset: str | None = None
+    data_dir: str | None = None
+    device: str = "cpu"
+    seed: int = 0
+    input_shape: tuple[int, ...] | None = None
+    num_classes: int | None = None
+
+    def open(self, *, mode: str | OutputMode = "probs", budget: int | None = None, temperature: float = 1.0,
+             explain: bool = False, defences: tuple[Any, ...] = ()) -> Victim:
+        """The opened victim: :func:`open_victim` with this target's key, top-k, data set, device and seed."""
+        return open_victim(self.victim, mode=mode, budget=budget, temperature=temperature, top_k=self.top_k,
+                           key=self.key, explain=explain, dataset=self.dataset, device=self.device, seed=self.seed,
+                           defences=defences, input_shape=self.input_shape, num_classes=self.num_classes)
+
+    def with_seed(self, seed: int) -> Target:
+        """The same target with another seed."""
+        return dataclasses.replace(self, seed=seed)
+
+    @property
+    def location(self) -> str:
+        """What config.json records: the path or address, or ``<module NAME>`` for an ``nn.Module``."""
+        return module_location(self.victim) if isinstance(self.victim, nn.Module) else os.fspath(self.victim)
+
+
+def module_location(module: nn.Module) -> str:
+    """How a module victim is named in a run's records: ``<module NAME>``."""
+    return f"<module {type(module).__name__}>"
+
+
+def is_url(victim: str) -> bool:
+    return victim.startswith(("http://", "https://", "v2+http://", "v2+https://"))
+
+
+def open_victim(
+    victim: str | Path | nn.Module,
+    *,
+    mode: str | OutputMode = "probs",
+    budget: int | None = None,
+    temperature: float = 1.0,
+    top_k: int = 1,
+    key: str | None = None,
+    explain: bool = False,
+    dataset: str | None = None,
+    device: str = "cpu",
+    seed: int = 0,
+    defences: tuple[Any, ...] = (),
+    input_shape: tuple[int, ...] | None = None,
+    num_classes: int | None = None,
+) -> Victim:
+    """Open a victim given as a model directory, an ONNX or TorchScript file, an ``http(s)://`` API address, a
+    v2 (Open Inference Protocol) endpoint ``v2+http://host:port/v2/models/NAME`` (:mod:`stealkit.oracle.http_v2`),
+    or an ``nn.Module`` (called as it is, with ``input_shape``; ``num_classes`` from one forward of zeros when
+    not given).
+
+    A file may carry what its metadata lacks as ``FILE?input_shape=C,H,W&num_classes=K&...`` (see
+    :mod:`stealkit.models.foreign_meta`; the CLI's ``--input-shape`` etc. are folded in this way). It is wrapped
+    as an ``nn.Module`` and answered by the same :class:`~stealkit.oracle.LocalOracle`, so the ledger counts
+    the same. (The CLI's ``--victim standard:NAME`` is resolved to a directory by the command layer, which may
+    build victims; this layer only opens them.) ``defences`` (:func:`stealkit.serve.defences.parse_defence`)
+    perturb a local victim's answers, as a ``stealkit serve`` key's ``defences`` do; a remote victim's are its server's.
+    """
+    if isinstance(victim, nn.Module):
+        shape, k = _module_shape(victim, input_shape, num_classes)
+        return _local(victim, None, shape, k, location=module_location(victim), mode=mode, budget=budget,
+                      temperature=temperature, top_k=top_k, explain=explain, dataset=dataset, device=device,
+                      seed=seed, defences=defences)
+    victim = str(victim)
+    if victim.startswith("standard:"):
+        raise InputError(f"{victim}: resolve standard victims first (stealkit.victims.standard_victim(NAME).path)")
+    if is_url(victim):
+        if defences:
+            raise InputError(f"{victim} is a remote victim: its defences are its server's (a stealkit serve key's defences)")
+        try:
+            from stealkit.oracle.http import HttpOracle
+            from stealkit.oracle.http_v2 import V2HttpOracle, is_v2
+        except ImportError:
+            raise StealkitError("HTTP victims need stealkit.oracle.http, which this install lacks") from None
+        remote: HttpOracle
+        if is_v2(victim):  # the Open Inference Protocol: a key only if the server wants one
+            remote = V2HttpOracle(victim, key=key, mode=mode, budget=budget)
+        elif not key:
+            raise InputError("an HTTP victim needs an API key: pass --key KEY")
+        else:
+            remote = HttpOracle(victim, key=key, mode=mode, budget=budget)
+        return Victim(
+            oracle=remote,
+            input_shape=remote.input_shape,
+            num_classes=remote.num_classes,
+            dataset=dataset or getattr(remote, "dataset", None),
+            split_seed=int(getattr(remote, "split_seed", 0) or 0),
+            location=victim,
+        )
+    from stealkit.models import load_model
+    from stealkit.models.foreign import is_foreign, load_foreign
+
+    model: nn.Module
+    spec: Any  # a ModelSpec, or a ForeignMeta for an ONNX/TorchScript file
+    if is_foreign(victim):
+        model, spec = load_foreign(victim, device=device)
+        if explain and spec.format == "onnx":
+            raise InputError(f"{spec.path} is an ONNX victim: onnxruntime gives no gradients, so it cannot answer "
+                             "explanations; use a TorchScript (.pt) or stealkit model directory for explanation modes")
+    else:
+        model, spec = load_model(victim, device=device)
+    return _local(model, spec, tuple(spec.input_shape), spec.num_classes, location=victim, mode=mode, budget=budget,
+                  temperature=temperature, top_k=top_k, explain=explain, dataset=dataset, device=device, seed=seed,
+                  defences=defences)
+
+
+def _module_shape(module: nn.Module, input_shape: tuple[int, ...] | None,
+                  num_classes: int | None) -> tuple[tuple[int, ...], int]:
+    """A module victim's ``(input_shape, num_classes)``; the class count from one unmetered forward of zeros."""
+    if input_shape is None:
+        raise InputError("an nn.Module victim needs input_shape=(C, H, W)")
+    shape = tuple(int(s) for s in input_shape)
+    if len(shape) != 3 or min(shape) < 1:
+        raise InputError(f"input_shape must be (C, H, W) of positive sizes, got {input_shape}")
+    if num_classes is None:
+        was_training = module.training
+        module.eval()
+        with torch.no_grad():
+            num_classes = int(module(torch.zeros(1, *shape)).shape[-1])
+        module.train(was_training)
+    return shape, int(num_classes)
+
+
+def _local(model: nn.Module, spec: Any, input_shape: tuple[int, ...], num_classes: int, *, location: str,
+           mode: str | OutputMode, budget: int | None, temperature: float, top_k: int, explain: bool,
+           dataset: str | None, device: str, seed: int, defences: tuple[Any, ...]) -> Victim:
+    """A :class:`~stealkit.oracle.LocalOracle` (or its explanation twin) over ``model``, its ledger on the progress bar."""
+    from stealkit.oracle.local import LocalExplanationOracle, LocalOracle
+    from stealkit.progress import ledger_progress
+
+    cls = LocalExplanationOracle if explain else LocalOracle
+    kwargs: dict[str, Any] = {"seed": seed} if explain else {}
+    oracle = cls(
+        model,
+        input_shape,
+        num_classes=num_classes,
+        mode=mode,
+        temperature=temperature,
+        top_k=top_k,
+        budget=budget,
+        device=device,
+        defences=defences,
+        **kwargs,
+    )
+    ledger_progress(oracle.ledger)
+    extra = (getattr(spec, "extra", None) or {}) if spec is not None else {}
+    return Victim(
+        oracle=oracle,
+        input_shape=tuple(input_shape),  # type: ignore[arg-type]
+        num_classes=num_classes,
+        dataset=dataset or extra.get("dataset"),
+        split_seed=int(extra.get("split_seed", 0)),
+        model=model,
+        spec=spec,
+        location=location,
+    )
+
+
+def make_evaluator(victim: Victim, test_x: torch.Tensor, test_y: torch.Tensor, device: str = "cpu") -> Evaluator:
+    """Evaluation on the test split; fidelity needs the victim's labels, computed without the ledger."""
+    labels = predict_labels(victim.model, test_x, device=device) if victim.model is not None else None
+    return Evaluator(test_x, test_y, labels, device=device)
+
+
+def victim_splits(victim: Victim, data_dir: str | Path | None = None) -> Any:
+    """The victim task's splits (for the attacker pool and the test split)."""
+    from stealkit.data import load_splits
+
+    if not victim.dataset:
+        raise InputError("the victim's data set is unknown: pass --dataset (e.g. digits, fashion-mnist)")
+    splits = load_splits(victim.dataset, data_dir=data_dir, seed=victim.split_seed)
+    if tuple(splits.test.input_shape) != tuple(victim.input_shape):
+        raise InputError(
+            f"--dataset {victim.dataset} has images of shape {splits.test.input_shape} but the victim takes "
+            f"{victim.input_shape}; pass the data set the victim was trained for"
+        )
+    return splits
