@@ -22,9 +22,9 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 if TYPE_CHECKING:
+    import torch
+
     from stealkit.report.html import Section
 
 #: the defences a local victim's audit adds when no ``--defence`` is given (justified in docs/guide/audit.md):
