@@ -109,7 +109,7 @@ def test_audit_resumes_without_paying_twice(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_headline_q90_is_the_fewest_measured_queries_that_reached_it() -> None:
-    from stealkit.commands.audit import headline
+    from stealkit.audit.copies import headline
 
     def point(b: int, f: float) -> dict[str, Any]:
         return {"part": {"answers": "label", "attacker": "like", "budget": b}, "total_queries": b, "fidelity": f}
@@ -121,7 +121,7 @@ def test_headline_q90_is_the_fewest_measured_queries_that_reached_it() -> None:
 
 
 def test_a_float32_fidelity_at_the_threshold_reaches_it() -> None:
-    from stealkit.commands.audit import headline
+    from stealkit.audit.copies import headline
 
     point = {"part": {"answers": "topk", "attacker": "like", "budget": 100}, "total_queries": 100,
              "fidelity": 0.8999999761581421}  # 405/450 in float32
@@ -149,7 +149,8 @@ def test_defence_of_a_remote_victim_is_refused(tmp_path: Path, capsys: pytest.Ca
 
 
 def test_fail_if_gates_on_q90() -> None:
-    from stealkit.commands.audit import failed_gates, parse_fail_if
+    from stealkit.audit.options import parse_fail_if
+    from stealkit.audit.report import failed_gates
 
     rows = [{"answers": "label", "attacker": "like", "Q90": 100, "Q95": "not reached within 200"},
             {"answers": "probs", "attacker": "like", "Q90": 50, "Q95": 100},
@@ -169,9 +170,9 @@ def test_fail_if_exits_one_after_the_report(tmp_path: Path, capsys: pytest.Captu
     assert main([*args, "--fail-if", "q90<10"]) == 0  # nothing reaches 90 % below 10 queries
     assert main([*args, "--fail-if", "q90<10", "--fail-if", "bad"]) == 2
     assert "--fail-if" in capsys.readouterr().err
-    import stealkit.commands.audit as audit
+    import stealkit.audit.report as report
 
-    monkeypatch.setattr(audit, "failed_gates", lambda rows, gates: [f"--fail-if {g}: tripped" for g in gates])
+    monkeypatch.setattr(report, "failed_gates", lambda rows, gates: [f"--fail-if {g}: tripped" for g in gates])
     assert main([*args, "--fail-if", "q90<10"]) == 1  # resumed: every part done, no query; the gate trips
     assert "--fail-if q90<10: tripped" in capsys.readouterr().err
     assert (out / "report.html").exists()
@@ -210,7 +211,9 @@ def test_plan_shows_the_attack_and_data_free_parts_and_fits_them(tmp_path: Path,
 def test_what_the_stolen_copy_enables(tmp_path: Path) -> None:
     """PGD from the best copy and HopSkipJump without and with it, run as the attack commands under the part's
     budget: every figure read back from those commands' own summaries, every query from their ledgers."""
-    from stealkit.commands.audit import best_copy, paper_pgd, run_audit_command
+    from stealkit.audit.copies import best_copy
+    from stealkit.evade.gradient_based.transfer import CODFE_PGD
+    from tests.audit_kit import run_audit_command
     from stealkit.victims import standard_victim
 
     victim = str(standard_victim("digits-conv2").path)
@@ -221,13 +224,13 @@ def test_what_the_stolen_copy_enables(tmp_path: Path) -> None:
     parts = {r["id"]: r for r in summary["parts"]}
     extracted = [r for r in summary["parts"] if r["part"]["kind"] == "extract"]
     best = max(extracted, key=lambda r: (r["fidelity"], -r["total_queries"]))
-    assert best_copy(summary["parts"], out / "parts")["id"] == best["id"]
+    assert best_copy(summary["parts"], out / "parts").id == best["id"]
     assert (out / "parts" / best["id"] / "student" / "model.json").exists()  # the copy, saved as extract saves it
 
     transfer = parts["transfer-pgd-10"]
     own = json.loads((out / "parts" / "transfer-pgd-10" / "summary.json").read_text())
     assert transfer["copy"] == best["id"] and transfer["asr"] == own["asr"]
-    assert own["attack"]["eps"] == paper_pgd()["eps"] == 0.25 and own["attack"]["method"] == "pgd"
+    assert own["attack"]["eps"] == CODFE_PGD["eps"] == 0.25 and own["attack"]["method"] == "pgd"
     assert transfer["total_queries"] == sum(own["victim_queries"].values()) == 10 + transfer["attempts"] <= 20
 
     without = parts["hopskipjump-without-copy-2x20"]

@@ -42,7 +42,7 @@ def test_ece_on_a_hand_made_case() -> None:
 def test_served_calibration_of_labels_and_a_defence() -> None:
     from stealkit.data import load_splits
     from stealkit.serve.defences import parse_defence
-    from stealkit.studies.defences import served_accuracy, served_calibration
+    from stealkit.serve.defences import served_accuracy, served_calibration
     from stealkit.victims import standard_victim
 
     trained = standard_victim("digits-conv2")
@@ -131,7 +131,7 @@ def test_the_observer_sees_every_charged_query_and_changes_nothing() -> None:
 
 
 def test_default_defences_in_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from stealkit.commands.audit_defences import DEFAULT_DEFENCES, defence_rungs, resolve_defences
+    from stealkit.audit.defences import DEFAULT_DEFENCES, defence_rungs, resolve_defences
 
     base = ["-q", "audit", "--victim", VICTIM, "--budgets", "20,40,60", *TINY, "--transfer-images", "0",
             "--decision-images", "0", "--datafree-budget", "0", "--plan"]
@@ -159,7 +159,7 @@ def test_default_defences_in_the_plan(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_serving_table_and_prada_from_the_parts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A tiny audit with the default defences and HopSkipJump: every cell of the serving table is the audit's
     own figure, PRADA saw exactly each part's ledger count, and the audit spent exactly its plan."""
-    from stealkit.commands.audit_defences import flagged_text
+    from stealkit.audit.defences import flagged_text
 
     out = tmp_path / "s"
     assert main(["-q", "audit", "--victim", VICTIM, "--answers", "label,probs", "--budgets", "20,40", *TINY,

@@ -13,15 +13,12 @@ from typing import Any
 import pytest
 
 from stealkit.cli import main
-from stealkit.commands.audit import (
-    ExplainAccess,
-    MoreSizes,
-    explanation_rows,
-    plan_explanations,
-    plan_seeds,
-    reach_point,
-    seed_spread,
-)
+from stealkit.audit.copies import copy_sentences, seed_spread
+from stealkit.audit.kinds import KINDS
+from stealkit.audit.kinds.explanations import ExplainAccess, reach_point
+from stealkit.audit.kinds.extraction import Extraction
+from stealkit.audit.options import AuditOptions, Sizes
+from stealkit.audit.parts import PlanContext, VictimShape
 from stealkit.errors import InputError
 from tests.test_audit import NO_EXTRAS, TINY, TINY_KW, _repo_root  # noqa: F401 (an autouse fixture)
 
@@ -80,26 +77,42 @@ def test_explanations_wait_for_room_and_the_data_free_part_leaves_it(tmp_path: P
     assert "gradient matching left out: its ladder 10,300 needs 600 queries" in text and "leaves 580" in text
 
 
+def plan_explanations(access: ExplainAccess, sizes: Sizes, room: int) -> tuple[list[Any], list[str]]:
+    """The explanation kinds' parts and notes, in table order, as the plan asks them within ``room``."""
+    ctx = PlanContext(AuditOptions(victim="-", out="-"), sizes, VictimShape(10, 64), None,  # type: ignore[arg-type]
+                      memo={"explain": access})
+    parts, notes = [], []
+    for name in ("gradmatch", "exact"):
+        got, why = KINDS[name].plan(ctx, room)
+        parts, notes, room = parts + got, notes + why, room - sum(p.budget for p in got)
+    return parts, notes
+
+
+def explanation_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return KINDS["gradmatch"].rows(results, KINDS)["explanations"] + KINDS["exact"].rows(results, KINDS)["explanations"]
+
+
 def test_a_victim_that_serves_no_explanations_gets_a_note() -> None:
     access = ExplainAccess("an ONNX victim gives no gradients (onnxruntime)", None, "", 64)
-    parts, notes = plan_explanations(access, MoreSizes((10, 30), 1000, 1), room=10_000)
+    parts, notes = plan_explanations(access, Sizes(gradmatch=(10, 30), exact_budget=1000, seeds=1), room=10_000)
     assert parts == [] and notes == ["the explanation attacks (gradient matching, exact recovery) left out: an ONNX "
                                      "victim gives no gradients (onnxruntime)"]
-    parts, notes = plan_explanations(access, MoreSizes((), 0, 1), room=10_000)
+    parts, notes = plan_explanations(access, Sizes(gradmatch=(), exact_budget=0, seeds=1), room=10_000)
     assert parts == notes == []  # nothing asked for, nothing to say
 
 
 def test_onnx_victim_is_read_as_serving_no_explanations(tmp_path: Path, mlp8: Path) -> None:
     pytest.importorskip("onnx")
-    from stealkit.commands.audit import explanation_access
+    from stealkit.audit.kinds.explanations import explanation_access
+    from stealkit.oracle.victim import Target
     from stealkit.models import load_model
     from stealkit.models.export import export_model
 
     model, spec = load_model(mlp8)
     export_model(model, spec, tmp_path / "v.onnx", "onnx")
-    access = explanation_access(str(tmp_path / "v.onnx"), None, "digits")
+    access = explanation_access(Target(str(tmp_path / "v.onnx"), dataset="digits"))
     assert access.why_not is not None and "ONNX" in access.why_not and access.hidden is None
-    local = explanation_access(str(mlp8), None, None)
+    local = explanation_access(Target(str(mlp8)))
     assert local.why_not is None and local.hidden == 8
 
 
@@ -118,14 +131,14 @@ def test_seeds_fill_the_room_the_plan_leaves(tmp_path: Path, capsys: pytest.Capt
 
 
 def test_plan_seeds_repeats_only_the_undefended_like_ladder() -> None:
-    from stealkit.commands.audit import Part
+    from stealkit.audit.parts import Part
 
     parts = [Part("label", "like", "pool", 50), Part("label", "unrelated", "patches", 50),
              Part("probs", "like", "pool", 50, defence="label"), Part("label", "like", "pool", 100)]
-    repeats, notes = plan_seeds(parts, 3, 1000)
+    repeats, notes = Extraction().repeats(parts, 3, 1000 - 200)
     assert [part_id(p) for p in repeats] == ["extract-label-like-50-seed+1", "extract-label-like-100-seed+1",
                                        "extract-label-like-50-seed+2", "extract-label-like-100-seed+2"]
-    assert plan_seeds(parts, 1, 1000) == ([], [])
+    assert Extraction().repeats(parts, 1, 800) == ([], [])
 
 
 def test_bad_sizes_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -181,9 +194,7 @@ def test_spread_over_seeds_from_made_up_ladders() -> None:
     # two seeds of three not reaching it: the median is "not reached"; an even count takes the middle pair's mean
     two_short = [r for r in results[:9] if r["part"]["seed_offset"] != 0 or r["part"]["budget"] != 200]
     assert seed_spread(two_short)[0]["Q95 median"] == "not reached within 200"
-    from stealkit.commands.audit import spread_sentences
-
-    assert spread_sentences([row]) == ["Repeated at 3 seeds with data like yours, Q90 ranges 50-200 with top-1 "
+    assert copy_sentences({"spread": [row]}, KINDS) == ["Repeated at 3 seeds with data like yours, Q90 ranges 50-200 with top-1 "
                                        "labels."]
     pair = results[:6]
     assert seed_spread(pair)[0]["Q90 median"] == 75.0
@@ -263,15 +274,20 @@ def _whole_audit(tmp_path: Path, mlp8: Path, capsys: pytest.CaptureFixture[str],
     assert "exact recovery (two-layer ReLU, h = 8)" in capsys.readouterr().out
 
 
-def test_more_sizes_defaults() -> None:
-    from stealkit.commands.audit import GRADMATCH_LADDER, QUICK_GRADMATCH_LADDER, more_sizes
+def test_sizes_defaults() -> None:
+    from stealkit.audit.options import parse_gradmatch
 
-    assert more_sizes(False, None, None, None) == MoreSizes(GRADMATCH_LADDER, 20_000, 1)
-    assert more_sizes(True, None, None, None) == MoreSizes(QUICK_GRADMATCH_LADDER, 20_000, 2)
-    assert more_sizes(False, None, None, 3).seeds == 3
-    assert more_sizes(False, "0", 0, 1) == MoreSizes((), 0, 1)
+    def sizes(quick: bool = False, **given: Any) -> Sizes:
+        return AuditOptions(victim="-", out="-", quick=quick, sizes=given).check()
+
+    assert (sizes().gradmatch, sizes().exact_budget, sizes().seeds) == ((30, 100, 300), 20_000, 1)
+    assert (sizes(True).gradmatch, sizes(True).exact_budget, sizes(True).seeds) == ((10, 30, 100), 20_000, 2)
+    assert sizes(seeds=3).seeds == 3
+    assert sizes(gradmatch=parse_gradmatch("0"), exact_budget=0).gradmatch == ()
     with pytest.raises(InputError):
-        more_sizes(False, "-5", None, None)
+        parse_gradmatch("-5")
+    with pytest.raises(InputError):
+        sizes(seeds=0)
 
 
 @pytest.mark.slow

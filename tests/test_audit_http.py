@@ -55,7 +55,7 @@ def test_a_server_that_stops_mid_audit_is_one_line_and_the_finished_parts_stay(
     import contextlib
 
     from stealkit.cli import main as cli_main
-    from stealkit.commands import audit
+    from stealkit.audit import execute as audit
 
     victim = make_victim(tmp_path / "victim")
     keys = write_keys(tmp_path / "keys.toml", [{"key": KEY, "name": "audit", "mode": "probs", "budget": 5000}])
@@ -64,11 +64,11 @@ def test_a_server_that_stops_mid_audit_is_one_line_and_the_finished_parts_stay(
     real = audit.run_part
     calls = []
 
-    def stop_after_first(part, **kw):  # the server goes away once the first part has finished
+    def stop_after_first(part, *a, **kw):  # the server goes away once the first part has finished
         if calls:
             stack.close()
         calls.append(part_id(part))
-        return real(part, **kw)
+        return real(part, *a, **kw)
 
     out = tmp_path / "s"
     with pytest.MonkeyPatch.context() as mp:

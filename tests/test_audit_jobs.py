@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from stealkit.commands import audit as audit_mod
+from stealkit.audit import execute as audit_mod
+from stealkit.audit.parts import Part
 from tests.audit_kit import run_audit_command
 from tests.test_audit import NO_EXTRAS_KW, TINY_KW, VICTIM
 
@@ -39,10 +40,10 @@ def test_small_audits_stay_in_this_process(monkeypatch: pytest.MonkeyPatch) -> N
         raise AssertionError("workers started for parts estimated under PARALLEL_MIN_SECONDS")
 
     monkeypatch.setattr(audit_mod, "_in_workers", no_workers)
-    part = audit_mod.Part("label", "like", "pool", 20, estimate_s=1.0)
-    todo = [part, audit_mod.Part("label", "like", "pool", 40, estimate_s=1.0)]
+    part = Part("label", "like", "pool", 20, estimate_s=1.0)
+    todo = [part, Part("label", "like", "pool", 40, estimate_s=1.0)]
     ran: list[str] = []
-    monkeypatch.setattr(audit_mod, "run_part", lambda p, **_k: ran.append(part_id(p)) or {
+    monkeypatch.setattr(audit_mod, "run_part", lambda p, *_a, **_k: ran.append(part_id(p)) or {
         "part": {"kind": "extract"}, "id": part_id(p), "total_queries": 0, "fidelity": 0.5, "accuracy": 0.5,
         "elapsed_s": 0.0})
 
@@ -56,5 +57,8 @@ def test_small_audits_stay_in_this_process(monkeypatch: pytest.MonkeyPatch) -> N
     import stealkit.fsutil as fsutil
 
     monkeypatch.setattr(fsutil, "atomic_write_json", lambda *_a, **_k: None)
-    audit_mod.run_audit(todo, Run(), echo=lambda _s: None, jobs=2)  # type: ignore[arg-type]
+    from types import SimpleNamespace
+
+    ctx = SimpleNamespace(options=SimpleNamespace(jobs=2), parts_dir=Path("/nonexistent-audit/parts"))
+    audit_mod.execute(todo, Run(), ctx)  # type: ignore[arg-type]
     assert ran == [part_id(p) for p in todo]

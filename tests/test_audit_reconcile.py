@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from stealkit.commands.audit import V2_METADATA, V2_STATS, reconcile_audit, reconciliation_line, v2_usage
+from stealkit.audit.reconcile import V2_METADATA, V2_STATS, reconcile_audit, reconciliation_line, v2_usage
 
 VICTIM = "v2+http://127.0.0.1:9/v2/models/digits"
 
@@ -56,7 +56,7 @@ def test_counts_over_the_audit_are_compared_kind_by_kind() -> None:
 
 
 def test_a_column_only_a_later_row_has_goes_where_that_row_puts_it() -> None:
-    from stealkit.commands.audit import format_table
+    from stealkit.audit.report import format_table
 
     rows = [{"answers": "label", "attacker": "like", "fidelity @50": 0.8, "Q90": 50},
             {"answers": "label", "attacker": "data-free", "fidelity @2000": 0.7, "Q90": "not reached within 2,000"}]

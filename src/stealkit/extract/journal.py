@@ -83,6 +83,12 @@ class JournalOracle:
     def ledger(self) -> QueryLedger:
         return self.inner.ledger
 
+    def __getattr__(self, name: str) -> Any:
+        """Everything else is the wrapped oracle's (its top-k, temperature, device)."""
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
     def open(self, journal: Path, *, replay: bool) -> None:
         """Start writing ``journal``; with ``replay``, first serve the complete records it already holds."""
         self.close()
