@@ -3,8 +3,6 @@ report (at a tiny size on the standard digits victim)."""
 
 from __future__ import annotations
 
-from tests.audit_kit import part_id
-
 import json
 from pathlib import Path
 from typing import Any
@@ -13,6 +11,7 @@ import pytest
 
 from stealkit.cli import main
 from stealkit.errors import InputError
+from tests.audit_kit import part_id
 
 ROOT = Path(__file__).resolve().parents[1]
 VICTIM = "standard:digits-conv2"
@@ -64,8 +63,8 @@ def test_bad_answer_kind_is_one_clear_error(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_audit_resumes_without_paying_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.audit_kit import run_audit_command
     from stealkit.victims import standard_victim
+    from tests.audit_kit import run_audit_command
 
     victim = str(standard_victim("digits-conv2").path)
     kwargs: dict[str, Any] = {"victim": victim, "answers": "label,probs", "budgets": "20,40",
@@ -213,8 +212,8 @@ def test_what_the_stolen_copy_enables(tmp_path: Path) -> None:
     budget: every figure read back from those commands' own summaries, every query from their ledgers."""
     from stealkit.audit.copies import best_copy
     from stealkit.evade.gradient_based.transfer import CODFE_PGD
-    from tests.audit_kit import run_audit_command
     from stealkit.victims import standard_victim
+    from tests.audit_kit import run_audit_command
 
     victim = str(standard_victim("digits-conv2").path)
     out = tmp_path / "e"
@@ -252,8 +251,8 @@ def test_what_the_stolen_copy_enables(tmp_path: Path) -> None:
 def test_data_free_attacker_is_a_row_of_the_extraction_table(tmp_path: Path) -> None:
     """The default data-free recipe (stealkit extract codfe, labelonly-v3) at the budget the plan leaves it, on
     label answers: its copy is a row beside the other attackers', its queries the ledger's."""
-    from tests.audit_kit import run_audit_command
     from stealkit.victims import standard_victim
+    from tests.audit_kit import run_audit_command
 
     victim = str(standard_victim("digits-conv2").path)
     out = tmp_path / "f"

@@ -41,8 +41,7 @@ def test_ece_on_a_hand_made_case() -> None:
 
 def test_served_calibration_of_labels_and_a_defence() -> None:
     from stealkit.data import load_splits
-    from stealkit.serve.defences import parse_defence
-    from stealkit.serve.defences import served_accuracy, served_calibration
+    from stealkit.serve.defences import parse_defence, served_accuracy, served_calibration
     from stealkit.victims import standard_victim
 
     trained = standard_victim("digits-conv2")

@@ -4,22 +4,21 @@ the figures computed right."""
 
 from __future__ import annotations
 
-from tests.audit_kit import part_id
-
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from stealkit.cli import main
 from stealkit.audit.copies import copy_sentences, seed_spread
 from stealkit.audit.kinds import KINDS
 from stealkit.audit.kinds.explanations import ExplainAccess, reach_point
 from stealkit.audit.kinds.extraction import Extraction
 from stealkit.audit.options import AuditOptions, Sizes
 from stealkit.audit.parts import PlanContext, VictimShape
+from stealkit.cli import main
 from stealkit.errors import InputError
+from tests.audit_kit import part_id
 from tests.test_audit import NO_EXTRAS, TINY, TINY_KW, _repo_root  # noqa: F401 (an autouse fixture)
 
 VICTIM = "standard:digits-conv2"
@@ -104,9 +103,9 @@ def test_a_victim_that_serves_no_explanations_gets_a_note() -> None:
 def test_onnx_victim_is_read_as_serving_no_explanations(tmp_path: Path, mlp8: Path) -> None:
     pytest.importorskip("onnx")
     from stealkit.audit.kinds.explanations import explanation_access
-    from stealkit.oracle.victim import Target
     from stealkit.models import load_model
     from stealkit.models.export import export_model
+    from stealkit.oracle.victim import Target
 
     model, spec = load_model(mlp8)
     export_model(model, spec, tmp_path / "v.onnx", "onnx")

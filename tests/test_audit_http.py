@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from tests.audit_kit import part_id
-
 import json
 from pathlib import Path
 
 import pytest
 
 from stealkit.cli import main
+from tests.audit_kit import part_id
 from tests.test_serve_support import live_server, make_victim, write_keys
 
 pytestmark = pytest.mark.slow
@@ -54,8 +53,8 @@ def test_a_server_that_stops_mid_audit_is_one_line_and_the_finished_parts_stay(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import contextlib
 
-    from stealkit.cli import main as cli_main
     from stealkit.audit import execute as audit
+    from stealkit.cli import main as cli_main
 
     victim = make_victim(tmp_path / "victim")
     keys = write_keys(tmp_path / "keys.toml", [{"key": KEY, "name": "audit", "mode": "probs", "budget": 5000}])

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from tests.audit_kit import part_id
-
 import json
 from pathlib import Path
 
@@ -11,7 +9,7 @@ import pytest
 
 from stealkit.audit import execute as audit_mod
 from stealkit.audit.parts import Part
-from tests.audit_kit import run_audit_command
+from tests.audit_kit import part_id, run_audit_command
 from tests.test_audit import NO_EXTRAS_KW, TINY_KW, VICTIM
 
 ROOT = Path(__file__).resolve().parents[1]

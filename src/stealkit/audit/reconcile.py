@@ -20,8 +20,8 @@ def server_usage(victim: str, key: str | None) -> dict[str, int] | None:
     ``None`` for a victim that is not a stealkit /v1 server (a local model; a v2 endpoint: :func:`v2_usage`)."""
     import httpx
 
-    from stealkit.oracle.victim import is_url
     from stealkit.oracle.http_v2 import is_v2
+    from stealkit.oracle.victim import is_url
 
     if not is_url(victim) or is_v2(victim):
         return None
