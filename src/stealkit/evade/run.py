@@ -92,7 +92,7 @@ def run_transfer(target: Target, method: str, substitute: str | Path | nn.Module
     save_npz(run.path / "adversarial.npz", res.arrays())
     summary = res.summary() | {"substitute": where, "victim": target.location, "seed": target.seed}
     finish(run, summary)
-    return AttackRun(run.path, summary)
+    return _written(run)
 
 
 def run_decision(target: Target, method: str, *, max_queries: int = 5000, n: int = 1000, budget: int | None = None,
@@ -165,7 +165,14 @@ def run_decision(target: Target, method: str, *, max_queries: int = 5000, n: int
                "median_queries_per_image": float(per.median()) if per.numel() else None,
                "victim": target.location, "seed": target.seed}
     finish(run, summary)
-    return AttackRun(run.path, summary)
+    return _written(run)
+
+
+def _written(run: RunDir) -> AttackRun:
+    """The run as its summary.json records it (figures as written)."""
+    import json
+
+    return AttackRun(run.path, json.loads((run.path / "summary.json").read_text()))
 
 
 def sample_test_images(v: Victim, data_dir: str | None, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
