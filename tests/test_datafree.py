@@ -377,8 +377,8 @@ def test_cli_run_writes_the_contract_and_resumes(tmp_path: Path) -> None:
 ])
 def test_set_with_a_wrong_type_says_what_the_setting_takes(method: str, setting: str, expect: str) -> None:
     from stealkit.commands.common import parse_kv
-    from stealkit.commands.extract_datafree import build_config
     from stealkit.errors import InputError
+    from stealkit.extract.datafree.run import build_config
 
     with pytest.raises(InputError, match=expect):
         build_config(method, parse_kv((setting,)), {})
@@ -386,7 +386,7 @@ def test_set_with_a_wrong_type_says_what_the_setting_takes(method: str, setting:
 
 def test_set_converts_to_the_settings_type() -> None:
     from stealkit.commands.common import parse_kv
-    from stealkit.commands.extract_datafree import build_config
+    from stealkit.extract.datafree.run import build_config
 
     cfg = build_config("codfe", parse_kv(("replay_capacity=3000", "diversity=1", "lr_substitute=0.01")), {})
     assert cfg.replay_capacity == 3000 and isinstance(cfg.diversity, float) and cfg.lr_substitute == 0.01

@@ -1,10 +1,9 @@
-"""``stealkit attack``: transfer attacks from a stolen substitute, decision-based attacks, the CoDFe study."""
+"""``stealkit attack``: transfer attacks from a stolen substitute, decision-based attacks, the CoDFe study. Each\ncommand is options in, one :mod:`stealkit.evade.run` runner call, the closing line out."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import click
@@ -18,7 +17,7 @@ from stealkit.commands.common import (
     set_option,
     victim_option,
 )
-from stealkit.evade.registry import ATTACKS, DECISION, TRANSFER
+from stealkit.evade.registry import DECISION, TRANSFER
 
 TARGETS = ("second", "random", "least-likely")
 
@@ -48,47 +47,6 @@ def _victim_opts(fn: Callable[..., Any]) -> Callable[..., Any]:
     return functools.reduce(lambda f, o: o(f), reversed(opts), fn)
 
 
-def _test_sample(v: Any, data_dir: str | None, n: int, seed: int) -> tuple[Any, Any]:
-    import torch
-
-    from stealkit.errors import InputError
-    from stealkit.extract.common import victim_splits
-
-    if n < 1:
-        raise InputError(f"--n must be a positive number of images, got {n}")
-    test = victim_splits(v, data_dir).test
-    idx = torch.randperm(len(test.y), generator=torch.Generator().manual_seed(seed))[:n]
-    return test.x[idx], test.y[idx]
-
-
-def _save_npz(path: Path, arrays: dict[str, Any]) -> None:
-    import numpy as np
-
-    from stealkit.fsutil import atomic_path
-
-    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-        np.savez_compressed(fh, **arrays)
-
-
-def _finish(run: Any, summary: dict[str, Any]) -> None:
-    """Per-example records (from ``adversarial.npz``), the summary, the report."""
-    from stealkit.report.builders import build_report
-
-    npz = run.path / "adversarial.npz"
-    if npz.exists():
-        import numpy as np
-
-        with np.load(npz) as data:
-            delta = (data["x_adv"] - data["x"]).reshape(len(data["x"]), -1)
-            l2, linf = np.linalg.norm(delta, axis=1), np.abs(delta).max(axis=1)
-            for i in range(len(delta)):
-                run.append_record({"index": i, "label": int(data["y"][i]),
-                                   **{k: bool(data[k][i]) for k in ("attempted", "success") if k in data},
-                                   "l2": float(l2[i]), "linf": float(linf[i])})
-    run.write_summary(summary)
-    run.write_report(build_report(run))
-
-
 def _make_transfer(method: str) -> click.Command:
     @click.command(method, help=f"Transfer {method.upper()}: craft on --substitute, measure success on --victim.")
     @click.option("--substitute", required=True,
@@ -110,26 +68,14 @@ def _make_transfer(method: str) -> click.Command:
             data_dir: str | None, n: int, targeted: str | None, seed: int, out: str, eps: float, norm: str,
             steps: int, step: float | None, restarts: int, kappa: float, batch_size: int,
             settings: tuple[str, ...], device: str) -> None:
-        from stealkit.extract.common import open_victim
-        from stealkit.models.locate import load_substitute
-        from stealkit.rundir import RunDir
-        from stealkit.settings import apply_settings
+        from stealkit.evade.run import run_transfer
 
-        sub = load_substitute(substitute, device=device)
-        v = open_victim(victim, mode="label", budget=budget, key=key, dataset=dataset, device=device, seed=seed)
-        x, y = _test_sample(v, data_dir, n, seed)
-        spec = ATTACKS[method]
-        cfg = spec.config(method=method, eps=eps, steps=steps, step=step, norm=norm, targeted=targeted,
-                          restarts=restarts, kappa=kappa, seed=seed, batch_size=batch_size)
-        cfg = apply_settings(cfg, parse_kv(settings), who=method)
-        run = RunDir(out).create(command=f"attack {method}", seed=seed, config={
-            "substitute": substitute, "victim": victim, "dataset": v.dataset, "n": n, "attack": cfg})
-        res = spec.run(sub, v.oracle, x.to(device), y.to(device), cfg)
-        _save_npz(run.path / "adversarial.npz", res.arrays())
-        _finish(run, res.summary() | {"substitute": substitute, "victim": victim, "seed": seed})
-        click.echo(f"ASR {fmt.figure(res.asr)} ({res.successes}/{res.attempts}), victim queries "
-                   f"{fmt.queries(res.victim_queries)}; "
-                   f"report: {run.report_path}")
+        r = run_transfer(_target(victim, key, dataset, data_dir, device, seed), method, substitute, n=n,
+                         budget=budget, targeted=targeted, eps=eps, norm=norm, steps=steps, step=step,
+                         restarts=restarts, kappa=kappa, batch_size=batch_size, settings=parse_kv(settings), out=out)
+        click.echo(f"ASR {fmt.figure(r.asr)} ({r.successes}/{r.attempts}), victim queries "
+                   f"{fmt.queries(r.queries)}; "
+                   f"report: {r.report}")
 
     return cmd
 
@@ -154,76 +100,14 @@ def _make_decision(method: str) -> click.Command:
             targeted: str | None, seed: int, out: str, max_queries: int, iterations: int | None,
             substitute: str | None, settings: tuple[str, ...], device: str, preset: str = "paper",
             start_pool: str | None = None) -> None:
-        from stealkit.errors import InputError
-        from stealkit.extract.common import open_victim
-        from stealkit.rundir import RunDir
-        from stealkit.settings import apply_settings
+        from stealkit.evade.run import run_decision
 
-        if targeted is not None:
-            raise InputError("decision-based targeted attacks need start images of the target class; use the "
-                             "Python API (starting_points=) or drop --targeted")
-        if max_queries < 1:
-            raise InputError(f"--max-queries must be a positive number of queries per image, got {max_queries}")
-        if start_pool is not None and substitute is not None:
-            raise InputError("--start-pool and --substitute both make the starting points: give one")
-        v = open_victim(victim, mode="label", budget=budget, key=key, dataset=dataset, device=device, seed=seed)
-        sub = _load_substitute(substitute, v, device) if substitute is not None else None
-        x, y = _test_sample(v, data_dir, n, seed)
-        pool = _load_start_pool(start_pool, v, data_dir) if start_pool is not None else None
-        spec = ATTACKS[method]
-        rounds: dict[str, object] = {"boundary": {"steps": iterations or 5000},
-                                     "triangle": {"steps": iterations or 100_000}}.get(
-                                         method, {"iterations": iterations or 40})
-        if method == "hopskipjump" and preset == "tuned":
-            from stealkit.evade.decision_based.hopskipjump import tuned_settings
-
-            tuned = tuned_settings(substitute=sub is not None, shape=tuple(v.oracle.input_shape),
-                                   budgeted=True, pool=pool is not None)  # --max-queries: a per-image budget
-            rounds = rounds | tuned
-        elif method == "triangle" and preset == "tuned":
-            from stealkit.evade.decision_based.triangle import TUNED
-
-            rounds = rounds | TUNED
-        config = apply_settings(spec.config(seed=seed, **rounds), parse_kv(settings), who=method)  # type: ignore[misc]
-        clean = v.oracle.query(x)  # which images the victim gets right (charged)
-        from stealkit.oracle import labels_from_answer
-
-        ok = (labels_from_answer(clean, v.oracle.mode).cpu() == y).nonzero().squeeze(1)
-        if ok.numel() == 0:
-            raise InputError(f"the victim classifies none of the {len(y)} sampled test images correctly, so there "
-                             "is nothing to attack; raise --n or check the victim and --dataset")
-        run_config = {"victim": victim, "dataset": v.dataset, "n": n, "max_queries": max_queries,
-                      "iterations": iterations, "substitute": substitute} | (
-                          {"preset": preset} if method in ("hopskipjump", "triangle") else {}) | (
-                          {"settings": parse_kv(settings)} if settings else {}) | (
-                          {"start_pool": start_pool, "start_pool_images": len(pool)} if pool is not None else {})
-        run = RunDir(out).create(command=f"attack {method}", seed=seed, config=run_config)
-        if v.oracle.ledger.budget is None:  # the query bar's end: every image may spend --max-queries
-            from stealkit.progress import expect
-
-            expect(v.oracle.ledger.total + int(ok.numel()) * max_queries)
-        res = spec.run(v.oracle, x[ok], y[ok], max_queries=max_queries, config=config, substitute=sub,
-                       **({"start_pool": pool} if pool is not None else {}))
-        x_adv = x.clone()
-        x_adv[ok] = res.x_adv
-        import torch
-
-        attempted = torch.zeros(len(y), dtype=torch.bool)
-        attempted[ok] = True
-        success = torch.zeros(len(y), dtype=torch.bool)
-        success[ok] = res.success
-        _save_npz(run.path / "adversarial.npz", {"x": x.numpy(), "x_adv": x_adv.numpy(), "y": y.numpy(),
-                                                 "attempted": attempted.numpy(), "success": success.numpy()})
-        per = res.extra["queries_per_example"].float()
-        summary = {"method": method, "asr": res.success_rate if ok.numel() else None, "attempts": int(ok.numel()),
-                   "successes": int(res.success.sum()), "victim_queries": v.oracle.ledger.as_dict(),
-                   "median_norm_successful": res.summary()["median_norm_successful"],
-                   "median_queries_per_image": float(per.median()) if per.numel() else None,
-                   "victim": victim, "seed": seed}
-        _finish(run, summary)
-        click.echo(f"success {fmt.figure(summary['asr'])} ({summary['successes']}/{summary['attempts']}), "
-                   f"median L2 {fmt.figure(summary['median_norm_successful'], 3)}, victim queries "
-                   f"{fmt.queries(summary['victim_queries'])}; report: {run.report_path}")
+        r = run_decision(_target(victim, key, dataset, data_dir, device, seed), method, max_queries=max_queries, n=n,
+                         budget=budget, iterations=iterations, substitute=substitute, start_pool=start_pool,
+                         preset=preset, targeted=targeted, settings=parse_kv(settings), out=out)
+        click.echo(f"success {fmt.figure(r.asr)} ({r.successes}/{r.attempts}), "
+                   f"median L2 {fmt.figure(r.median_l2, 3)}, victim queries "
+                   f"{fmt.queries(r.queries)}; report: {r.report}")
 
     if method == "triangle":
         cmd = click.option(
@@ -247,60 +131,11 @@ def _make_decision(method: str) -> click.Command:
     return cmd
 
 
-def _load_start_pool(source: str, v: Any, data_dir: str | None) -> Any:
-    """``--start-pool``: the attacker split of the victim's data set (``pool``) or images from a ``.npy`` /
-    ``.safetensors`` file (no pickle); shape and range are checked by the attack (one-line errors)."""
-    import torch
+def _target(victim: str, key: str | None, dataset: str | None, data_dir: str | None, device: str,
+            seed: int) -> Any:
+    from stealkit.oracle.victim import Target
 
-    from stealkit.errors import InputError
-    from stealkit.extract.common import victim_splits
-
-    if source == "pool":
-        return victim_splits(v, data_dir).attacker_pool.x
-    path = Path(source)
-    if not path.is_file():
-        raise InputError(f"--start-pool {source}: expected 'pool' or a .npy / .safetensors file of images")
-    if path.suffix == ".npy":
-        import numpy as np
-
-        try:
-            arr = np.load(path, allow_pickle=False)
-        except ValueError as e:
-            raise InputError(f"--start-pool {source}: not a plain numeric .npy array ({e})") from None
-        if arr.dtype.kind not in "fiub":
-            raise InputError(f"--start-pool {source}: expected a numeric array, got dtype {arr.dtype}")
-        return torch.from_numpy(arr.astype("float32"))
-    if path.suffix == ".safetensors":
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        try:
-            tensors = load_file(str(path))
-        except (SafetensorError, ValueError, OSError) as e:
-            raise InputError(f"--start-pool {source}: not a readable safetensors file ({e})") from None
-        if len(tensors) != 1 and "x" not in tensors:
-            raise InputError(f"--start-pool {source}: expected one tensor or one named 'x', got {sorted(tensors)}")
-        return (tensors["x"] if "x" in tensors else next(iter(tensors.values()))).float()
-    raise InputError(f"--start-pool {source}: expected 'pool' or a .npy / .safetensors file, got {path.suffix!r}")
-
-
-def _load_substitute(path: str, v: Any, device: str) -> Any:
-    """The substitute model at ``path``: a model directory, or an extraction run directory's ``student/``."""
-    from stealkit.errors import InputError
-    from stealkit.models import load_model
-    from stealkit.models.io import SPEC_NAME
-
-    p = Path(path)
-    if not (p / SPEC_NAME).exists() and (p / "student" / SPEC_NAME).exists():
-        p = p / "student"
-    if not (p / SPEC_NAME).exists():
-        raise InputError(f"--substitute {path}: expected a model directory (holding {SPEC_NAME}) or an extraction "
-                         "run directory holding student/")
-    model, spec = load_model(p, device=device)
-    if tuple(spec.input_shape) != tuple(v.oracle.input_shape):
-        raise InputError(f"--substitute {path} takes images of shape {list(spec.input_shape)}; the victim takes "
-                         f"{list(v.oracle.input_shape)}")
-    return model
+    return Target(victim, key=key, dataset=dataset, data_dir=data_dir, device=device, seed=seed)
 
 
 def register(cli: click.Group) -> None:

@@ -3,14 +3,15 @@
 Every command takes the core's victim and run options, writes the student, ``summary.json`` (the extraction
 contract plus ``losses`` and the run's timing) and ``report.html`` (accuracy and fidelity against queries,
 losses against rounds, a grid of generator samples). ``--resume`` continues a stopped run from its checkpoint
-in ``OUT/checkpoint`` without spending any query twice.
+in ``OUT/checkpoint`` without spending any query twice. Each command is options in, one
+:func:`~stealkit.extract.datafree.run.run_datafree` call, the closing line out.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -18,25 +19,17 @@ from stealkit import fmt
 from stealkit.commands.common import (
     check_arch,
     device_option,
+    parse_int_list,
     parse_kv,
     run_options,
     set_option,
     victim_options,
 )
-from stealkit.errors import InputError
 from stealkit.extract.datafree.recipes import DEFAULT, PAPER, VALIDATED
-from stealkit.extract.registry import DATAFREE, METHODS
-from stealkit.rundir import RunDir
-from stealkit.settings import typed_settings
+from stealkit.extract.registry import DATAFREE
 
-
-def build_config(method: str, settings: dict[str, Any], loop: dict[str, Any]) -> Any:
-    """The method's frozen config from ``--set`` style settings; unknown names are a clear error."""
-    from stealkit.extract.datafree.datafree_loop import LoopConfig
-
-    cls = METHODS[method].config
-    assert cls is not None
-    return cls(loop=LoopConfig(**loop), **typed_settings(cls, settings, who=method, exclude={"loop"}))
+if TYPE_CHECKING:
+    from stealkit.extract.datafree.run import DataFreeOptions
 
 
 def datafree_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -64,67 +57,34 @@ def datafree_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return functools.reduce(lambda f, o: o(f), reversed(opts), fn)
 
 
+def datafree_options_of(*, temperature: float, student: str, student_args: tuple[str, ...], batch_size: int | None,
+                        ngf: int | None, settings: dict[str, Any], eval_every: int, eval_at: str,
+                        checkpoint_every: int, max_iterations: int | None, preset: str) -> DataFreeOptions:
+    """The :class:`~stealkit.extract.datafree.run.DataFreeOptions` of the command's parsed options."""
+    from stealkit.extract.datafree.run import DataFreeOptions
+
+    return DataFreeOptions(temperature=temperature, student=student, student_kwargs=parse_kv(student_args),
+                           batch_size=batch_size, ngf=ngf, settings=dict(settings), eval_every=eval_every,
+                           eval_at=parse_int_list(eval_at) if eval_at else (), checkpoint_every=checkpoint_every,
+                           max_iterations=max_iterations, preset=preset)
+
+
 def run_method(method: str, *, victim: str, key: str | None, mode: str, temperature: float, top_k: int,
                budget: int, dataset: str | None, data_dir: str | None, student: str,
                student_args: tuple[str, ...], batch_size: int | None, ngf: int | None, settings: dict[str, Any],
                eval_every: int, eval_at: str, checkpoint_every: int, max_iterations: int | None, resume: bool,
                seed: int, out: str, device: str, preset: str = DEFAULT) -> Any:
-    """What each command does: open the victim, run the method, save student, summary and report."""
-    from stealkit.commands.common import parse_int_list
-    from stealkit.extract.common import (
-        make_evaluator,
-        open_victim,
-        save_extraction,
-        student_factory,
-        victim_splits,
-    )
-    from stealkit.extract.datafree.recipes import recipe_settings, recipe_sizes
+    """:func:`stealkit.extract.datafree.run.run_datafree` with the command's options; returns its
+    ExtractionResult (kept for the audit until it moves)."""
+    from stealkit.extract.datafree.run import run_datafree
+    from stealkit.oracle.victim import Target
 
-    recipe = recipe_settings(preset, method, mode)
-    v = open_victim(victim, mode=mode, budget=budget, temperature=temperature, top_k=top_k, key=key,
-                    dataset=dataset, device=device, seed=seed)
-    sizes = recipe_sizes(preset, method, tuple(v.input_shape), student)  # explicit options override below
-    settings = recipe | {k: val for k, val in sizes.items() if k != "student_kwargs"} | dict(settings)
-    if batch_size is not None:
-        settings["batch_size"] = batch_size
-    if ngf is not None:
-        settings["ngf"] = ngf
-    settings["seed"] = seed
-    loop = {"eval_every": eval_every, "eval_at": parse_int_list(eval_at) if eval_at else (),
-            "checkpoint_every": checkpoint_every, "max_iterations": max_iterations}
-    config = build_config(method, settings, loop)
-    kwargs = sizes.get("student_kwargs", {}) | parse_kv(student_args)
-    evaluator = None
-    try:
-        splits = victim_splits(v, data_dir)
-        evaluator = make_evaluator(v, splits.test.x, splits.test.y, device)
-    except InputError:
-        if v.dataset:
-            raise
-        click.echo("the victim's data set is unknown: no accuracy curve (pass --dataset to get one)", err=True)
-    cfg = {"victim": victim, "mode": mode, "budget": budget, "student": student, "student_kwargs": kwargs,
-           "dataset": v.dataset, "recipe": preset, "recipe_sizes": sizes, method: config}
-    run = RunDir(out)
-    if not resume and (run.path / "checkpoint" / "checkpoint.json").exists():
-        raise InputError(f"{out} holds a checkpoint of an earlier run: pass --resume to continue it, or choose "
-                         "another --out")
-    run.create(command=f"extract {method}", seed=seed, config=cfg)
-    result = METHODS[method].run(v.oracle, make_student=student_factory(student, v, seed, **kwargs),
-                                 evaluator=evaluator, config=config, device=device,
-                                 checkpoint_dir=run.path / "checkpoint", resume=resume, on_point=run.append_record,
-                                 on_losses=lambda r: run.append_record({"kind": "losses", **r}))
-    if result.samples is not None:
-        from safetensors.torch import save_file
-
-        from stealkit.fsutil import atomic_path
-
-        with atomic_path(run.path / "samples.safetensors") as tmp:
-            save_file({"samples": result.samples.contiguous()}, str(tmp))
-    save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
-    click.echo(f"{method} ({result.extra.get('variant', mode)}): accuracy {fmt.figure(result.accuracy)}, "
-               f"fidelity {fmt.figure(result.fidelity)}, queries {fmt.queries(result.queries)}, "
-               f"{result.extra['seconds']:.0f} s; report: {run.report_path}")
-    return result
+    target = Target(victim, key=key, top_k=top_k, dataset=dataset, data_dir=data_dir, device=device, seed=seed)
+    options = datafree_options_of(temperature=temperature, student=student, student_args=student_args,
+                                  batch_size=batch_size, ngf=ngf, settings=settings, eval_every=eval_every,
+                                  eval_at=eval_at, checkpoint_every=checkpoint_every, max_iterations=max_iterations,
+                                  preset=preset)
+    return run_datafree(method, target, budget, mode=mode, options=options, out=out, resume=resume).result
 
 
 def _command(method: str, help_text: str) -> click.Command:
@@ -133,8 +93,20 @@ def _command(method: str, help_text: str) -> click.Command:
     @datafree_options
     @run_options
     @device_option
-    def cmd(settings: tuple[str, ...], **kw: Any) -> None:
-        run_method(method, settings=parse_kv(settings), **kw)
+    def cmd(victim: str, key: str | None, mode: str, top_k: int, budget: int, dataset: str | None,
+            data_dir: str | None, resume: bool, seed: int, out: str, device: str, settings: tuple[str, ...],
+            **kw: Any) -> None:
+        from stealkit.extract.datafree.run import run_datafree
+        from stealkit.oracle.victim import Target
+
+        target = Target(victim, key=key, top_k=top_k, dataset=dataset, data_dir=data_dir, device=device, seed=seed)
+        r = run_datafree(method, target, budget, mode=mode, options=datafree_options_of(settings=parse_kv(settings),
+                                                                                        **kw),
+                         out=out, resume=resume)
+        result = r.result
+        click.echo(f"{method} ({result.extra.get('variant', mode)}): accuracy {fmt.figure(result.accuracy)}, "
+                   f"fidelity {fmt.figure(result.fidelity)}, queries {fmt.queries(result.queries)}, "
+                   f"{result.extra['seconds']:.0f} s; report: {r.path / 'report.html'}")
 
     return cmd
 

@@ -46,40 +46,18 @@ def gradmatch_cmd(victim: str, key: str | None, budget: int, checkpoints: str | 
                   student_args: tuple[str, ...], steps: int, dataset: str | None, data_dir: str | None,
                   settings: tuple[str, ...], seed: int, out: str, device: str) -> None:
     """Train a reconstruction on the victim's answers and input-gradient explanations (l_G + lambda l_M)."""
-    from stealkit.data import load_query_source
-    from stealkit.extract.common import save_extraction, student_factory
-    from stealkit.extract.registry import METHODS
-    from stealkit.oracle.victim import make_evaluator, open_victim, victim_splits
-    from stealkit.rundir import RunDir
-    from stealkit.settings import apply_settings
+    from stealkit.extract.explanations.run import GradMatchOptions, run_gradient_matching
+    from stealkit.oracle.victim import Target
 
-    cps = parse_int_list(checkpoints) if checkpoints else (budget,)
-    kwargs = parse_kv(student_args)
-    v = open_victim(victim, mode="probs", budget=None if membership_only else 2 * budget, key=key,
-                    explain=not membership_only, dataset=dataset, device=device, seed=seed)
-    if not membership_only:
-        v.oracle.ledger.budgets["predict"] = budget
-        v.oracle.ledger.budgets["explain"] = budget
-    else:
-        v.oracle.ledger.budget = budget
-    splits = victim_splits(v, data_dir)
-    x_pool = load_query_source(pool, input_shape=v.input_shape, n=max(cps), seed=seed, data_dir=data_dir,
-                               victim_dataset=v.dataset, split_seed=v.split_seed)
-    method = METHODS["gradient-matching"]
-    config = method.config(use_gradients=not membership_only, explanation=explanation,  # type: ignore[misc]
-                           lam=lam, smooth_sigma=smooth_sigma, smooth_samples=smooth_samples, steps=steps,
-                           seed=seed)
-    config = apply_settings(config, parse_kv(settings), who="gradient-matching")
-    cfg = {"victim": victim, "budget": budget, "pool": pool, "student": student, "student_kwargs": kwargs,
-           "dataset": v.dataset, "gradmatch": config}
-    run = RunDir(out).create(command="extract gradient-matching", seed=seed, config=cfg)
-    result = method.run(v.oracle, x_pool, make_student=student_factory(student, v, seed, **kwargs),
-                        evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
-                        config=config, checkpoints=cps, device=device, on_point=run.append_record)
-    save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
-    click.echo(f"accuracy {fmt.figure(result.accuracy)}, fidelity {fmt.figure(result.fidelity)}, "
-               f"queries {fmt.queries(result.queries)}; "
-               f"report: {run.report_path}")
+    cps = parse_int_list(checkpoints) if checkpoints else None
+    options = GradMatchOptions(membership_only=membership_only, explanation=explanation, smooth_sigma=smooth_sigma,
+                               smooth_samples=smooth_samples, lam=lam, pool=pool, student=student,
+                               student_kwargs=parse_kv(student_args), steps=steps, settings=parse_kv(settings))
+    target = Target(victim, key=key, dataset=dataset, data_dir=data_dir, device=device, seed=seed)
+    r = run_gradient_matching(target, budget, checkpoints=cps, options=options, out=out)
+    click.echo(f"accuracy {fmt.figure(r.accuracy)}, fidelity {fmt.figure(r.fidelity)}, "
+               f"queries {fmt.queries(r.result.queries)}; "
+               f"report: {r.path / 'report.html'}")
 
 
 def register(cli: click.Group) -> None:

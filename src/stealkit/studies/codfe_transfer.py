@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from stealkit.errors import InputError
-from stealkit.evade.gradient_based.transfer import TransferConfig, transfer_attack
+from stealkit.evade.gradient_based.transfer import CODFE_PGD, TransferConfig, transfer_attack
 from stealkit.report.html import Section
 from stealkit.rundir import RunDir
 
@@ -89,12 +89,12 @@ class StudyConfig:
     victim: str | None = None
     substitute_arch: str = "cnn3"
     n: int = 1000
-    eps: float = 0.25
+    eps: float = CODFE_PGD["eps"]
     bim_steps: int = 120
     bim_step: float = 0.02
-    pgd_steps: int = 6
+    pgd_steps: int = int(CODFE_PGD["steps"])
     pgd_steps_targeted: int = 11
-    pgd_step: float = 0.03
+    pgd_step: float = CODFE_PGD["step"]
     real_budget: int | None = None
     real_epochs: int = 20
     datafree: tuple[str, ...] = ("dast", "codfe")

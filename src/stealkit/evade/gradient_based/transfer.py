@@ -30,6 +30,10 @@ from stealkit.evade.gradient_based.cw import carlini_wagner_l2
 from stealkit.evade.gradient_based.gradient import GradientAttackConfig, frozen, gradient_attack
 from stealkit.oracle import Oracle, labels_from_answer
 
+#: CoDFe's transfer evaluation (DaST's public script): its untargeted PGD, L-inf eps 0.25, 6 steps of 0.03
+#: (:class:`stealkit.studies.codfe_transfer.StudyConfig` reads its defaults from here)
+CODFE_PGD: dict[str, float] = {"eps": 0.25, "steps": 6, "step": 0.03}
+
 
 class AttackMethod(StrEnum):
     FGSM = "fgsm"
