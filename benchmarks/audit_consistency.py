@@ -4,7 +4,7 @@ Runs a small ``stealkit audit`` on a local victim, then, as a user would, the se
 headline figures with the same arguments and seed, each into its own folder:
 
 - the best stolen copy's fidelity (the copy the attacks start from): ``stealkit extract surrogate`` with the
-  part's budget, answer kind, pool and seed and the audit's ``--recipe`` arguments;
+  part's budget, answer kind, pool and seed and the audit's ``--set`` recipe as that command's flags;
 - PGD's transfer success from that copy: ``stealkit attack pgd --substitute <the audit's part folder>`` at the
   paper's eps (the command the audit recorded, with another ``--out``);
 - HopSkipJump's median L2 without and with the copy: ``stealkit attack hopskipjump`` (likewise).
@@ -15,7 +15,7 @@ figure differs.
 
     python benchmarks/audit_consistency.py --out runs/audit-consistency
     python benchmarks/audit_consistency.py --answers label --budgets 20 --transfer-images 10 --decision-images 2 \\
-        --decision-queries 20 --recipe=--student=mlp2 --out /tmp/c
+        --decision-queries 20 --set student=mlp2 --out /tmp/c
 """
 
 from __future__ import annotations
@@ -62,6 +62,26 @@ def compare(name: str, audit: float | None, separate: float | None, command: lis
             "command": "stealkit " + shlex.join(command)}
 
 
+def surrogate_flags(settings: list[str]) -> list[str]:
+    """The audit's ``--set`` recipe as ``stealkit extract surrogate``'s own flags: an option (``epochs=5`` ->
+    ``--epochs 5``), ``student.KEY=V`` -> ``--student-arg KEY=V``, any other setting -> ``--set KEY=V``."""
+    from dataclasses import fields
+
+    from stealkit.extract.surrogate_data.run import SurrogateOptions
+
+    names = {f.name for f in fields(SurrogateOptions)}
+    out: list[str] = []
+    for kv in settings:
+        key, value = kv.split("=", 1)
+        if key.startswith("student."):
+            out += ["--student-arg", f"{key.split('.', 1)[1]}={value}"]
+        elif key in names:
+            out += [f"--{key.replace('_', '-')}", value]
+        else:
+            out += ["--set", kv]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--victim", default="standard:digits-conv2")
@@ -70,7 +90,8 @@ def main() -> None:
     ap.add_argument("--transfer-images", default="100")
     ap.add_argument("--decision-images", default="5")
     ap.add_argument("--decision-queries", default="200")
-    ap.add_argument("--recipe", action="append", default=[], help="an --recipe argument of the audit (repeat)")
+    ap.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                    help="a --set of the audit's surrogate recipe (repeat)")
     ap.add_argument("--seed", default="0")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=Path, required=True, help="folder: the audit and each separate run inside")
@@ -80,7 +101,7 @@ def main() -> None:
     audit_args = ["audit", "--victim", args.victim, "--answers", args.answers, "--budgets", args.budgets,
                   "--transfer-images", args.transfer_images, "--decision-images", args.decision_images,
                   "--decision-queries", args.decision_queries, "--datafree-budget", "0", "--seed", args.seed,
-                  "--device", args.device, *(f"--recipe={r}" for r in args.recipe), "--out", str(audit_dir)]
+                  "--device", args.device, *(a for kv in args.settings for a in ("--set", kv)), "--out", str(audit_dir)]
     seconds = {"audit": stealkit(audit_args)}
     s = summary(audit_dir)
     parts = {p["id"]: p for p in s["parts"]}
@@ -90,12 +111,9 @@ def main() -> None:
     copy = parts[transfer["copy"]]
     cell = next(r for r in s["headline"] if r["answers"] == copy["part"]["answers"]
                 and r["attacker"] == copy["part"]["attacker"] and r.get("defence", "none") == "none")
-    from stealkit.commands.audit import recipe_args  # the audit's own arguments of `extract surrogate`
-
-    recipe = [a for r in args.recipe for a in (f"--{r.lstrip('-')}".split("=", 1) if "=" in r else [r])]
-    extract = ["extract", "surrogate", "--victim", args.victim,
-               *recipe_args(copy["part"]["budget"], copy["part"]["answers"], copy["part"]["pool"], int(args.seed),
-                            recipe), "--device", args.device, "--out", str(out / "extract")]
+    extract = ["extract", "surrogate", "--victim", args.victim, "--budget", str(copy["part"]["budget"]), "--mode",
+               copy["part"]["answers"], "--pool", copy["part"]["pool"], "--seed", args.seed,
+               *surrogate_flags(args.settings), "--device", args.device, "--out", str(out / "extract")]
     seconds["extract surrogate"] = stealkit(extract)
     figures.append(compare(f"fidelity of {copy['id']} (headline: fidelity @{copy['part']['budget']}, "
                            f"{copy['part']['answers']} {copy['part']['attacker']})",

@@ -26,4 +26,5 @@ def options(*, victim: Any, out: str, answers: str = "label,topk,probs", budgets
 
 
 def run_audit_command(*, on_part: Any = None, plan_only: bool = False, **kw: Any) -> list[str]:
-    return run_audit(options(**kw), plan_only=plan_only, on_part=on_part).failed
+    result = run_audit(options(**kw), plan_only=plan_only, on_part=on_part)
+    return [] if plan_only else result.failed

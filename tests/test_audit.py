@@ -147,31 +147,57 @@ def test_defence_of_a_remote_victim_is_refused(tmp_path: Path, capsys: pytest.Ca
     assert not (tmp_path / "r").exists()
 
 
-def test_fail_if_gates_on_q90() -> None:
-    from stealkit.audit.options import parse_fail_if
-    from stealkit.audit.report import failed_gates
+def _cell(answers: str, attacker: str, *points: tuple[int, float | None]) -> list[dict[str, Any]]:
+    return [{"part": {"kind": "extract", "answers": answers, "attacker": attacker, "budget": b, "defence": ""},
+             "total_queries": b, "fidelity": f} for b, f in points]
 
-    rows = [{"answers": "label", "attacker": "like", "Q90": 100, "Q95": "not reached within 200"},
-            {"answers": "probs", "attacker": "like", "Q90": 50, "Q95": 100},
-            {"answers": "label", "attacker": "unrelated", "Q90": 20, "Q95": 20}]
+
+def test_fail_if_decides_or_says_it_cannot() -> None:
+    from stealkit.audit.options import parse_fail_if
+    from stealkit.audit.report import EXIT_FAIL, EXIT_PASS, EXIT_UNDECIDED, decide_gates, exit_code
+
+    results = [*_cell("label", "like", (50, 0.8), (100, 0.91), (200, 0.96)), *_cell("probs", "like", (50, 0.92)),
+               *_cell("label", "unrelated", (20, 0.99))]
     assert parse_fail_if("label:q95<5000") == ("label", 95, 5000)
-    assert failed_gates(rows, ["q90<60"]) == ["--fail-if q90<60: probs answers reach 90 % fidelity with 50 queries"]
-    assert failed_gates(rows, ["label:q90<100", "q95<100"]) == []  # the unrelated attacker is not gated
+
+    def status(*gates: str) -> list[str]:
+        return [g.status for g in decide_gates(results, gates)]
+
+    assert status("q90<60") == ["fail"]  # probabilities reach 90 % with 50 queries
+    (g,) = decide_gates(results, ["q90<60"])
+    assert g.line == "--fail-if q90<60: probs answers reach 90 % fidelity with 50 queries"
+    assert status("label:q90<100", "label:q95<150") == ["pass", "pass"]  # measured, and at or above N
+    assert status("label:q90<20") == ["pass"]  # the unrelated attacker (20 queries) is not gated
+    # probabilities never reached 95 % and their ladder stops at 50: below the gate's 1,000, so undecided
+    (g,) = decide_gates(results, ["probs:q95<1000"])
+    assert g.status == "undecided" and "cannot decide" in g.line and "stops below 1,000" in g.line
+    assert status("probs:q95<51") == ["pass"]  # not reached within 50: Q95 is 51 or more
+    assert status("topk:q90<10") == ["undecided"]  # no such cell was audited
+    remote = _cell("label", "like", (50, None), (100, None))  # a remote victim: fidelity not measured
+    assert [g.status for g in decide_gates(remote, ["q90<10"])] == ["undecided"]
+    assert exit_code(decide_gates(results, ["label:q90<100"])) == EXIT_PASS
+    assert exit_code(decide_gates(results, ["label:q90<100", "probs:q95<1000"])) == EXIT_UNDECIDED
+    assert exit_code(decide_gates(results, ["probs:q95<1000", "q90<60"])) == EXIT_FAIL
     with pytest.raises(InputError, match="--fail-if"):
         parse_fail_if("q80<5")
 
 
-def test_fail_if_exits_one_after_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+def test_fail_if_exit_codes_after_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "g"
     args = ["-q", "audit", "--victim", VICTIM, "--answers", "label", "--budgets", "20", *TINY, *NO_EXTRAS,
             "--out", str(out)]
-    assert main([*args, "--fail-if", "q90<10"]) == 0  # nothing reaches 90 % below 10 queries
+    assert main([*args, "--fail-if", "q90<10"]) == 0  # measured: nothing reaches 90 % within 20 >= 10 queries
+    assert "passed (measured)" in capsys.readouterr().err
     assert main([*args, "--fail-if", "q90<10", "--fail-if", "bad"]) == 2
     assert "--fail-if" in capsys.readouterr().err
+    assert main([*args, "--fail-if", "q90<1000"]) == 3  # resumed; the ladder stops at 20, unreached: undecided
+    assert "cannot decide" in capsys.readouterr().err
     import stealkit.audit.report as report
+    from stealkit.audit.report import Gate
 
-    monkeypatch.setattr(report, "failed_gates", lambda rows, gates: [f"--fail-if {g}: tripped" for g in gates])
+    monkeypatch.setattr(report, "decide_gates", lambda results, gates: [Gate(g, "fail", f"--fail-if {g}: tripped")
+                                                                         for g in gates])
     assert main([*args, "--fail-if", "q90<10"]) == 1  # resumed: every part done, no query; the gate trips
     assert "--fail-if q90<10: tripped" in capsys.readouterr().err
     assert (out / "report.html").exists()

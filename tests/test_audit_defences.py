@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -139,7 +140,8 @@ def test_default_defences_in_the_plan(tmp_path: Path, capsys: pytest.CaptureFixt
     # the default defences: probability cells of the attacker with data like the victim's, lowest and middle rungs
     for spec in ("round_decimals_2", "noise_sigma_0.05"):
         assert f"extract-probs+{spec}-like-40 " in text and f"extract-probs+{spec}-like-60" not in text
-    assert f"{4 * 120 + 2 * 60:,}" in text and "its lowest and its middle (20, 40)" in text
+        assert f"extract-label+{spec}-like-60 " in text  # the label recipe on the argmax: every rung
+    assert f"{4 * 120 + 2 * 60 + 2 * 120:,}" in text and "its lowest and its middle (20, 40" in text
     # --defence none: none; --defence SPEC: that one on the whole ladder; label answers only: none
     assert main([*base, "--answers", "label,probs", "--defence", "none", "--out", str(tmp_path / "b")]) == 0
     assert "extract-probs+" not in capsys.readouterr().out.split("total")[0]
@@ -169,9 +171,10 @@ def test_serving_table_and_prada_from_the_parts(tmp_path: Path, capsys: pytest.C
     summary = json.loads((out / "summary.json").read_text())
     parts = summary["parts"]
     extract = [r for r in parts if r["part"]["kind"] == "extract"]
-    assert len(extract) == 2 * 2 * 2 + 2 * 2  # label, probs x like, unrelated x 2 rungs; 2 defences x 2 rungs
+    # label, probs x like, unrelated x 2 rungs; 2 defences x (the probability recipe, the label recipe) x 2 rungs
+    assert len(extract) == 2 * 2 * 2 + 2 * 2 * 2
     assert summary["queries"] == sum(r["total_queries"] for r in parts)
-    assert sum(r["total_queries"] for r in extract) == sum(r["part"]["budget"] for r in extract) == 4 * 60 + 2 * 60
+    assert sum(r["total_queries"] for r in extract) == sum(r["part"]["budget"] for r in extract) == 4 * 60 + 4 * 60
     for r in parts:  # the observer saw every query the ledger charged, no more
         assert r["prada"]["queries"] == r["total_queries"]
         assert r["prada"]["flagged_at"] is None or 1 <= r["prada"]["flagged_at"] <= r["total_queries"]
@@ -179,12 +182,16 @@ def test_serving_table_and_prada_from_the_parts(tmp_path: Path, capsys: pytest.C
     rows = {r["serving"]: r for r in summary["serving"]}
     assert list(rows) == ["probabilities", "top-1 label", "probabilities through round:decimals=2",
                           "probabilities through noise:sigma=0.05"]
+    from stealkit.audit.defences import best_q
+
     heads = {(h["answers"], h["defence"]): h for h in summary["headline"] if h["attacker"] == "like"}
-    for name, answers, defence in [("probabilities", "probs", "none"), ("top-1 label", "label", "none"),
-                                   ("probabilities through round:decimals=2", "probs", "round:decimals=2"),
-                                   ("probabilities through noise:sigma=0.05", "probs", "noise:sigma=0.05")]:
+    for name, answers, defence, attackers in [
+            ("probabilities", "probs", "none", ["probs", "label"]), ("top-1 label", "label", "none", ["label"]),
+            ("probabilities through round:decimals=2", "probs", "round:decimals=2", ["probs", "label"]),
+            ("probabilities through noise:sigma=0.05", "probs", "noise:sigma=0.05", ["probs", "label"])]:
         row = rows[name]
-        assert row["attacker Q90"] == heads[(answers, defence)]["Q90"]
+        best = best_q([heads[(a, defence)] for a in attackers])
+        assert row["attacker Q90"] == best["Q90"]  # the best attacker that can use what is served
         (longest,) = [r for r in extract if r["part"]["answers"] == answers and r["part"]["attacker"] == "like"
                       and (r["part"]["defence"] or "none") == defence and r["part"]["budget"] == 40]
         assert row["PRADA flagged at"] == flagged_text(longest["prada"])
@@ -198,8 +205,54 @@ def test_serving_table_and_prada_from_the_parts(tmp_path: Path, capsys: pytest.C
     attacks = {r["attack"]: r for r in summary["prada"]}
     hsj = attacks["HopSkipJump without a copy"]
     assert hsj["queries"] == next(r["total_queries"] for r in parts if r["id"] == hsj["part"])
-    assert len([a for a in attacks if a.startswith("extraction")]) == 6  # one row per cell: its longest run
+    assert len([a for a in attacks if a.startswith("extraction")]) == 8  # one row per cell: its longest run
     assert any("PRADA" in s for s in summary["sentences"])
     assert "attacker Q90" in terminal and "PRADA flagged at" in terminal
     html = (out / "report.html").read_text()
     assert "What each defence buys" in html and "PRADA on each attack" in html
+
+
+def test_the_best_attacker_that_can_use_what_is_served_sets_each_choices_q90() -> None:
+    """Made-up cells: probabilities through a defence are attacked by the probability recipe and by the label recipe
+    on their argmax; the choice's Q90 is the better of the two, and the report names the winner."""
+    from stealkit.audit.defences import serving_table
+
+    def head(answers: str, q90: int | str, defence: str = "none") -> dict[str, Any]:
+        return {"answers": answers, "attacker": "like", "defence": defence, "Q90": q90}
+
+    headline = [head("probs", 50), head("label", 100), head("probs", "not reached within 100", "noise:sigma=0.05"),
+                head("label", 100, "noise:sigma=0.05"), head("probs", 200, "round:decimals=1"),
+                head("label", "not reached within 400", "round:decimals=1")]
+    rows = {r["serving"]: r for r in serving_table(headline, [], None, 1)}
+    noise = rows["probabilities through noise:sigma=0.05"]
+    assert noise["attacker Q90"] == 100 and noise["best attacker"] == "label recipe on the argmax"
+    rounded = rows["probabilities through round:decimals=1"]
+    assert rounded["attacker Q90"] == 200 and rounded["best attacker"] == "probability recipe"
+    assert rows["probabilities"]["attacker Q90"] == 50 and rows["top-1 label"]["attacker Q90"] == 100
+    # neither reached: the stronger statement (the larger ladder) is shown
+    headline[2:4] = [head("probs", "not reached within 100", "noise:sigma=0.05"),
+                     head("label", "not reached within 400", "noise:sigma=0.05")]
+    rows = {r["serving"]: r for r in serving_table(headline, [], None, 1)}
+    assert rows["probabilities through noise:sigma=0.05"]["attacker Q90"] == "not reached within 400"
+
+
+def test_a_defence_that_keeps_the_top_class_never_looks_stronger_than_labels_only(tmp_path: Path) -> None:
+    """On a small victim: rounding keeps the top class, so the label recipe on the argmax of the rounded
+    probabilities gets exactly the labels' answers and copies (same seed, same queries), and the rounded choice's
+    Q90 can never read higher than serving labels only."""
+    from stealkit.audit.defences import best_q
+    from tests.audit_kit import run_audit_command
+
+    out = tmp_path / "k"
+    run_audit_command(victim=VICTIM, out=str(out), answers="label,probs", budgets="20,40", settings=TINY_KW,
+                      defences=["round:decimals=2"], transfer_images=0, decision_images=0, datafree_budget=0,
+                      gradmatch_budgets="0", exact_budget=0, seeds=1)
+    summary = json.loads((out / "summary.json").read_text())
+    parts = {r["id"]: r for r in summary["parts"]}
+    for b in (20, 40):
+        assert parts[f"extract-label+round_decimals_2-like-{b}"]["fidelity"] == \
+            parts[f"extract-label-like-{b}"]["fidelity"]
+    rows = {r["serving"]: r for r in summary["serving"]}
+    rounded, labels = rows["probabilities through round:decimals=2"], rows["top-1 label"]
+    both = [{"Q90": rounded["attacker Q90"], "name": "rounded"}, {"Q90": labels["attacker Q90"], "name": "labels"}]
+    assert best_q(both)["name"] == "rounded" or rounded["attacker Q90"] == labels["attacker Q90"]

@@ -30,8 +30,16 @@ def test_audit_over_http_reconciles_with_the_servers_charges(tmp_path: Path,
                      "--decision-queries", "10", "--datafree-budget", "0", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     rec = summary["reconciliation"]
-    assert rec["equal"] is True and rec["server"]["predict"] == summary["queries"] > 40
-    assert "equal" in capsys.readouterr().out
+    evaluation = summary["evaluation"]["queries"]["predict"]
+    assert evaluation == 450  # the victim's labels of digits' 450 test images, bought once
+    assert rec["equal"] is True and rec["server"]["predict"] == summary["queries"] + evaluation
+    assert summary["queries"] > 40
+    # fidelity is measured over HTTP (against the labels bought), never shown as "not reached" unmeasured
+    (part,) = [r for r in summary["parts"] if r["part"]["kind"] == "extract"]
+    assert part["fidelity"] is not None and summary["victim_accuracy"] == summary["evaluation"]["victim_accuracy"]
+    assert all(isinstance(r["Q90"], int) or r["Q90"].startswith("not reached within") for r in summary["headline"])
+    text = capsys.readouterr().out
+    assert "equal" in text and "evaluation: the test split labels" in text
     assert "Queries reconciled with the server" in (out / "report.html").read_text()
 
 
@@ -102,7 +110,8 @@ def test_audit_over_v2_reconciles_with_the_v2_servers_own_count(tmp_path: Path,
     summary = json.loads((out / "summary.json").read_text())
     rec = summary["reconciliation"]
     assert rec["source"].startswith("GET /v2/models/NAME:"), rec
-    assert rec["equal"] is True and rec["server"]["predict"] == rec["audit"]["predict"] == summary["queries"] > 60
-    assert used["predict"] == summary["queries"]  # the key was fresh: /v1/charges agrees with the v2 count
+    evaluation = summary["evaluation"]["queries"]["predict"]
+    assert rec["equal"] is True and rec["server"]["predict"] == rec["audit"]["predict"] == summary["queries"] + evaluation
+    assert used["predict"] == summary["queries"] + evaluation  # a fresh key: /v1/charges agrees with the v2 count
     assert "equal" in capsys.readouterr().out
     assert "queries_used of this key" in (out / "report.html").read_text()

@@ -280,16 +280,3 @@ def test_the_float64_oracle_answers_from_the_device_of_its_model(tiny_model: tor
     for got, want in zip(answers, expected, strict=True):
         assert not on_fake_cuda(got) and torch.equal(got, want)
     tiny_model.cpu()
-
-
-def test_parsing_a_recipe_keeps_the_device_the_command_records() -> None:
-    """The audit checks its --recipe by parsing ``extract surrogate``'s options; that parse resolves the recipe's
-    own ``--device auto`` and must not change the device ``config.json`` records (seen on an H100: an audit run
-    with --device cpu recorded cuda:0)."""
-    from stealkit.commands.extract_surrogate import command_params
-    from stealkit.device import resolved_device
-
-    with fake_cuda():
-        assert resolve_device("cpu") == "cpu"
-        assert command_params("--budget", "10")["device"] == "cuda:0"
-        assert resolved_device() == "cpu" and device_info()["device"] == "cpu"

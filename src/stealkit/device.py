@@ -13,10 +13,8 @@ are fed to (``next(model.parameters()).device``, :func:`module_device`).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-from collections.abc import Iterator
 from typing import Any
 
 from stealkit.errors import InputError
@@ -50,18 +48,6 @@ def resolve_device(spec: str | None = None, *, source: str = "--device") -> str:
         raise InputError(f"{source} {spec!r}: unknown device; expected {CHOICES}")
     _resolved = device
     return device
-
-
-@contextlib.contextmanager
-def keep_resolved() -> Iterator[None]:
-    """Parse another command's options (which resolves its ``--device``) without changing the device this
-    process records in ``config.json``."""
-    global _resolved
-    saved = _resolved
-    try:
-        yield
-    finally:
-        _resolved = saved
 
 
 def resolved_device() -> str | None:

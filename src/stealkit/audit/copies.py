@@ -19,6 +19,24 @@ if TYPE_CHECKING:
     from stealkit.report.html import Section
 
 WORDS = {"label": "top-1 labels", "topk": "top-k answers", "probs": "probabilities"}
+#: a cell whose fidelity was not measured (a remote victim whose test-split answers the audit did not buy)
+NOT_MEASURED = "not measured: the victim's labels of the test split are unknown"
+
+
+def measured(points: Sequence[dict[str, Any]]) -> bool:
+    """Every point of a cell has a fidelity: its Q90/Q95 is a measurement (reached, or not reached within N)."""
+    return bool(points) and all(p.get("fidelity") is not None for p in points)
+
+
+def q_value(points: Sequence[dict[str, Any]], threshold: float) -> int | str:
+    """A cell's Q90/Q95: the queries that reached ``threshold``, "not reached within N" (N: its top rung's
+    queries), or :data:`NOT_MEASURED` — never "not reached" where nothing was measured."""
+    if not measured(points):
+        return NOT_MEASURED
+    q = q_at(points, threshold)
+    if q is not None:
+        return q
+    return f"not reached within {max(p['total_queries'] for p in points):,}"
 
 
 def extractions(results: Sequence[dict[str, Any]], kinds: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -41,10 +59,8 @@ def headline(stolen: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             row["served accuracy"] = points[0].get("served_accuracy") if defence else points[0].get("victim_accuracy")
         for p in points:
             row[f"fidelity @{p['part']['budget']}"] = p["fidelity"]
-        top = max(p["total_queries"] for p in points)
         for t in THRESHOLDS:
-            q = q_at(points, t)
-            row[f"Q{round(t * 100)}"] = q if q is not None else f"not reached within {top:,}"
+            row[f"Q{round(t * 100)}"] = q_value(points, t)
         rows.append(row)
     rungs = sorted({int(k.split("@")[1]) for r in rows for k in r if k.startswith("fidelity @")})
     order = [k for r in rows for k in r if not k.startswith("fidelity @") and not k.startswith("Q")]
@@ -69,7 +85,7 @@ def seed_spread(results: Sequence[dict[str, Any]], kind: str = "extract") -> lis
             seeds.setdefault(p["answers"], {}).setdefault(int(p.get("seed_offset") or 0), []).append(r)
     rows = []
     for answers, by_seed in seeds.items():
-        if len(by_seed) < 2:
+        if len(by_seed) < 2 or not all(measured(points) for points in by_seed.values()):
             continue
         row: dict[str, Any] = {"answers": answers, "attacker": "like", "seeds": len(by_seed)}
         for t in THRESHOLDS:
@@ -133,12 +149,17 @@ def copy_sentences(summary: dict[str, Any], kinds: Mapping[str, Any]) -> list[st
     if ("probs", "like") in q and ("label", "like") in q:
         out.append(f"With data like yours, Q90 (queries to a 90 % copy) is {_words(q[('probs', 'like')])} with "
                    f"probabilities and {_words(q[('label', 'like')])} with top-1 labels only.")
-    for r in rows:
-        if r.get("defence", "none") != "none":
-            out.append(f"Serving probabilities through the defence {r['defence']} gives honest users "
-                       f"{pct(r['served accuracy'])} accuracy and "
-                       + (f"puts Q90 at {r['Q90']:,} queries." if isinstance(r["Q90"], int) else
-                          f"keeps the copy under 90 % fidelity ({r['Q90']} queries)."))
+    from stealkit.audit.defences import best_q
+
+    for defence in dict.fromkeys(r["defence"] for r in rows if r.get("defence", "none") != "none"):
+        mine = [r for r in rows if r.get("defence") == defence and r["attacker"] == "like"]
+        served = next((r for r in mine if r["answers"] == "probs"), mine[0])
+        best = best_q(mine) or served
+        who = " (the label recipe on its argmax)" if best["answers"] == "label" else ""
+        out.append(f"Serving probabilities through the defence {defence} gives honest users "
+                   f"{pct(served['served accuracy'])} accuracy and "
+                   + (f"puts Q90 at {best['Q90']:,} queries{who}." if isinstance(best["Q90"], int) else
+                      f"keeps the copy under 90 % fidelity ({best['Q90']} queries, every attacker)."))
     spread = summary.get("spread") or []
     if spread:
         parts = [f"{r['Q90 range']} with {WORDS.get(r['answers'], r['answers'])}" for r in spread]

@@ -114,22 +114,55 @@ def _longest(results: Sequence[dict[str, Any]], answers: str, attacker: str, def
     return max(cell, key=lambda r: r["part"]["budget"]) if cell else None
 
 
+#: the answers an attacker can derive from what is served: top-k and labels from probabilities, labels from top-k
+DERIVABLE = {"probs": ("probs", "topk", "label"), "topk": ("topk", "label"), "label": ("label",)}
+#: the attacker each headline row measures, by the answers it trained on
+RECIPES = {"probs": "probability recipe", "topk": "top-k recipe", "label": "label recipe"}
+
+
+def best_q(rows: Sequence[dict[str, Any]], level: str = "Q90") -> dict[str, Any] | None:
+    """The row whose ``level`` is lowest: a measured count beats "not reached within N" (the larger N the stronger
+    the claim); a row not measured wins over neither and is returned only when nothing else was measured."""
+    def rank(r: dict[str, Any]) -> tuple[int, int]:
+        q = r.get(level)
+        if isinstance(q, int):
+            return (0, q)
+        if isinstance(q, str) and q.startswith("not reached within "):
+            return (1, -int(q.rsplit(" ", 1)[1].replace(",", "")))
+        return (2, 0)
+
+    return min(rows, key=rank) if rows else None
+
+
 def serving_table(headline: Sequence[dict[str, Any]], results: Sequence[dict[str, Any]],
                   costs: dict[str, dict[str, float]] | None, top_k: int) -> list[dict[str, Any]]:
-    """One row per serving choice: the attacker's Q90 (data like the victim's), the served top-1 accuracy and
-    ECE, and PRADA's flag on that cell's longest run (the largest rung)."""
-    rows = []
+    """One row per serving choice: Q90 of the best attacker that can use what is served (data like the victim's:
+    from probabilities also the top-k and the label recipes, from top-k the label recipe; through a defence, the
+    probability recipe on the defended answers and the label recipe on their argmax), which attacker that was, the
+    served top-1 accuracy and ECE, and PRADA's flag on the served cell's longest run (the largest rung)."""
+    like = [h for h in headline if h["attacker"] == "like"]
+    choices: list[tuple[str, str]] = []
     order = {"probs": 0, "topk": 1, "label": 2}
-    for h in sorted(headline, key=lambda h: (h.get("defence", "none") != "none", order.get(h["answers"], 3))):
-        if h["attacker"] != "like":
-            continue
-        answers, defence = h["answers"], h.get("defence", "none")
-        spec = "" if defence == "none" else defence
-        name = WORDS[answers].format(k=top_k) + (f" through {spec}" if spec else "")
-        cost = (costs or {}).get(f"probs+{spec}" if spec else answers) or {}
-        longest = _longest(results, answers, "like", spec)
-        rows.append({"serving": name, "attacker Q90": h.get("Q90"), "served accuracy": cost.get("accuracy"),
-                     "ECE": cost.get("ece"),
+    for h in sorted(like, key=lambda h: (h.get("defence", "none") != "none", order.get(h["answers"], 3))):
+        spec = "" if h.get("defence", "none") == "none" else h["defence"]
+        served = "probs" if spec else h["answers"]  # a defence is worn by probabilities
+        if (served, spec) not in choices:
+            choices.append((served, spec))
+    rows = []
+    for served, spec in choices:
+        if spec:
+            attackers = [h for h in like if h.get("defence") == spec]
+        else:
+            attackers = [h for h in like if h.get("defence", "none") == "none" and h["answers"] in DERIVABLE[served]]
+        best = best_q(attackers) or {}
+        name = WORDS[served].format(k=top_k) + (f" through {spec}" if spec else "")
+        cost = (costs or {}).get(f"probs+{spec}" if spec else served) or {}
+        longest = _longest(results, served, "like", spec)
+        recipe = RECIPES.get(best.get("answers", ""), "")
+        if best and (best.get("answers") != served):
+            recipe += " on the argmax" if best.get("answers") == "label" else " on the top k"
+        rows.append({"serving": name, "attacker Q90": best.get("Q90"), "best attacker": recipe or None,
+                     "served accuracy": cost.get("accuracy"), "ECE": cost.get("ece"),
                      "PRADA flagged at": flagged_text(longest.get("prada") if longest else None)})
     return rows
 
@@ -144,6 +177,8 @@ def _attack_name(r: dict[str, Any]) -> str:
     if kind == "datafree":
         return "data-free (CoDFe, labels)"
     through = f" through {p['defence']}" if p.get("defence") else ""
+    if p.get("defence") and p["answers"] == "label":
+        through += " (its argmax)"
     data = {"like": "data like the victim's", "unrelated": "unrelated data"}.get(p["attacker"], p["attacker"])
     return f"extraction, {p['answers']}{through}, {data}"
 

@@ -75,6 +75,9 @@ class PlanContext:
     defences: tuple[str, ...] = ()          # explicit --defence cells
     default_defences: tuple[str, ...] = ()  # the default defence cells (two rungs each)
     memo: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+    #: the images each attacker's query source holds (``None``: a synthetic source, unbounded): a query is one
+    #: distinct image, so no rung can spend more
+    pool_sizes: Mapping[str, int | None] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)

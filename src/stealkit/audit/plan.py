@@ -37,7 +37,7 @@ def make_plan(ctx: PlanContext) -> Plan:
     notes = [n for _, kind_notes in fixed.values() for n in kind_notes]
 
     def spend() -> int:
-        ladder_queries = sum(sum(ext.cell_rungs(ctx, c[3], rungs)) for c in cells)  # type: ignore[attr-defined]
+        ladder_queries = sum(sum(ext.cell_rungs(ctx, c, rungs)) for c in cells)  # type: ignore[attr-defined]
         return ladder_queries + sum(p.budget for parts, _ in fixed.values() for p in parts)
 
     while len(rungs) > 1 and spend() > max_queries:
@@ -54,11 +54,17 @@ def make_plan(ctx: PlanContext) -> Plan:
                          f"({min(ladder):,} queries) for {len(cells)} cells needs {len(cells) * min(ladder):,}; "
                          "raise --max-queries or lower --budgets")
     parts = ext.ladder(ctx, rungs)  # type: ignore[attr-defined]
-    short = ext.cell_rungs(ctx, ctx.default_defences[0], rungs) if ctx.default_defences else rungs  # type: ignore[attr-defined]
+    for pool, size in ctx.pool_sizes.items():
+        if size is not None and max(rungs) > size:
+            notes.append(f"the query source {pool} holds {size:,} images: its attacker's rungs above that run at "
+                         f"{size:,} (one query is one distinct image)")
+    short = ext.cell_rungs(ctx, ("probs", "", "", ctx.default_defences[0]), rungs) if ctx.default_defences \
+        else rungs  # type: ignore[attr-defined]
     if ctx.default_defences and short != rungs:
-        notes.append(f"the default defences ({', '.join(ctx.default_defences)}) run on two rungs of the ladder, "
-                     f"its lowest and its middle ({', '.join(f'{b:,}' for b in short)}): probability parts are "
-                     "the audit's slowest; a Q90 above the higher reads 'not reached'")
+        notes.append(f"the default defences ({', '.join(ctx.default_defences)}) are attacked by the probability "
+                     f"recipe on two rungs of the ladder, its lowest and its middle "
+                     f"({', '.join(f'{b:,}' for b in short)}: probability parts are the audit's slowest), and by "
+                     "the label recipe on their argmax on every rung")
     for kind_parts, _ in fixed.values():
         parts += kind_parts
     room = max_queries - spend()
@@ -80,12 +86,16 @@ def make_plan(ctx: PlanContext) -> Plan:
     return Plan(parts + repeats, notes + why)
 
 
-def format_plan(parts: Sequence[Part], max_queries: int, done: set[str]) -> str:
+def format_plan(parts: Sequence[Part], max_queries: int, done: set[str], evaluation: int = 0) -> str:
+    """The plan as the terminal prints it; ``evaluation``: the evaluation queries bought first (a remote
+    victim's labels of the test split), on a line of their own."""
     lines = [f"{'part':<42} {'queries':>8} {'est. time':>10}"]
+    if evaluation:
+        lines.append(f"{'evaluation: the test split labels':<42} {evaluation:>8,} {'':>10}")
     for p in parts:
         mark = "  (done: resumed)" if part_id(p) in done else ""
         lines.append(f"{part_id(p):<42} {p.budget:>8,} {p.estimate_s:>9.0f}s{mark}")
-    total = sum(p.budget for p in parts)
+    total = sum(p.budget for p in parts) + evaluation
     est = sum(p.estimate_s for p in parts)
     lines.append(f"{'total':<42} {total:>8,} {est:>9.0f}s  (of --max-queries {max_queries:,}; "
                  "times are rough, one CPU thread)")

@@ -113,8 +113,11 @@ def record_server_count(path: Path, parts: Sequence[Part], victim: str, key: str
         return
     from stealkit.audit.execute import load_done
 
-    done = load_done(path / "parts", parts)
-    atomic_write_json(path / RESUMED_USAGE, server_count(victim, key) | {"finished": _ledgers(done.values())})
+    done = list(load_done(path / "parts", parts).values())
+    evaluation = path / "evaluation.json"
+    if evaluation.exists():  # the test split's labels, bought before the stop
+        done.append(json.loads(evaluation.read_text(encoding="utf-8")))
+    atomic_write_json(path / RESUMED_USAGE, server_count(victim, key) | {"finished": _ledgers(done)})
 
 
 def _ledgers(results: Any) -> dict[str, int]:

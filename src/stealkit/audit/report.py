@@ -8,6 +8,7 @@ from that summary alone (kind ``audit`` in :data:`stealkit.report.kinds.BUILDERS
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from stealkit.audit.defences import add_serving, flagged_text, serving_sections
@@ -25,19 +26,25 @@ TABLES = ("enables", "explanations", "spread", "serving")
 
 
 def summarise(parts: Sequence[Part], results: Sequence[dict[str, Any]], max_queries: int, notes: Sequence[str],
-              costs: dict[str, dict[str, float]] | None, top_k: int) -> dict[str, Any]:
-    """Every figure of the audit: the ledgers' total, each kind's tables, the defence table, the sentences."""
+              costs: dict[str, dict[str, float]] | None, top_k: int, evaluation: Any = None) -> dict[str, Any]:
+    """Every figure of the audit: the ledgers' total (the attacks'; a remote victim's evaluation queries apart),
+    each kind's tables, the defence table, the sentences. The victim's accuracy is its accuracy on the whole test
+    split (from its model, or from the labels bought), never a part's sample."""
     spent = sum(r["total_queries"] for r in results)
-    assert spent <= max_queries, (spent, max_queries)  # the plan fits, and each part's oracle is metered
-    victim_accuracy = next((r["victim_accuracy"] for r in results if r.get("victim_accuracy") is not None), None)
+    evaluated = sum(evaluation.queries.values()) if evaluation is not None else 0
+    assert spent + evaluated <= max_queries, (spent, evaluated, max_queries)  # the plan fits; every oracle is metered
+    stolen = stolen_copies(results, KINDS)
+    victim_accuracy = evaluation.victim_accuracy if evaluation is not None else next(
+        (r["victim_accuracy"] for r in stolen if r.get("victim_accuracy") is not None), None)
     out: dict[str, Any] = {"method": "audit", "victim_accuracy": victim_accuracy, "queries": spent,
                            "max_queries": max_queries, "planned_queries": sum(p.budget for p in parts),
                            "headline": [], "enables": [], "parts": list(results)}
+    if evaluation is not None:
+        out["evaluation"] = evaluation.summary()
     for kind in KINDS.values():
         for name, rows in kind.rows(results, KINDS).items():
             out.setdefault(name, []).extend(rows)
     out["sentences"] = [s for kind in KINDS.values() for s in kind.sentences(out, KINDS)]
-    stolen = stolen_copies(results, KINDS)
     if notes or any(r["fidelity"] is None for r in stolen):
         out["notes"] = [*notes] + ([] if all(r["fidelity"] is not None for r in stolen) else [
             "fidelity needs the victim's own labels of the test split, which a remote victim does not give: "
@@ -46,18 +53,63 @@ def summarise(parts: Sequence[Part], results: Sequence[dict[str, Any]], max_quer
     return out
 
 
-def failed_gates(rows: Sequence[dict[str, Any]], gates: Sequence[str]) -> list[str]:
-    """The gates an audit fails: an undefended cell of the attacker with data like the victim's whose Q90 (Q95)
-    was reached with fewer queries than the gate's N."""
+@dataclass(frozen=True)
+class Gate:
+    """One ``--fail-if`` gate's verdict: ``fail`` (a measured cell reached the level with fewer than N queries),
+    ``pass`` (every cell it covers was measured, and reached the level with N or more, or not within N - 1), or
+    ``undecided`` (a cell was not measured, or its ladder topped out below N without reaching the level)."""
+
+    gate: str
+    status: str
+    line: str
+
+
+#: the command's exit codes: the gates passed (or none), a gate failed, bad input, a gate could not be decided
+EXIT_PASS, EXIT_FAIL, EXIT_INPUT, EXIT_UNDECIDED = 0, 1, 2, 3
+
+
+def decide_gates(results: Sequence[dict[str, Any]], gates: Sequence[str]) -> list[Gate]:
+    """Each gate over the undefended cells of the attacker with data like the victim's (its answer kind, or all)."""
+    from stealkit.audit.copies import measured
+    from stealkit.audit.parts import q_at
+
+    cells: dict[str, list[dict[str, Any]]] = {}
+    for r in stolen_copies(results, KINDS):
+        p = r["part"]
+        if p["attacker"] == "like" and not p.get("defence"):
+            cells.setdefault(p["answers"], []).append(r)
     out = []
     for gate in gates:
         answers, level, n = parse_fail_if(gate)
-        for r in rows:
-            q = r.get(f"Q{level}")
-            if (r["attacker"] == "like" and r.get("defence", "none") == "none" and isinstance(q, int) and q < n
-                    and answers in (None, r["answers"])):
-                out.append(f"--fail-if {gate}: {r['answers']} answers reach {level} % fidelity with {q:,} queries")
+        mine = {a: pts for a, pts in cells.items() if answers in (None, a)}
+        fails, unsure = [], []
+        if not mine:
+            unsure.append(f"no undefended cell of {answers or 'any'} answers was audited")
+        for a, points in mine.items():
+            if not measured(points):
+                unsure.append(f"{a} answers: fidelity not measured (the victim's labels of the test split are unknown)")
+                continue
+            q = q_at(points, level / 100)
+            top = max(int(p["total_queries"]) for p in points)
+            if q is not None and q < n:
+                fails.append(f"{a} answers reach {level} % fidelity with {q:,} queries")
+            elif q is None and top + 1 < n:
+                unsure.append(f"{a} answers: not reached within {top:,} queries, and the ladder stops below {n:,} "
+                              f"(add a rung of {n:,} to --budgets)")
+        if fails:
+            out.append(Gate(gate, "fail", f"--fail-if {gate}: " + "; ".join(fails)))
+        elif unsure:
+            out.append(Gate(gate, "undecided", f"--fail-if {gate}: cannot decide: " + "; ".join(unsure)))
+        else:
+            out.append(Gate(gate, "pass", f"--fail-if {gate}: passed (measured)"))
     return out
+
+
+def exit_code(gates: Sequence[Gate]) -> int:
+    """1 when a gate failed, else 3 when one could not be decided, else 0."""
+    if any(g.status == "fail" for g in gates):
+        return EXIT_FAIL
+    return EXIT_UNDECIDED if any(g.status == "undecided" for g in gates) else EXIT_PASS
 
 
 def _columns(rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -98,8 +150,10 @@ def terminal_lines(summary: dict[str, Any], report_path: Any) -> list[str]:
     for table in (*TABLES, *extra):
         if summary.get(table):
             lines += ["", format_table(summary[table])]
-    lines.append(f"queries {summary['queries']:,} of --max-queries {summary['max_queries']:,} (from the ledgers); "
-                 f"report: {report_path}")
+    evaluated = sum((summary.get("evaluation") or {}).get("queries", {}).values())
+    extra = f" and {evaluated:,} evaluation queries (the test split's labels)" if evaluated else ""
+    lines.append(f"queries {summary['queries']:,}{extra} of --max-queries {summary['max_queries']:,} (from the "
+                 f"ledgers); report: {report_path}")
     if summary.get("reconciliation"):
         lines.append(reconciliation_line(summary["reconciliation"]))
     return lines

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -14,20 +15,32 @@ from stealkit.errors import InputError
 
 if TYPE_CHECKING:
     from stealkit.audit.execute import PartHook
+    from stealkit.audit.report import Gate
     from stealkit.audit.parts import Part
     from stealkit.oracle.victim import Target
 
 
 @dataclass
 class AuditResult:
-    """What an audit measured: its summary (every figure, as ``audit.json`` holds it), the plan, the gates it
-    failed (one line each) and its directory."""
+    """What an audit measured: its summary (every figure, as ``audit.json`` holds it), the plan, each
+    ``--fail-if`` gate's verdict and its directory; ``failed``: the lines of the gates that failed."""
 
     path: Path
     parts: list[Part]
     notes: list[str]
     summary: dict[str, Any] = field(default_factory=dict, repr=False)
-    failed: list[str] = field(default_factory=list)
+    gates: list[Gate] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[str]:
+        return [g.line for g in self.gates if g.status == "fail"]
+
+    @property
+    def exit_code(self) -> int:
+        """0: every gate passed (or none was asked), 1: a gate failed, 3: a gate could not be decided."""
+        from stealkit.audit.report import exit_code
+
+        return exit_code(self.gates)
 
     @property
     def report(self) -> Path:
@@ -62,6 +75,30 @@ def _shape(target: Target) -> tuple[int, int]:
     return v.num_classes, math.prod(v.input_shape)
 
 
+def pool_sizes(target: Target, options: AuditOptions) -> dict[str, int | None]:
+    """Each attacker's query source, checked as the run will read it (an unknown source, or a data set the
+    victim's task does not name, is refused here, before the plan), and the images it holds (``None``: synthetic,
+    unbounded)."""
+    from stealkit.audit.parts import close
+    from stealkit.data import parse_source
+    from stealkit.data.query_sources import load_query_source
+
+    v = target.open(mode="label", budget=0)
+    close(v)
+    sizes: dict[str, int | None] = {}
+    for flag, spec in (("--pool", options.pool), ("--unrelated", options.unrelated)):
+        try:
+            if parse_source(spec).is_synthetic:
+                sizes[spec] = None
+                continue
+            sizes[spec] = len(load_query_source(spec, input_shape=v.input_shape, n=None, seed=0,
+                                                data_dir=options.data_dir, victim_dataset=v.dataset,
+                                                split_seed=v.split_seed))
+        except InputError as exc:
+            raise InputError(f"{flag} {spec}: {exc}") from None
+    return sizes
+
+
 def _check_answers(target: Target, kinds: Sequence[str]) -> None:
     """Refuse, before any query, an answer kind the remote victim (this key) does not serve."""
     from stealkit.audit.parts import close
@@ -72,6 +109,22 @@ def _check_answers(target: Target, kinds: Sequence[str]) -> None:
         except InputError as exc:
             raise InputError(f"--answers {kind}: {target.location} does not serve it to this key ({exc}); audit the "
                              "answer kinds it serves") from None
+
+
+def gate_notes(gates: Sequence[str], parts: Sequence[Part]) -> list[str]:
+    """A note for each ``--fail-if`` gate whose N is above the ladder's top rung: unless the level is reached by
+    then, the gate cannot be decided."""
+    from stealkit.audit.options import parse_fail_if
+
+    rungs = [p.budget for p in parts if p.kind == "extract" and not p.defence and p.attacker == "like"]
+    notes = []
+    for gate in gates:
+        _, level, n = parse_fail_if(gate)
+        if rungs and max(rungs) + 1 < n:
+            notes.append(f"--fail-if {gate}: the ladder stops at {max(rungs):,} queries, below {n:,}: if {level} % "
+                         f"fidelity is not reached by then, the gate cannot be decided (exit 3); add {n:,} to "
+                         "--budgets to decide it")
+    return notes
 
 
 def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHook | None = None,
@@ -85,11 +138,15 @@ def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHo
     from stealkit.audit.execute import check_resume, execute
     from stealkit.audit.parts import PlanContext, RunContext, VictimShape
     from stealkit.audit.plan import format_plan, make_plan
-    from stealkit.audit.report import failed_gates, summarise
+    from stealkit.audit.report import decide_gates, summarise
     from stealkit.rundir import RunDir
     from stealkit.serve.defences import parse_defence
 
     sizes = options.check()
+    if options.dataset is not None:
+        from stealkit.data.sources import canonical_dataset
+
+        options = dataclasses.replace(options, dataset=canonical_dataset(options.dataset))
     target = target_of(options)
     remote = _remote(target)
     defences, default_defences = resolve_defences(options.defences, remote=remote, answers=options.answers)
@@ -100,18 +157,32 @@ def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHo
     num_classes, pixels = _shape(target)
     if remote:
         _check_answers(target, options.answers)
-    ctx = PlanContext(options, sizes, VictimShape(num_classes, pixels), target, tuple(dict.fromkeys(defences)),
-                      tuple(default_defences))
+    from stealkit.audit import evaluation
+
+    evaluation_queries, unmeasured = evaluation.needed(target)
+    if evaluation_queries >= options.max_queries:
+        raise InputError(f"--max-queries {options.max_queries:,} leaves no query for the attacks after the "
+                         f"{evaluation_queries:,} evaluation queries (the victim's labels of the test split)")
+    plan_options = dataclasses.replace(options, max_queries=options.max_queries - evaluation_queries)
+    ctx = PlanContext(plan_options, sizes, VictimShape(num_classes, pixels), target,
+                      tuple(dict.fromkeys(defences)), tuple(default_defences), pool_sizes=pool_sizes(target, options))
     plan = make_plan(ctx)
+    if evaluation_queries:
+        plan.notes.insert(0, f"a remote victim: the audit first buys its top-1 labels of the {evaluation_queries:,} "
+                             "test images (evaluation queries, within --max-queries), the reference of every fidelity")
+    if unmeasured:
+        plan.notes.insert(0, unmeasured)
+    plan.notes.extend(gate_notes(options.fail_if, plan.parts))
     from stealkit.audit.kinds import part_id
 
     run = RunDir(options.out)
     config = {"victim": target.location, "answers": list(options.answers), "top_k": options.top_k,
               "attackers": options.attackers, "defences": list(ctx.defences), "default_defences": default_defences,
               "ladder": sorted({p.budget for p in plan.parts}), "max_queries": options.max_queries,
-              "recipe": dict(options.recipe), "dataset": options.dataset, "parts": [part_id(p) for p in plan.parts]}
+              "recipe": dict(options.recipe), "dataset": options.dataset, "parts": [part_id(p) for p in plan.parts],
+              "evaluation_queries": evaluation_queries}
     done = check_resume(run, config, options.seed)
-    echo(format_plan(plan.parts, options.max_queries, done))
+    echo(format_plan(plan.parts, options.max_queries, done, evaluation_queries))
     for n in plan.notes:
         echo(f"note: {n}")
     result = AuditResult(run.path, plan.parts, plan.notes)
@@ -124,14 +195,21 @@ def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHo
     usage_path = run.path / "server_usage_before.json"
     if remote:  # the server's count at the first start (kept on resume), and at this start
         record_server_count(run.path, plan.parts, target.location, options.key)
+    bought = None
+    if evaluation_queries:
+        import torch
+
+        bought = evaluation.buy(target, run.path, evaluation_queries)
+        target = dataclasses.replace(target, reference_labels=torch.tensor(bought.labels))
     results = execute(plan.parts, run, RunContext(target, options, run.path / "parts"), on_part=on_part,
                       echo=progress)
     costs = serving_costs(target, answers=options.answers, defences=[*defences, *default_defences])
-    summary = summarise(plan.parts, results, options.max_queries, plan.notes, costs, options.top_k)
+    summary = summarise(plan.parts, results, options.max_queries, plan.notes, costs, options.top_k, bought)
     if usage_path.exists():
         resumed = run.path / RESUMED_USAGE
         summary["reconciliation"] = reconcile_audit(
-            json.loads(usage_path.read_text(encoding="utf-8")), server_count(target.location, options.key), results,
+            json.loads(usage_path.read_text(encoding="utf-8")), server_count(target.location, options.key),
+            [*results, *([{"queries": bought.queries, "replayed": bought.replayed}] if bought else [])],
             json.loads(resumed.read_text(encoding="utf-8")) if resumed.exists() else None)
     run.write_summary(summary)
     atomic_write_json(run.path / "audit.json", {"audit": config, "seed": options.seed, **summary})
@@ -139,5 +217,9 @@ def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHo
 
     write_report(run)
     result.summary = summary
-    result.failed = failed_gates(summary["headline"], options.fail_if)
+    result.gates = decide_gates(results, options.fail_if)
+    if result.gates:
+        summary["gates"] = [{"gate": g.gate, "status": g.status, "line": g.line} for g in result.gates]
+        run.write_summary(summary)
+        atomic_write_json(run.path / "audit.json", {"audit": config, "seed": options.seed, **summary})
     return result

@@ -48,8 +48,10 @@ def _ladder(ladder: tuple[int, ...]) -> str:
                    "audited through round:decimals=2 and noise:sigma=0.05 (on the lowest and middle rungs); "
                    "--defence none turns them off.")
 @click.option("--fail-if", "fail_if", multiple=True, metavar="q90<N",
-              help="Exit 1 when an attacker with data like the victim's reaches 90 % (q90) or 95 % (q95) fidelity "
-                   "with fewer than N queries (repeat; label:q90<N checks one answer kind): a deployment gate.")
+              help="A deployment gate: exit 1 when an attacker with data like the victim's reaches 90 % (q90) or 95 % "
+                   "(q95) fidelity with fewer than N queries, 3 when that cannot be decided (not measured, or the "
+                   "ladder stops below N unreached), 0 only when measured and held (repeat; label:q90<N checks one "
+                   "answer kind).")
 @click.option("--budgets", default=None,
               help=f"The ladder of query budgets per cell (default {_ladder(LADDER)}; --quick {_ladder(QUICK_LADDER)}).")
 @click.option("--max-queries", type=int, default=DEFAULT_MAX_QUERIES, show_default=True,
@@ -121,10 +123,10 @@ def audit_cmd(victim: str, key: str | None, answers: str, top_k: int, pool: str,
         return
     for line in terminal_lines(result.summary, result.report):
         click.echo(line)
-    for line in result.failed:
-        click.echo(line, err=True)
-    if result.failed:
-        click.get_current_context().exit(1)
+    for gate in result.gates:
+        click.echo(gate.line, err=True)
+    if result.exit_code:
+        click.get_current_context().exit(result.exit_code)
 
 
 def command_options(*, answers: str, budgets: str | None, settings: tuple[str, ...] = (),

@@ -69,24 +69,6 @@ def datafree_options_of(*, temperature: float, student: str, student_args: tuple
                            max_iterations=max_iterations, preset=preset)
 
 
-def run_method(method: str, *, victim: str, key: str | None, mode: str, temperature: float, top_k: int,
-               budget: int, dataset: str | None, data_dir: str | None, student: str,
-               student_args: tuple[str, ...], batch_size: int | None, ngf: int | None, settings: dict[str, Any],
-               eval_every: int, eval_at: str, checkpoint_every: int, max_iterations: int | None, resume: bool,
-               seed: int, out: str, device: str, preset: str = DEFAULT) -> Any:
-    """:func:`stealkit.extract.datafree.run.run_datafree` with the command's options; returns its
-    ExtractionResult (kept for the audit until it moves)."""
-    from stealkit.extract.datafree.run import run_datafree
-    from stealkit.oracle.victim import Target
-
-    target = Target(victim, key=key, top_k=top_k, dataset=dataset, data_dir=data_dir, device=device, seed=seed)
-    options = datafree_options_of(temperature=temperature, student=student, student_args=student_args,
-                                  batch_size=batch_size, ngf=ngf, settings=settings, eval_every=eval_every,
-                                  eval_at=eval_at, checkpoint_every=checkpoint_every, max_iterations=max_iterations,
-                                  preset=preset)
-    return run_datafree(method, target, budget, mode=mode, options=options, out=out, resume=resume).result
-
-
 def _command(method: str, help_text: str) -> click.Command:
     @click.command(method, help=help_text)
     @victim_options

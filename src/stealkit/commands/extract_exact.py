@@ -4,7 +4,6 @@ or one-query identification of a logistic victim (footnote 2)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -56,28 +55,6 @@ def exact_cmd(victim: str, key: str | None, variant: str, hidden: int | None, bu
     click.echo(f"accuracy {fmt.figure(r.accuracy)}, fidelity {fmt.figure(r.fidelity)}, "
                f"queries {fmt.queries(r.result.queries)}; "
                f"report: {Path(out) / 'report.html'}")
-
-
-# kept for the audit until it moves: run_exact (the old signature) and _spec_hidden, thin over
-# stealkit.extract.explanations.run
-def run_exact(v: Any, *, victim: str, variant: str, hidden: int | None, budget: int | None, search: str = "secant",
-              lines: int = 40, anchors: int = 500, epsilon: float | None = None, data_dir: str | None = None,
-              settings: tuple[str, ...] = (), seed: int = 0, out: str, device: str = "cpu") -> Any:
-    """:func:`stealkit.extract.explanations.run.run_exact` on the opened victim ``v``; returns its
-    ExtractionResult (a failed recovery raises, and ``v.oracle.ledger`` still holds what it spent)."""
-    from stealkit.extract.explanations.run import run_exact as runner
-    from stealkit.oracle.victim import Target
-
-    target = Target(victim, data_dir=data_dir, device=device, seed=seed)
-    return runner(target, variant=variant, hidden=hidden, budget=budget, search=search, lines=lines, anchors=anchors,
-                  epsilon=epsilon, settings=parse_kv(settings), out=out, victim=v).result
-
-
-def _spec_hidden(spec: Any) -> int | None:
-    """:func:`stealkit.extract.explanations.run.spec_hidden`."""
-    from stealkit.extract.explanations.run import spec_hidden
-
-    return spec_hidden(spec)
 
 
 def register(cli: click.Group) -> None:

@@ -28,11 +28,8 @@ from stealkit.extract.surrogate_data.surrogate_presets import (
 )
 
 if TYPE_CHECKING:
-    import torch
 
     from stealkit.extract.surrogate_data.run import SurrogateOptions
-    from stealkit.extract.surrogate_data.surrogate import SurrogateConfig
-    from stealkit.oracle.victim import Victim
 
 #: the command's options that are SurrogateOptions fields (the rest: the Target's, budget, out, resume)
 OPTION_FIELDS = ("mode", "temperature", "pool", "max_distinct", "loss", "tau", "schedule", "lr", "strategy", "select",
@@ -110,38 +107,6 @@ def surrogate_options(params: dict[str, Any]) -> SurrogateOptions:
     return SurrogateOptions(**{k: params[k] for k in OPTION_FIELDS},
                             student_kwargs=parse_kv(tuple(params.get("student_args", ()))),
                             settings=parse_kv(tuple(params.get("settings", ()))))
-
-
-# kept for the audit until it moves: command_params, surrogate_config and surrogate_pool (the old names, thin over
-# stealkit.extract.surrogate_data.run)
-def surrogate_pool(pool: str, v: Victim, config: SurrogateConfig, *, cap: int, seed: int,
-                   data_dir: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`stealkit.extract.surrogate_data.run.surrogate_pool`."""
-    from stealkit.extract.surrogate_data.run import surrogate_pool as pool_of
-
-    return pool_of(pool, v, config, cap=cap, seed=seed, data_dir=data_dir)
-
-
-def surrogate_config(params: dict[str, Any], answers: int, num_classes: int, *,
-                     flip: bool = False) -> tuple[str, SurrogateConfig]:
-    """:func:`stealkit.extract.surrogate_data.run.resolve_surrogate` of the command's parsed ``params``
-    (:func:`command_params`)."""
-    from stealkit.extract.surrogate_data.run import resolve_surrogate
-
-    return resolve_surrogate(surrogate_options(params), answers, num_classes, flip=flip, seed=params["seed"])
-
-
-def command_params(*args: str) -> dict[str, Any]:
-    """The options ``stealkit extract surrogate ARGS`` runs with, parsed by the command itself (its own
-    defaults for every option ``args`` does not give; the required ``--victim`` and ``--out`` need
-    not be given, then they read ``-``; ``--budget`` must be): what
-    :func:`surrogate_config` takes. E.g. ``command_params("--budget", "100", "--mode", "label")``."""
-    given = {a.split("=", 1)[0] for a in args}
-    head = [x for flag, v in (("--victim", "."), ("--out", "-")) if flag not in given for x in (flag, v)]
-    from stealkit.device import keep_resolved
-
-    with keep_resolved(), surrogate_cmd.make_context("surrogate", [*head, *args]) as ctx:
-        return dict(ctx.params)
 
 
 def register(cli: click.Group) -> None:

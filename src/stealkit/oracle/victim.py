@@ -29,6 +29,9 @@ class Victim:
     model: nn.Module | None = None  # only for local victims: evaluation, never attacks
     spec: Any = None
     location: str = ""
+    #: a remote victim's top-1 labels of the test split, bought by the caller (evaluation queries, charged to
+    #: their own ledger): fidelity is then measured against them (a local victim's come from its model)
+    reference_labels: torch.Tensor | None = None
 
     @property
     def is_local(self) -> bool:
@@ -53,13 +56,17 @@ class Target:
     seed: int = 0
     input_shape: tuple[int, ...] | None = None
     num_classes: int | None = None
+    reference_labels: Any = None  # the victim's labels of the test split, for a remote victim (see Victim)
 
     def open(self, *, mode: str | OutputMode = "probs", budget: int | None = None, temperature: float = 1.0,
              explain: bool = False, defences: tuple[Any, ...] = ()) -> Victim:
         """The opened victim: :func:`open_victim` with this target's key, top-k, data set, device and seed."""
-        return open_victim(self.victim, mode=mode, budget=budget, temperature=temperature, top_k=self.top_k,
-                           key=self.key, explain=explain, dataset=self.dataset, device=self.device, seed=self.seed,
-                           defences=defences, input_shape=self.input_shape, num_classes=self.num_classes)
+        v = open_victim(self.victim, mode=mode, budget=budget, temperature=temperature, top_k=self.top_k,
+                        key=self.key, explain=explain, dataset=self.dataset, device=self.device, seed=self.seed,
+                        defences=defences, input_shape=self.input_shape, num_classes=self.num_classes)
+        if v.model is None:
+            v.reference_labels = self.reference_labels
+        return v
 
     def with_seed(self, seed: int) -> Target:
         """The same target with another seed."""
@@ -209,8 +216,10 @@ def _local(model: nn.Module, spec: Any, input_shape: tuple[int, ...], num_classe
 
 
 def make_evaluator(victim: Victim, test_x: torch.Tensor, test_y: torch.Tensor, device: str = "cpu") -> Evaluator:
-    """Evaluation on the test split; fidelity needs the victim's labels, computed without the ledger."""
-    labels = predict_labels(victim.model, test_x, device=device) if victim.model is not None else None
+    """Evaluation on the test split; fidelity needs the victim's labels: a local model's, computed without the
+    ledger, or a remote victim's bought by the caller (``victim.reference_labels``)."""
+    labels = predict_labels(victim.model, test_x, device=device) if victim.model is not None else \
+        victim.reference_labels
     return Evaluator(test_x, test_y, labels, device=device)
 
 

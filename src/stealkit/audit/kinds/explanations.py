@@ -169,13 +169,16 @@ class GradientMatching:
     def run(self, part: Part, ctx: RunContext, out: Path, copy: Copy | None) -> dict[str, Any]:
         from stealkit.extract.explanations.run import run_gradient_matching
 
+        from stealkit.rundir import rounded, to_jsonable
+
         run = run_gradient_matching(ctx.target, max(part.ladder), checkpoints=part.ladder, out=out)
         queries = dict(run.queries)
-        victim_accuracy = run.victim_accuracy
+        # the figures as the run's summary.json keeps them (rounded), the audit's since the first version
+        victim_accuracy = rounded(run.victim_accuracy)
         target = None if victim_accuracy is None else GRADMATCH_TARGET * victim_accuracy
-        curve = list(run.result.curve)
-        return {"queries": queries, "total_queries": sum(queries.values()), "accuracy": run.accuracy,
-                "fidelity": run.fidelity, "victim_accuracy": victim_accuracy, "served_accuracy": None,
+        curve = rounded(to_jsonable(list(run.result.curve)))
+        return {"queries": queries, "total_queries": sum(queries.values()), "accuracy": rounded(run.accuracy),
+                "fidelity": rounded(run.fidelity), "victim_accuracy": victim_accuracy, "served_accuracy": None,
                 "command": f"stealkit extract gradient-matching --victim {ctx.target.location} --budget "
                            f"{max(part.ladder)} --checkpoints {','.join(map(str, part.ladder))} --seed "
                            f"{ctx.options.seed} --out {out} --device {ctx.options.device}",

@@ -74,23 +74,33 @@ class Extraction:
     # -- the plan: cells and rungs (the budget loop itself is stealkit.audit.plan's) ----------------------------
     def cells(self, ctx: PlanContext) -> list[tuple[str, str, str, str]]:
         """(answers, attacker, pool, defence) of every cell: each answer kind per attacker, then each defence
-        (probabilities through it, the attacker with data like the victim's)."""
+        attacked by the attacker with data like the victim's twice, as an attacker who knows what is served
+        adapts: the probability recipe on the defended probabilities, and the label recipe on their argmax (a
+        defence that keeps the top class then never looks stronger than serving labels only)."""
         attackers = ctx.options.attackers
         like = next(iter(attackers.items()))
+        defences = [*ctx.defences, *ctx.default_defences]
         out = [(a, name, pool, "") for a in ctx.options.answers for name, pool in attackers.items()]
-        return out + [("probs", like[0], like[1], d) for d in [*ctx.defences, *ctx.default_defences]]
+        return out + [(a, like[0], like[1], d) for a in ("probs", "label") for d in defences]
 
-    def cell_rungs(self, ctx: PlanContext, defence: str, rungs: Sequence[int]) -> list[int]:
+    def cell_rungs(self, ctx: PlanContext, cell: tuple[str, str, str, str], rungs: Sequence[int]) -> list[int]:
+        """A cell's rungs: the whole ladder, but two rungs for the probability recipe through a default defence
+        (the audit's slowest parts; :func:`~stealkit.audit.defences.defence_rungs`)."""
         from stealkit.audit.defences import defence_rungs
 
-        return defence_rungs(rungs) if defence in ctx.default_defences else list(rungs)
+        answers, _, pool, defence = cell
+        size = ctx.pool_sizes.get(pool)
+        if size is not None:  # a rung above the pool's size runs at it (its queries are what it spends)
+            rungs = sorted({min(b, size) for b in rungs})
+        return defence_rungs(rungs) if answers == "probs" and defence in ctx.default_defences else list(rungs)
 
     def ladder(self, ctx: PlanContext, rungs: Sequence[int]) -> list[Part]:
         """The ladder's parts, cheapest rung of every cell first (a stopped audit has a whole first row)."""
         shape = ctx.shape
         return [Part(a, name, pool, b, round(estimate_seconds(b, a, shape.num_classes, ctx.options.recipe,
                                                               shape.pixels), 1), d)
-                for b in rungs for a, name, pool, d in self.cells(ctx) if b in self.cell_rungs(ctx, d, rungs)]
+                for b in rungs for (a, name, pool, d) in self.cells(ctx)
+                if b in self.cell_rungs(ctx, (a, name, pool, d), rungs)]
 
     def plan(self, ctx: PlanContext, room: int) -> tuple[list[Part], list[str]]:
         return [], []  # the ladder is planned by stealkit.audit.plan (it shrinks to fit the fixed parts)
