@@ -189,7 +189,7 @@ def test_torchscript_without_metadata_and_flag_checks(tmp_path):
         torch.jit.save(torch.jit.script(nn.Sequential(nn.Flatten(), nn.Linear(64, 5))), str(path))
     with pytest.raises(InputError, match="input shape is unknown"):
         open_victim(str(path))
-    with pytest.raises(InputError, match="failed on a batch of shape \\[2, 3, 8, 8\\]"):
+    with pytest.raises(InputError, match="failed on a batch of shape \\[16, 3, 8, 8\\]"):
         open_victim(str(path) + "?input_shape=3,8,8")
     v = open_victim(str(path) + "?input_shape=1,8,8&num_classes=5", mode="label")
     assert v.num_classes == 5 and v.oracle.query(_images(4)).shape == (4,)

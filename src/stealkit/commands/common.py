@@ -69,7 +69,11 @@ FOREIGN_HELP = {
     "num_classes": "ONNX/TorchScript victim: number of classes (checked against its output).",
     "value_range": "ONNX/TorchScript victim: pixel range it expects, LO,HI (default 0,1; 0,255 for bytes).",
     "normalize": "ONNX/TorchScript victim: normalisation before it: none, MEAN,STD or M1,M2,M3/S1,S2,S3.",
+    "output": "ONNX/TorchScript victim: what it returns, logits or probs (after a softmax), overriding its "
+              "metadata; default: its metadata, else probed when opened (rows of probabilities read as probs).",
 }
+#: a click type for the flags that take one of a few words (the others are checked by the loader's parser)
+FOREIGN_TYPES: dict[str, click.ParamType] = {"output": click.Choice(["logits", "probs"])}
 
 
 def _store_foreign_flag(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
@@ -101,7 +105,7 @@ def _v2_victim(value: str, v2: dict[str, str], flags: dict[str, str]) -> str:
 
 def resolve_victim(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
     """``standard:NAME`` -> the directory of that cached standard victim (trained on first use); an ONNX or
-    TorchScript file with ``--input-shape`` etc. -> ``FILE?input_shape=...`` (read by the loader, recorded in
+    TorchScript file with ``--input-shape``, ``--output`` etc. -> ``FILE?input_shape=...&output=...`` (read by the loader, recorded in
     config.json); else as given."""
     flags = dict(ctx.meta.get(_FOREIGN_FLAGS, {})) if ctx is not None else {}
     v2 = dict(ctx.meta.get(_V2_FLAGS, {})) if ctx is not None else {}
@@ -184,7 +188,7 @@ def check_budget(ctx: click.Context | None, param: click.Parameter | None, value
 
 def victim_option(*, help_text: str = VICTIM_HELP) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """The ``--victim`` option of every command that attacks a victim (``standard:NAME`` resolved here), with
-    ``--input-shape/--num-classes/--value-range/--normalize`` for ONNX/TorchScript files (eager, so they are
+    ``--input-shape/--num-classes/--value-range/--normalize/--output`` for ONNX/TorchScript files (eager, so they are
     read before ``--victim`` is resolved), and ``--model``/``--protocol`` for a v2 (Open Inference Protocol)
     endpoint."""
     v2 = [
@@ -214,7 +218,8 @@ def _model_file_option(main: Callable[[Callable[..., Any]], Callable[..., Any]]
                        ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     opts = [main] + [
         click.option(f"--{name.replace('_', '-')}", name, default=None, is_eager=True, expose_value=False,
-                     callback=_store_foreign_flag, help=text.replace("victim", "victim or model", 1))
+                     type=FOREIGN_TYPES.get(name), callback=_store_foreign_flag,
+                     help=text.replace("victim", "victim or model", 1))
         for name, text in FOREIGN_HELP.items()
     ]
     return lambda fn: functools.reduce(lambda f, o: o(f), reversed(opts), fn)

@@ -3,7 +3,7 @@
 A zoo model carries its ``model.json``; an ONNX or TorchScript file carries, at best, string metadata
 (ONNX ``metadata_props``; a TorchScript ``_extra_files`` entry named :data:`META_FILE` holding a JSON object).
 Both use the keys of :data:`KEYS`; the same values can be given as CLI flags (``--input-shape``,
-``--num-classes``, ``--value-range``, ``--normalize``), which are carried to the loader inside the victim string
+``--num-classes``, ``--value-range``, ``--normalize``, ``--output``), which are carried to the loader inside the victim string
 as ``FILE?key=value&key=value`` (so ``config.json`` records them and a run can be repeated).
 
 Syntax of the values (metadata and flags alike):
@@ -15,7 +15,10 @@ Syntax of the values (metadata and flags alike):
 - ``normalize``: ``none``; ``MEAN,STD`` (one value for every channel); or ``M1,M2,M3/S1,S2,S3`` (per channel);
   or a JSON object ``{"mean": [...], "std": [...]}``: applied after the value range, before the model (for a
   model whose normalisation is not its first layer);
-- ``output``: ``logits`` (default) or ``probs`` (the model ends in a softmax; stealkit takes their log);
+- ``output``: ``logits`` or ``probs`` (the model ends in a softmax; stealkit takes their log). When neither the
+  metadata nor a flag (``--output``) says, the file is probed once when it is opened (see
+  :mod:`stealkit.models.foreign`): rows that are probabilities are read as ``probs``, anything else as ``logits``;
+  :attr:`ForeignMeta.output_source` records which of ``metadata``, ``flag`` or ``probe`` decided;
 - ``class_names`` (JSON list or comma-separated), ``dataset``, ``split_seed``: optional.
 """
 
@@ -35,6 +38,7 @@ __all__ = [
     "FLAG_KEYS",
     "KEYS",
     "META_FILE",
+    "OUTPUT_SOURCES",
     "ONNX_SUFFIXES",
     "TORCHSCRIPT_SUFFIXES",
     "ForeignMeta",
@@ -50,7 +54,9 @@ TORCHSCRIPT_SUFFIXES = frozenset({".pt", ".pth", ".jit", ".ts", ".torchscript"})
 #: metadata keys stealkit reads (and writes on export)
 KEYS = ("input_shape", "num_classes", "value_range", "normalize", "output", "class_names", "dataset", "split_seed")
 #: the keys a CLI flag can give (``--input-shape`` etc.)
-FLAG_KEYS = ("input_shape", "num_classes", "value_range", "normalize")
+FLAG_KEYS = ("input_shape", "num_classes", "value_range", "normalize", "output")
+#: where :attr:`ForeignMeta.output` came from
+OUTPUT_SOURCES = ("metadata", "flag", "probe")
 
 
 def foreign_format(path: str | Path) -> str | None:
@@ -219,6 +225,9 @@ class ForeignMeta:
     mean: list[float] | None = None
     std: list[float] | None = None
     output: str = "logits"
+    #: who said what ``output`` is: ``metadata`` (the file), ``flag`` (``--output`` or ``FILE?output=``) or
+    #: ``probe`` (neither: the rows the model returned on a fixed probe batch when it was opened decided)
+    output_source: str = "probe"
     class_names: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     assumed: tuple[str, ...] = ()  # keys neither the file nor a flag gave (defaults were used)
@@ -232,6 +241,11 @@ class ForeignMeta:
     def metrics(self) -> dict[str, Any]:
         """A foreign file carries no stealkit metrics (a zoo model's ``model.json`` does)."""
         return {}
+
+    def record(self) -> dict[str, Any]:
+        """What a run's ``config.json`` should keep about how the file was read (beside the victim string)."""
+        return {"format": self.format, "output": self.output, "output_source": self.output_source,
+                "assumed": list(self.assumed)}
 
     def with_classes(self, num_classes: int) -> ForeignMeta:
         names = self.class_names or [str(i) for i in range(num_classes)]
