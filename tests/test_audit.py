@@ -132,10 +132,13 @@ def test_defences_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main(["-q", "audit", "--victim", VICTIM, "--answers", "probs", "--budgets", "20", *TINY, *NO_EXTRAS,
                  "--defence", "round:decimals=1", "--defence", "label", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    rows = {r["defence"]: r for r in summary["headline"]}
+    rows = {r["defence"]: r for r in summary["headline"] if r["answers"] == "probs"}
     assert set(rows) == {"none", "round:decimals=1", "label"}
     assert rows["label"]["served accuracy"] == pytest.approx(summary["victim_accuracy"], abs=1e-6)  # top-1 kept
-    assert summary["queries"] == 80 == sum(r["total_queries"] for r in summary["parts"])
+    # each defence attacked twice: the probability recipe, and the label recipe on the argmax of what is served
+    argmax = {r["defence"] for r in summary["headline"] if r["answers"] == "label"}
+    assert argmax == {"round:decimals=1", "label"}
+    assert summary["queries"] == 120 == sum(r["total_queries"] for r in summary["parts"])
     assert "through the defence label" in (out / "report.html").read_text()
     assert "defence" in capsys.readouterr().out
 

@@ -134,14 +134,16 @@ def test_default_defences_in_the_plan(tmp_path: Path, capsys: pytest.CaptureFixt
     from stealkit.audit.defences import DEFAULT_DEFENCES, defence_rungs, resolve_defences
 
     base = ["-q", "audit", "--victim", VICTIM, "--budgets", "20,40,60", *TINY, "--transfer-images", "0",
-            "--decision-images", "0", "--datafree-budget", "0", "--plan"]
+            "--decision-images", "0", "--datafree-budget", "0", "--gradmatch-budgets", "0", "--exact-budget", "0",
+            "--plan"]
     assert main([*base, "--answers", "label,probs", "--out", str(tmp_path / "a")]) == 0
     text = capsys.readouterr().out
     # the default defences: probability cells of the attacker with data like the victim's, lowest and middle rungs
     for spec in ("round_decimals_2", "noise_sigma_0.05"):
         assert f"extract-probs+{spec}-like-40 " in text and f"extract-probs+{spec}-like-60" not in text
         assert f"extract-label+{spec}-like-60 " in text  # the label recipe on the argmax: every rung
-    assert f"{4 * 120 + 2 * 60 + 2 * 120:,}" in text and "its lowest and its middle (20, 40" in text
+    total = text.split("\ntotal")[1].split()[0]
+    assert total == f"{4 * 120 + 2 * 60 + 2 * 120:,}" and "its lowest and its middle (20, 40" in text
     # --defence none: none; --defence SPEC: that one on the whole ladder; label answers only: none
     assert main([*base, "--answers", "label,probs", "--defence", "none", "--out", str(tmp_path / "b")]) == 0
     assert "extract-probs+" not in capsys.readouterr().out.split("total")[0]

@@ -15,8 +15,8 @@ from stealkit.errors import InputError
 
 if TYPE_CHECKING:
     from stealkit.audit.execute import PartHook
-    from stealkit.audit.report import Gate
     from stealkit.audit.parts import Part
+    from stealkit.audit.report import Gate
     from stealkit.oracle.victim import Target
 
 
@@ -66,13 +66,15 @@ def _remote(target: Target) -> bool:
     return isinstance(target.victim, str) and is_url(target.victim)
 
 
-def _shape(target: Target) -> tuple[int, int]:
-    """The victim's classes and input size, read without a query (a model's metadata, a server's /v1/info)."""
+def _shape(target: Target) -> tuple[int, int, dict[str, Any] | None]:
+    """The victim's classes and input size, read without a query (a model's metadata, a server's /v1/info), and
+    for an ONNX or TorchScript file how its output was read (logits or probabilities, and who said so)."""
     from stealkit.audit.parts import close
 
     v = target.open(mode="label", budget=0)
     close(v)
-    return v.num_classes, math.prod(v.input_shape)
+    record = getattr(v.spec, "record", None)
+    return v.num_classes, math.prod(v.input_shape), record() if callable(record) else None
 
 
 def pool_sizes(target: Target, options: AuditOptions) -> dict[str, int | None]:
@@ -154,7 +156,7 @@ def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHo
         parse_defence(spec)  # refuse a bad spec before any work
     if defences and remote:
         raise InputError("--defence audits a local victim; a remote victim's defences are its server's")
-    num_classes, pixels = _shape(target)
+    num_classes, pixels, model_file = _shape(target)
     if remote:
         _check_answers(target, options.answers)
     from stealkit.audit import evaluation
@@ -180,7 +182,7 @@ def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHo
               "attackers": options.attackers, "defences": list(ctx.defences), "default_defences": default_defences,
               "ladder": sorted({p.budget for p in plan.parts}), "max_queries": options.max_queries,
               "recipe": dict(options.recipe), "dataset": options.dataset, "parts": [part_id(p) for p in plan.parts],
-              "evaluation_queries": evaluation_queries}
+              "evaluation_queries": evaluation_queries, **({"model_file": model_file} if model_file else {})}
     done = check_resume(run, config, options.seed)
     echo(format_plan(plan.parts, options.max_queries, done, evaluation_queries))
     for n in plan.notes:

@@ -168,7 +168,6 @@ class GradientMatching:
 
     def run(self, part: Part, ctx: RunContext, out: Path, copy: Copy | None) -> dict[str, Any]:
         from stealkit.extract.explanations.run import run_gradient_matching
-
         from stealkit.rundir import rounded, to_jsonable
 
         run = run_gradient_matching(ctx.target, max(part.ladder), checkpoints=part.ladder, out=out)
