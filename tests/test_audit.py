@@ -311,3 +311,24 @@ def test_unknown_victim_and_too_small_a_budget_are_one_line_each(tmp_path: Path,
     err = capsys.readouterr().err.strip()
     assert "too small for any part" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_plan_refuses_what_the_run_would_refuse(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--plan checks the query sources and the data set as the run reads them: one line, exit 2, nothing written."""
+    for flag, value in (("--pool", "nosuchsource"), ("--unrelated", "nosuchsource"), ("--dataset", "nosuchset")):
+        out = tmp_path / value
+        assert main(["-q", *ARGS, flag, value, "--plan", "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and value in err[0], err
+        assert not out.exists()
+
+
+def test_a_pool_smaller_than_a_rung_runs_at_its_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The digits attacker split holds 449 images: a rung of 1,000 for its attacker runs at 449 (one query is one
+    distinct image), and the plan says so; the unrelated attacker's synthetic source keeps the rung."""
+    args = ["-q", "audit", "--victim", VICTIM, "--answers", "label", "--budgets", "100,1000", *TINY, *NO_EXTRAS]
+    assert main([*args, "--plan", "--out", str(tmp_path / "a")]) == 0
+    text = capsys.readouterr().out
+    assert "extract-label-like-449 " in text and "extract-label-like-1000" not in text
+    assert "extract-label-unrelated-1000 " in text
+    assert "the query source pool holds 449 images" in text

@@ -258,3 +258,27 @@ def test_a_defence_that_keeps_the_top_class_never_looks_stronger_than_labels_onl
     rounded, labels = rows["probabilities through round:decimals=2"], rows["top-1 label"]
     both = [{"Q90": rounded["attacker Q90"], "name": "rounded"}, {"Q90": labels["attacker Q90"], "name": "labels"}]
     assert best_q(both)["name"] == "rounded" or rounded["attacker Q90"] == labels["attacker Q90"]
+
+
+def test_the_verdict_names_the_speed_the_best_change_and_what_was_not_measured() -> None:
+    from stealkit.audit.verdict import verdict
+
+    summary = {"serving": [
+        {"serving": "probabilities", "attacker Q90": 50, "best attacker": "probability recipe",
+         "served accuracy": 0.97, "ECE": 0.03},
+        {"serving": "top-1 label", "attacker Q90": 100, "best attacker": "label recipe", "served accuracy": 0.97,
+         "ECE": 0.03},
+        {"serving": "probabilities through noise:sigma=0.05", "attacker Q90": 100,
+         "best attacker": "label recipe on the argmax", "served accuracy": 0.96, "ECE": 0.16},
+        {"serving": "probabilities through round:decimals=2", "attacker Q90": "not reached within 100",
+         "best attacker": "probability recipe", "served accuracy": 0.97, "ECE": 0.03}],
+        "enables": [{"attack": "PGD transfer, Linf eps 0.25", "success": 0.86}],
+        "notes": ["gradient matching left out: its ladder 10,30 needs 60 queries"]}
+    now, change, missing = verdict(summary)
+    assert "Served as probabilities" in now and "50 queries" in now and "86.0 %" in now
+    assert "round:decimals=2" in change and "not reached within 100" in change  # the strongest measured change
+    assert missing.startswith("Not measured: gradient matching left out")
+    summary["serving"] = summary["serving"][:1]
+    summary["notes"] = []
+    assert verdict(summary)[1:] == ["No serving choice audited raises Q90 above probabilities's against attackers "
+                                    "that adapt to it.", "Everything the plan held was measured."]

@@ -270,7 +270,7 @@ def _whole_audit(tmp_path: Path, mlp8: Path, capsys: pytest.CaptureFixture[str],
     html = (out / "report.html").read_text()
     assert "Explanations: gradient matching and exact recovery" in html and "Q90 and Q95 over seeds" in html
     assert "functionally equivalent copy" in " ".join(summary["sentences"])
-    assert "exact recovery (two-layer ReLU, h = 8)" in capsys.readouterr().out
+    assert "exact recovery (two-layer ReLU, h = 8)" in [r["attack"] for r in summary["explanations"]]
 
 
 def test_sizes_defaults() -> None:
@@ -318,6 +318,8 @@ def test_gradient_matching_over_http_is_charged_as_the_server_counts_it(tmp_path
     (gm,) = [r for r in summary["parts"] if r["part"]["kind"] == "gradmatch"]
     assert gm["queries"] == {"predict": 10, "explain": 10}
     rec = summary["reconciliation"]
-    assert rec["equal"] is True and rec["server"]["explain"] == 10 and rec["server"]["predict"] == 40 + 10
-    (row,) = summary["explanations"]
-    assert row["queries to target"] == "not measured (no victim accuracy)"
+    # 40 extraction answers, 10 gradient-matching answers, 450 evaluation queries (the test split's labels)
+    assert rec["equal"] is True and rec["server"]["explain"] == 10 and rec["server"]["predict"] == 40 + 10 + 450
+    (row,) = summary["explanations"]  # the victim's accuracy is known over HTTP too (the labels bought): measured
+    assert row["target"].startswith("0.95x victim accuracy") and gm["target_accuracy"] is not None
+    assert row["queries to target"] != "not measured (no victim accuracy)"

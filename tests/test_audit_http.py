@@ -35,8 +35,9 @@ def test_audit_over_http_reconciles_with_the_servers_charges(tmp_path: Path,
     assert rec["equal"] is True and rec["server"]["predict"] == summary["queries"] + evaluation
     assert summary["queries"] > 40
     # fidelity is measured over HTTP (against the labels bought), never shown as "not reached" unmeasured
-    (part,) = [r for r in summary["parts"] if r["part"]["kind"] == "extract"]
-    assert part["fidelity"] is not None and summary["victim_accuracy"] == summary["evaluation"]["victim_accuracy"]
+    extracted = [r for r in summary["parts"] if r["part"]["kind"] == "extract"]
+    assert extracted and all(r["fidelity"] is not None for r in extracted)
+    assert summary["victim_accuracy"] == summary["evaluation"]["victim_accuracy"]
     assert all(isinstance(r["Q90"], int) or r["Q90"].startswith("not reached within") for r in summary["headline"])
     text = capsys.readouterr().out
     assert "equal" in text and "evaluation: the test split labels" in text

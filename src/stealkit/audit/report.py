@@ -50,6 +50,9 @@ def summarise(parts: Sequence[Part], results: Sequence[dict[str, Any]], max_quer
             "fidelity needs the victim's own labels of the test split, which a remote victim does not give: "
             "Q90/Q95 are not measured"])
     add_serving(out, costs, top_k)
+    from stealkit.audit.verdict import verdict
+
+    out["verdict"] = verdict(out)
     return out
 
 
@@ -144,9 +147,9 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
 
 def terminal_lines(summary: dict[str, Any], report_path: Any) -> list[str]:
     """What the command prints when the audit ends: the headline, the other tables, the totals."""
-    lines = [format_table(summary["headline"])]
+    lines = [*summary.get("verdict", []), "", format_table(summary["headline"])]
     extra = [t for t in summary if t not in (*TABLES, "headline") and isinstance(summary[t], list)
-             and summary[t] and isinstance(summary[t][0], dict) and t not in ("parts", "prada", "sentences")]
+             and summary[t] and isinstance(summary[t][0], dict) and t not in ("parts", "prada", "gates")]
     for table in (*TABLES, *extra):
         if summary.get(table):
             lines += ["", format_table(summary[table])]
@@ -164,7 +167,8 @@ def sections(run: RunDir, config: dict[str, Any], summary: dict[str, Any]) -> li
     count, the defence and PRADA tables, and every part."""
     from stealkit.report.html import Section
 
-    out = [Section("In plain words", paragraphs=[str(s) for s in summary.get("sentences") or []])]
+    out = [Section("Verdict", paragraphs=[str(s) for s in summary.get("verdict") or []]),
+           Section("In plain words", paragraphs=[str(s) for s in summary.get("sentences") or []])]
     kind_sections = [s for kind in KINDS.values() for s in kind.sections(summary, KINDS)]
     out += kind_sections[:1]
     if summary.get("reconciliation"):

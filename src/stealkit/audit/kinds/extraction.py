@@ -97,10 +97,11 @@ class Extraction:
     def ladder(self, ctx: PlanContext, rungs: Sequence[int]) -> list[Part]:
         """The ladder's parts, cheapest rung of every cell first (a stopped audit has a whole first row)."""
         shape = ctx.shape
+        cells = [(cell, self.cell_rungs(ctx, cell, rungs)) for cell in self.cells(ctx)]
         return [Part(a, name, pool, b, round(estimate_seconds(b, a, shape.num_classes, ctx.options.recipe,
                                                               shape.pixels), 1), d)
-                for b in rungs for (a, name, pool, d) in self.cells(ctx)
-                if b in self.cell_rungs(ctx, (a, name, pool, d), rungs)]
+                for b in sorted({b for _, mine in cells for b in mine})
+                for (a, name, pool, d), mine in cells if b in mine]
 
     def plan(self, ctx: PlanContext, room: int) -> tuple[list[Part], list[str]]:
         return [], []  # the ladder is planned by stealkit.audit.plan (it shrinks to fit the fixed parts)
