@@ -96,3 +96,20 @@ def test_a_module_whose_forward_goes_through_numpy_is_stolen_as_its_torch_twin(v
 def test_an_unknown_keyword_is_one_line_naming_the_known_ones():
     with pytest.raises(InputError, match="unknown keyword 'epoch'.*epochs"):
         steal("standard:digits-conv2", budget=10, epoch=1)
+
+
+def test_audit_from_python_takes_a_module_victim_and_gives_the_figures(tmp_path):
+    """``stealkit.api.audit``: the audit's defaults, an nn.Module victim called as it is, the figures and the gate."""
+    from stealkit.api import audit
+    from stealkit.victims import standard_victim
+
+    module = standard_victim("digits-conv2").model
+    result = audit(module, input_shape=(1, 8, 8), dataset="digits", out=tmp_path / "a", answers="label",
+                   budgets=(20,), settings={"student": "mlp2", "epochs": 1, "min_steps": 0}, transfer_images=0,
+                   decision_images=0, datafree_budget=0, gradmatch=(), exact_budget=0, seeds=1, defences=["none"],
+                   fail_if=["q90<10"])
+    assert result.summary["queries"] == 40 and result.report.exists()
+    assert [g.status for g in result.gates] == ["pass"] and result.exit_code == 0
+    assert result.summary["headline"][0]["fidelity @20"] is not None
+    with pytest.raises(InputError, match="no option"):
+        audit(module, input_shape=(1, 8, 8), budget=10)

@@ -136,3 +136,49 @@ def steal(victim: Any, *, budget: int, mode: str = "probs", out: str | os.PathLi
 def extraction_of(run: ExtractionRun) -> Extraction:
     """The :class:`Extraction` of a runner's result: its figures as its run directory's summary.json records them."""
     return read_extraction(run.path)
+
+
+def audit(victim: Any, *, out: str | os.PathLike[str] | None = None, input_shape: tuple[int, ...] | None = None,
+          num_classes: int | None = None, budgets: Any = None, answers: Any = None, settings: dict[str, Any] | None = None,
+          **options: Any) -> Any:
+    """Audit ``victim`` as ``stealkit audit`` does (the same defaults): returns the
+    :class:`~stealkit.audit.run.AuditResult` (``summary``: every figure; ``gates``; ``exit_code``; ``report``).
+
+    ``victim``: what :func:`steal` takes, an ``nn.Module`` included (called as it is; give ``input_shape`` and
+    ``dataset=``). Keywords: every option of :class:`~stealkit.audit.options.AuditOptions` (``quick=True``,
+    ``max_queries=``, ``defences=[...]``, ``fail_if=[...]``, ``seed=``, ``device=``, ...), the part sizes of
+    :class:`~stealkit.audit.options.Sizes` (``transfer_images=0``, ``seeds=3``, ...), ``budgets=(50, 100)`` and
+    ``settings={...}`` for the surrogate recipe (``--set``). ``out``: the audit directory (default: a temporary
+    one, kept; run again with the same options to resume)."""
+    from stealkit.audit.options import AuditOptions, Sizes, parse_answers
+    from stealkit.audit.run import run_audit
+
+    size_names = {f.name for f in dataclasses.fields(Sizes)}
+    known = {f.name for f in dataclasses.fields(AuditOptions)} - {"victim", "out", "sizes", "recipe", "budgets",
+                                                                   "answers"}
+    bad = sorted(set(options) - known - size_names)
+    if bad:
+        raise InputError(f"audit() has no option {', '.join(bad)}; known: {', '.join(sorted(known | size_names))}")
+    sizes = {k: options.pop(k) for k in list(options) if k in size_names}
+    for name in ("defences", "fail_if"):
+        if name in options:
+            options[name] = tuple(options[name])
+    if isinstance(victim, (str, os.PathLike)):
+        victim = os.fspath(victim)
+    else:
+        from torch import nn
+
+        if not isinstance(victim, nn.Module):
+            raise InputError(f"victim must be an nn.Module, a model directory or file, standard:NAME or a URL; got "
+                             f"{type(victim).__name__}")
+        if input_shape is None:
+            raise InputError("an nn.Module victim needs input_shape=(C, H, W)")
+        from stealkit.oracle.victim import Target
+
+        victim = Target(victim, input_shape=tuple(input_shape), num_classes=num_classes)
+    if answers is not None:
+        answers = parse_answers(answers if isinstance(answers, str) else ",".join(answers))
+    opts = AuditOptions(victim=victim, out=os.fspath(out) if out is not None else tempfile.mkdtemp(prefix="stealkit-audit-"),
+                        budgets=tuple(budgets) if budgets else None, sizes=sizes, recipe=dict(settings or {}),
+                        **({"answers": answers} if answers is not None else {}), **options)
+    return run_audit(opts)

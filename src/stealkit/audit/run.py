@@ -56,8 +56,11 @@ def target_of(options: AuditOptions) -> Target:
         from stealkit.victims import standard_victim
 
         victim = str(standard_victim(victim.split(":", 1)[1]).path)
-    return Target(victim, key=options.key, top_k=options.top_k, dataset=options.dataset, data_dir=options.data_dir,
-                  device=options.device, seed=options.seed)
+    how = {"key": options.key, "top_k": options.top_k, "dataset": options.dataset, "data_dir": options.data_dir,
+           "device": options.device, "seed": options.seed}
+    if isinstance(victim, Target):  # an nn.Module with its input shape (stealkit.api.audit)
+        return dataclasses.replace(victim, **how)
+    return Target(victim, **how)
 
 
 def _remote(target: Target) -> bool:
