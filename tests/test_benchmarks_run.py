@@ -26,7 +26,7 @@ RUNS: dict[str, tuple[list[str], set[str]]] = {
     "attack_speed": (["--victim", "digits-conv2", "--n", "64", "--batches", "32", "--repeats", "1",
                       "--threads", "1", "--libraries", "stealkit,plain"], {"results"}),
     "audit_consistency": (["--answers", "label", "--budgets", "20", "--transfer-images", "10", "--decision-images",
-                           "2", "--decision-queries", "20", "--recipe=--student=mlp2", "--out", "{tmp}/consistency"],
+                           "2", "--decision-queries", "20", "--set", "student=mlp2", "--out", "{tmp}/consistency"],
                           {"figures", "all_equal"}),
     "certify": (["--dataset", "digits", "--num", "2", "--n0", "20", "--n", "100", "--threads", "1",
                  "--mem-ns", "", "--skip-art"], set()),

@@ -148,8 +148,8 @@ def save_extraction(
 
 #: what a data-free method was measured to need, for the chance-level note (sources named in each line)
 _DATA_FREE_SCALE = {
-    "dfme": "on the Fashion-MNIST CNN it reached 0.79x the victim only at 2M queries (docs/notebook/benchmarks.md)",
-    "maze": "on the Fashion-MNIST CNN it reached 0.805x the victim at 500k queries (docs/notebook/benchmarks.md)",
+    "dfme": "on the Fashion-MNIST CNN it reached 0.79x the victim only at 2M queries (docs/results.md#datafree-fmnist-test)",
+    "maze": "on the Fashion-MNIST CNN it reached 0.805x the victim at 500k queries (docs/results.md#datafree-fmnist-test)",
     "dast": "CoDFe's Table 3 reports 0.75M-21.5M queries to its maximum",
     "codfe": "CoDFe's Table 3 reports 344k-475k queries to its maximum",
 }
@@ -194,7 +194,7 @@ def student_factory(arch: str, victim: Victim, seed: int, **kwargs: Any) -> Call
 def pool_holdout(pool: Any, *, seed: int = 1234) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The attacker pool (a split with ``x`` and ``y``) shuffled with ``seed`` and cut into the four fifths the attack
     may query and the last fifth held out with its true labels, to choose settings on without touching the test
-    split: ``(x, y, x_val, y_val)`` (the benchmarks' ``--validate``, docs/notebook/surrogate-active.md)."""
+    split: ``(x, y, x_val, y_val)`` (the benchmarks' ``--validate``, docs/guide/surrogate.md)."""
     order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed))
     cut = len(pool) * 4 // 5
     return pool.x[order[:cut]], pool.y[order[:cut]], pool.x[order[cut:]], pool.y[order[cut:]]
