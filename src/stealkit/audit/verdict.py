@@ -49,9 +49,14 @@ def verdict(summary: dict[str, Any]) -> list[str]:
         better = [r for r in measured if base is not None and _strength(r["attacker Q90"]) > base]  # type: ignore[operator]
         if better:
             def cost(r: dict[str, Any]) -> float:
-                return -(r.get("served accuracy") or 0.0)
+                """What honest users lose against serving as now: top-1 accuracy lost plus calibration error
+                gained (neither counted when it improves)."""
+                acc_lost = (now.get("served accuracy") or 0.0) - (r.get("served accuracy") or 0.0)
+                ece_gained = (r.get("ECE") or 0.0) - (now.get("ECE") or 0.0)
+                return max(acc_lost, 0.0) + max(ece_gained, 0.0)
 
-            best = max(better, key=lambda r: (_strength(r["attacker Q90"]), -cost(r)))
+            top = max(_strength(r["attacker Q90"]) for r in better)  # type: ignore[type-var]
+            best = min((r for r in better if _strength(r["attacker Q90"]) == top), key=cost)  # cheapest of the strongest
             acc = best.get("served accuracy")
             out.append(f"The serving change that raises Q90 most against attackers that adapt to it: {best['serving']} "
                        f"(Q90 {_q(best['attacker Q90'])}, best attacker: {best.get('best attacker') or '–'}), honest "
