@@ -1,0 +1,124 @@
+"""The owner's own data (issue 50): arrays and folders of images read as the victim's input, as query sources, as
+the test split; one-line errors; the warnings and records."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from stealkit.data import read_images
+from stealkit.errors import InputError
+
+SHAPE = (1, 8, 8)
+
+
+def _one_line(exc: pytest.ExceptionInfo) -> str:
+    text = str(exc.value)
+    assert "\n" not in text
+    return text
+
+
+def test_npy_flat_and_shaped_read_the_same(tmp_path):
+    x = np.random.default_rng(0).random((6, 1, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "flat.npy", x.reshape(6, 64))
+    np.save(tmp_path / "shaped.npy", x)
+    np.save(tmp_path / "hw.npy", x[:, 0])
+    np.save(tmp_path / "hwc.npy", x.transpose(0, 2, 3, 1))
+    got = [read_images(tmp_path / f"{n}.npy", input_shape=SHAPE, with_labels=False) for n in
+           ("flat", "shaped", "hw", "hwc")]
+    for d in got:
+        assert d.x.shape == (6, 1, 8, 8) and d.x.dtype == torch.float32 and d.y is None
+        assert torch.equal(d.x, torch.from_numpy(x)) and d.size == 6 and d.pixel_scale == "float [0, 1]"
+    assert len({d.digest for d in got}) == 1 and len(got[0].digest) == 64
+
+
+def test_npz_with_labels_and_bytes_detected(tmp_path):
+    x = np.random.default_rng(1).integers(0, 256, (5, 3, 4, 4), dtype=np.uint8)
+    np.savez(tmp_path / "a.npz", x=x, y=np.array([0, 1, 2, 1, 0]))
+    d = read_images(tmp_path / "a.npz", input_shape=(3, 4, 4), with_labels=True, num_classes=3)
+    assert d.pixel_scale == "bytes 0..255" and d.y.tolist() == [0, 1, 2, 1, 0]
+    assert torch.allclose(d.x, torch.from_numpy(x).float() / 255)
+    # bytes stored as floats (largest value above 1) are detected too
+    np.savez(tmp_path / "f.npz", x=x.astype(np.float64), y=np.array([0, 1, 2, 1, 0]))
+    f = read_images(tmp_path / "f.npz", input_shape=(3, 4, 4), with_labels=True)
+    assert f.pixel_scale == "bytes 0..255" and torch.allclose(f.x, d.x) and f.digest == d.digest
+    assert d.record() == {"source": str(tmp_path / "a.npz"), "size": 5, "sha256": d.digest,
+                          "pixel_scale": "bytes 0..255"}
+
+
+def test_folder_of_pngs_in_class_folders_of_mixed_sizes_and_modes(tmp_path):
+    from PIL import Image
+
+    rng = np.random.default_rng(2)
+    for k, mode, size in (("3", "RGB", (20, 10)), ("7", "L", (8, 8)), ("10", "RGBA", (5, 9))):
+        (tmp_path / "imgs" / k).mkdir(parents=True)
+        for i in range(2):
+            channels = {"RGB": 3, "L": 1, "RGBA": 4}[mode]
+            arr = rng.integers(0, 256, (size[1], size[0], channels), dtype=np.uint8)
+            Image.fromarray(arr[..., 0] if mode == "L" else arr, mode).save(tmp_path / "imgs" / k / f"{i}.png")
+    (tmp_path / "imgs" / "7" / "x.jpeg").write_bytes(
+        (tmp_path / "imgs" / "7" / "0.png").read_bytes())  # a PNG named .jpeg is still read
+    d = read_images(tmp_path / "imgs", input_shape=SHAPE, with_labels=True, num_classes=11)
+    assert d.x.shape == (7, 1, 8, 8) and float(d.x.min()) >= 0 and float(d.x.max()) <= 1
+    assert d.y.tolist() == [3, 3, 7, 7, 7, 10, 10]  # integer folder names are their values
+    assert d.pixel_scale == "bytes 0..255" and d.class_names == ("3", "7", "10")
+    colour = read_images(tmp_path / "imgs", input_shape=(3, 6, 6), with_labels=False)
+    assert colour.x.shape == (7, 3, 6, 6)
+    # named classes: sorted names are the ids
+    (tmp_path / "named" / "cat").mkdir(parents=True)
+    (tmp_path / "named" / "ant").mkdir(parents=True)
+    Image.new("L", (3, 3), 200).save(tmp_path / "named" / "cat" / "a.png")
+    Image.new("RGB", (3, 3), (0, 0, 0)).save(tmp_path / "named" / "ant" / "b.jpg")
+    named = read_images(tmp_path / "named", input_shape=SHAPE, with_labels=True)
+    assert named.y.tolist() == [0, 1] and named.class_names == ("ant", "cat")
+    assert float(named.x[1].mean()) == pytest.approx(200 / 255, abs=1e-6)
+
+
+def test_flat_folder_without_labels(tmp_path):
+    from PIL import Image
+
+    for i in range(3):
+        Image.new("L", (16, 16), 40 * i).save(tmp_path / f"{i}.png")
+    d = read_images(tmp_path, input_shape=SHAPE, with_labels=False)
+    assert d.size == 3 and d.y is None
+    with pytest.raises(InputError) as exc:
+        read_images(tmp_path, input_shape=SHAPE, with_labels=True, what="--test-data")
+    assert "class" in _one_line(exc) and _one_line(exc).startswith("--test-data")
+
+
+@pytest.mark.parametrize("case, words", [
+    ("shape", "[N, 64]"),
+    ("missing", "no such file"),
+    ("labels", "no 'y'"),
+    ("nox", "no 'x'"),
+    ("range", "outside both"),
+    ("pickle", "not a plain numeric"),
+    ("empty", "no PNG/JPEG"),
+    ("badlabel", "classes are 0..2"),
+    ("npylabels", "images only"),
+])
+def test_bad_input_is_one_line(tmp_path, case, words):
+    x = np.zeros((4, 64), dtype=np.float32)
+    path = tmp_path / "d.npz"
+    if case == "shape":
+        np.save(path := tmp_path / "d.npy", np.zeros((4, 3, 5, 5)))
+    elif case == "labels":
+        np.savez(path, x=x)
+    elif case == "nox":
+        np.savez(path, images=x)
+    elif case == "range":
+        np.savez(path, x=x - 1, y=np.zeros(4, dtype=int))
+    elif case == "pickle":
+        np.save(path := tmp_path / "d.npy", np.array([{"a": 1}] * 4, dtype=object), allow_pickle=True)
+    elif case == "empty":
+        (path := tmp_path / "empty").mkdir()
+        (path / "notes.txt").write_text("hi")
+    elif case == "badlabel":
+        np.savez(path, x=x, y=np.array([0, 1, 2, 5]))
+    elif case == "npylabels":
+        np.save(path := tmp_path / "d.npy", x)
+    with pytest.raises(InputError) as exc:
+        read_images(path, input_shape=SHAPE, with_labels=case not in ("shape", "pickle"), num_classes=3)
+    assert words in _one_line(exc)
+
