@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from stealkit.data import read_images
+from stealkit.data import load_query_source, parse_source, read_images
 from stealkit.errors import InputError
 
 SHAPE = (1, 8, 8)
@@ -122,3 +122,16 @@ def test_bad_input_is_one_line(tmp_path, case, words):
         read_images(path, input_shape=SHAPE, with_labels=case not in ("shape", "pickle"), num_classes=3)
     assert words in _one_line(exc)
 
+
+def test_file_query_source_is_shuffled_and_capped(tmp_path):
+    x = np.random.default_rng(3).random((30, 64)).astype(np.float32)
+    np.save(tmp_path / "pool.npy", x)
+    spec = str(tmp_path / "pool.npy")
+    assert parse_source(spec).is_file and not parse_source(spec).is_synthetic
+    whole = load_query_source(spec, input_shape=SHAPE, n=None, seed=0)
+    assert whole.shape == (30, 1, 8, 8)
+    some = load_query_source(spec, input_shape=SHAPE, n=10, seed=0)
+    assert torch.equal(some, whole[:10]) and not torch.equal(some, torch.from_numpy(x[:10]).view(10, 1, 8, 8))
+    with pytest.raises(InputError) as exc:
+        parse_source(str(tmp_path / "nothere.npz"))
+    assert "no such file" in _one_line(exc)

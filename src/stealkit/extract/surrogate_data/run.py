@@ -87,7 +87,7 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
         raise InputError(f"query source {spec!r} is synthetic: give a number of images")
     x = load_query_source(spec, input_shape=input_shape, n=n, seed=seed, data_dir=data_dir,
                           victim_dataset=victim_dataset, split_seed=split_seed)
-    if not with_labels or parsed.is_synthetic or parsed.imbalance is not None:
+    if not with_labels or parsed.is_synthetic or parsed.is_file or parsed.imbalance is not None:
         return x, None
     name = victim_dataset if parsed.name == "pool" else parsed.name
     ds = load_splits(str(name), data_dir=data_dir, seed=split_seed).attacker_pool
