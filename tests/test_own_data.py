@@ -135,3 +135,69 @@ def test_file_query_source_is_shuffled_and_capped(tmp_path):
     with pytest.raises(InputError) as exc:
         parse_source(str(tmp_path / "nothere.npz"))
     assert "no such file" in _one_line(exc)
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+
+@pytest.fixture(scope="module")
+def digits_victim(tmp_path_factory):
+    """A tiny digits victim, the owner's pool (.npz, bytes, flat) and test split (.npz with labels, 150 items,
+    5 of which are planted in the pool)."""
+    from stealkit.data import load_splits
+    from stealkit.train import TrainConfig
+    from stealkit.victims import train_victim
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("own")
+    train_victim("digits", "mlp2", TrainConfig(epochs=5, batch_size=64, lr=0.01, seed=0), out=root / "victim",
+                 arch_kwargs={"hidden": 16})
+    splits = load_splits("digits")
+    test_x, test_y = splits.test.x[:150], splits.test.y[:150]
+    pool = torch.cat([splits.attacker_pool.x[:100], test_x[:5]])
+    np.savez(root / "pool.npz", x=(pool * 255).round().to(torch.uint8).reshape(len(pool), -1).numpy())
+    np.savez(root / "test.npz", x=test_x.numpy(), y=test_y.numpy())
+    return root
+
+
+def _victim_accuracy(root) -> float:
+    from stealkit.models import load_model
+
+    model, _ = load_model(root / "victim")
+    with np.load(root / "test.npz") as f:
+        x, y = torch.from_numpy(f["x"]), torch.from_numpy(f["y"])
+    with torch.no_grad():
+        return float((model(x).argmax(1) == y).float().mean())
+
+
+def test_extract_surrogate_with_own_pool_and_test_data(digits_victim, tmp_path):
+    import json
+
+    from stealkit.cli import main
+
+    root = digits_victim
+    out = tmp_path / "run"
+    rc = main(["-q", "extract", "surrogate", "--victim", str(root / "victim"), "--budget", "40", "--pool",
+               str(root / "pool.npz"), "--test-data", str(root / "test.npz"), "--student", "mlp2", "--student-arg",
+               "hidden=8", "--epochs", "1", "--set", "min_steps=0", "--out", str(out)])
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["victim_accuracy"] == pytest.approx(_victim_accuracy(root), abs=1e-6)
+
+
+def test_audit_scores_on_the_owners_test_items_and_warns_of_overlap(digits_victim, tmp_path, capsys):
+    import json
+
+    from stealkit.cli import main
+
+    root = digits_victim
+    out = tmp_path / "audit"
+    rc = main(["-q", "audit", "--victim", str(root / "victim"), "--pool", str(root / "pool.npz"), "--test-data",
+               str(root / "test.npz"), "--answers", "label", "--budgets", "20", "--set", "student=mlp2", "--set",
+               "epochs=1", "--set", "min_steps=0", "--transfer-images", "0", "--decision-images", "0",
+               "--datafree-budget", "0", "--gradmatch-budgets", "0", "--exact-budget", "0", "--seeds", "1",
+               "--defence", "none", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr()
+    parts = [json.loads(p.read_text()) for p in (out / "parts").glob("*.json")]
+    assert parts and all(p["victim_accuracy"] == pytest.approx(_victim_accuracy(root), abs=1e-6) for p in parts)
+    assert text

@@ -57,7 +57,7 @@ def target_of(options: AuditOptions) -> Target:
 
         victim = str(standard_victim(victim.split(":", 1)[1]).path)
     how = {"key": options.key, "top_k": options.top_k, "dataset": options.dataset, "data_dir": options.data_dir,
-           "device": options.device, "seed": options.seed}
+           "device": options.device, "seed": options.seed, "test_data": options.test_data}
     if isinstance(victim, Target):  # an nn.Module with its input shape (stealkit.api.audit)
         return dataclasses.replace(victim, **how)
     return Target(victim, **how)

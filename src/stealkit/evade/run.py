@@ -16,7 +16,7 @@ from torch import nn
 from stealkit.errors import InputError
 from stealkit.evade.inputs import load_model_substitute, load_start_pool
 from stealkit.evade.registry import ATTACKS
-from stealkit.oracle.victim import Target, Victim, module_location, victim_splits
+from stealkit.oracle.victim import Target, Victim, module_location, victim_test
 from stealkit.rundir import RunDir
 
 
@@ -179,7 +179,7 @@ def sample_test_images(v: Victim, data_dir: str | None, n: int, seed: int) -> tu
     """``n`` test images of the victim's task and their labels, a seeded sample."""
     if n < 1:
         raise InputError(f"--n must be a positive number of images, got {n}")
-    test = victim_splits(v, data_dir).test
+    test = victim_test(v, data_dir)
     idx = torch.randperm(len(test.y), generator=torch.Generator().manual_seed(seed))[:n]
     return test.x[idx], test.y[idx]
 

@@ -32,6 +32,8 @@ class Victim:
     #: a remote victim's top-1 labels of the test split, bought by the caller (evaluation queries, charged to
     #: their own ledger): fidelity is then measured against them (a local victim's come from its model)
     reference_labels: torch.Tensor | None = None
+    #: the owner's labelled test data (a ``.npy``/``.npz`` file or a folder of images): the test split
+    test_data: str | None = None
 
     @property
     def is_local(self) -> bool:
@@ -57,6 +59,8 @@ class Target:
     input_shape: tuple[int, ...] | None = None
     num_classes: int | None = None
     reference_labels: Any = None  # the victim's labels of the test split, for a remote victim (see Victim)
+    test_data: str | None = None  # the owner's labelled test data, replacing the data set's test split
+
 
     def open(self, *, mode: str | OutputMode = "probs", budget: int | None = None, temperature: float = 1.0,
              explain: bool = False, defences: tuple[Any, ...] = ()) -> Victim:
@@ -66,6 +70,7 @@ class Target:
                         defences=defences, input_shape=self.input_shape, num_classes=self.num_classes)
         if v.model is None:
             v.reference_labels = self.reference_labels
+        v.test_data = self.test_data
         return v
 
     def with_seed(self, seed: int) -> Target:
@@ -224,7 +229,8 @@ def make_evaluator(victim: Victim, test_x: torch.Tensor, test_y: torch.Tensor, d
 
 
 def victim_splits(victim: Victim, data_dir: str | Path | None = None) -> Any:
-    """The victim task's splits (for the attacker pool and the test split)."""
+    """The victim task's splits (for the attacker pool and the test split); with the owner's ``test_data``, its
+    test split is theirs (:func:`victim_test`)."""
     from stealkit.data import load_splits
 
     if not victim.dataset:
@@ -235,4 +241,31 @@ def victim_splits(victim: Victim, data_dir: str | Path | None = None) -> Any:
             f"--dataset {victim.dataset} has images of shape {splits.test.input_shape} but the victim takes "
             f"{victim.input_shape}; pass the data set the victim was trained for"
         )
+    if victim.test_data:
+        own = own_test(victim)
+        splits = dataclasses.replace(splits, test=dataclasses.replace(own, classes=splits.test.classes))
     return splits
+
+
+def own_test(victim: Victim) -> Any:
+    """The owner's test data (``victim.test_data``) as a :class:`~stealkit.data.Dataset` of the victim's input,
+    labels checked against its classes."""
+    from stealkit.data import Dataset
+    from stealkit.data.own import read_images
+
+    assert victim.test_data
+    own = read_images(victim.test_data, input_shape=victim.input_shape, with_labels=True,
+                      num_classes=victim.num_classes, what="--test-data")
+    assert own.y is not None
+    return Dataset(own.x, own.y, tuple(str(k) for k in range(victim.num_classes)), name=f"own:{own.source}")
+
+
+def victim_test(victim: Victim, data_dir: str | Path | None = None) -> Any:
+    """The test split every figure is scored on: the owner's ``--test-data`` when given (the data set may then be
+    unknown), else the victim's data set's test split."""
+    if victim.test_data:
+        return own_test(victim)
+    if not victim.dataset:
+        raise InputError("the victim's data set is unknown: pass --dataset (e.g. digits, fashion-mnist) or your own "
+                         "labelled test data with --test-data FILE")
+    return victim_splits(victim, data_dir).test
