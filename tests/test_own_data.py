@@ -142,7 +142,7 @@ def test_file_query_source_is_shuffled_and_capped(tmp_path):
 @pytest.fixture(scope="module")
 def digits_victim(tmp_path_factory):
     """A tiny digits victim, the owner's pool (.npz, bytes, flat) and test split (.npz with labels, 150 items,
-    5 of which are planted in the pool)."""
+    5 of which are planted in the pool; both float32, so the planted items are byte-equal)."""
     from stealkit.data import load_splits
     from stealkit.train import TrainConfig
     from stealkit.victims import train_victim
@@ -154,7 +154,7 @@ def digits_victim(tmp_path_factory):
     splits = load_splits("digits")
     test_x, test_y = splits.test.x[:150], splits.test.y[:150]
     pool = torch.cat([splits.attacker_pool.x[:100], test_x[:5]])
-    np.savez(root / "pool.npz", x=(pool * 255).round().to(torch.uint8).reshape(len(pool), -1).numpy())
+    np.savez(root / "pool.npz", x=pool.reshape(len(pool), -1).numpy())  # flat; float32, as the test items
     np.savez(root / "test.npz", x=test_x.numpy(), y=test_y.numpy())
     return root
 
@@ -169,19 +169,25 @@ def _victim_accuracy(root) -> float:
         return float((model(x).argmax(1) == y).float().mean())
 
 
-def test_extract_surrogate_with_own_pool_and_test_data(digits_victim, tmp_path):
+def test_extract_surrogate_with_own_pool_and_test_data(digits_victim, tmp_path, capsys):
     import json
 
+    import stealkit.oracle.victim
     from stealkit.cli import main
 
+    stealkit.oracle.victim._WARNED.clear()  # each warning is logged once per process
     root = digits_victim
     out = tmp_path / "run"
     rc = main(["-q", "extract", "surrogate", "--victim", str(root / "victim"), "--budget", "40", "--pool",
                str(root / "pool.npz"), "--test-data", str(root / "test.npz"), "--student", "mlp2", "--student-arg",
                "hidden=8", "--epochs", "1", "--set", "min_steps=0", "--out", str(out)])
     assert rc == 0
+    assert "5 of the 150 test items are also in --pool" in capsys.readouterr().err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["victim_accuracy"] == pytest.approx(_victim_accuracy(root), abs=1e-6)
+    config = json.loads((out / "config.json").read_text())["config"]
+    assert config["own_data"]["test_data"]["size"] == 150
+    assert config["own_data"]["pool"]["size"] == 105 and config["own_data"]["pool"]["pixel_scale"] == "float [0, 1]"
 
 
 def test_audit_scores_on_the_owners_test_items_and_warns_of_overlap(digits_victim, tmp_path, capsys):
@@ -200,4 +206,42 @@ def test_audit_scores_on_the_owners_test_items_and_warns_of_overlap(digits_victi
     text = capsys.readouterr()
     parts = [json.loads(p.read_text()) for p in (out / "parts").glob("*.json")]
     assert parts and all(p["victim_accuracy"] == pytest.approx(_victim_accuracy(root), abs=1e-6) for p in parts)
-    assert text
+    assert "5 of the 150" in text.out + text.err
+    config = json.loads((out / "config.json").read_text())["config"]
+    assert config["own_data"]["test_data"]["size"] == 150
+    summary = json.loads((out / "summary.json").read_text())
+    assert any("5 of the 150" in n for n in summary["notes"])
+    assert any("--test-data" in n and config["own_data"]["test_data"]["sha256"][:12] in n for n in summary["notes"])
+    assert "5 of the 150" in (out / "report.html").read_text()
+
+
+def test_a_module_victim_without_a_data_set_runs_on_own_pool_and_test_data(digits_victim, tmp_path):
+    from stealkit.extract.surrogate_data.run import SurrogateOptions, run_surrogate
+    from stealkit.models import load_model
+    from stealkit.oracle.victim import Target
+
+    root = digits_victim
+    model, _ = load_model(root / "victim")
+    target = Target(model, input_shape=(1, 8, 8), test_data=str(root / "test.npz"))
+    assert target.dataset is None
+    options = SurrogateOptions(pool=str(root / "pool.npz"), student="mlp2", student_kwargs={"hidden": 8}, epochs=1,
+                               settings={"min_steps": 0})
+    run = run_surrogate(target, 30, options, out=tmp_path / "run", report=False)
+    assert run.victim_accuracy == pytest.approx(_victim_accuracy(root), abs=1e-6)
+    assert run.config["own_data"]["test_data"]["size"] == 150 and run.config["dataset"] is None
+    # without --test-data there is no test split: one line says what to pass
+    with pytest.raises(InputError, match="--test-data"):
+        run_surrogate(Target(model, input_shape=(1, 8, 8)), 30, options, out=tmp_path / "r2", report=False)
+
+
+def test_small_test_split_states_its_interval(digits_victim):
+    from stealkit.models import load_model
+    from stealkit.oracle.victim import Target, own_data
+
+    model, _ = load_model(digits_victim / "victim")
+    v = Target(model, input_shape=(1, 8, 8), test_data=str(digits_victim / "test.npz")).open(budget=0)
+    records, notes = own_data(v, {"--pool": str(digits_victim / "pool.npz"), "--unrelated": "patches"})
+    assert set(records) == {"test_data", "pool"}
+    half = 1.96 * (0.9 * 0.1 / 150) ** 0.5
+    assert any(f"+/- {half:.3f}" in n and "150 items" in n for n in notes)
+    assert any(n.startswith("5 of the 150 test items") for n in notes)

@@ -40,7 +40,7 @@ def baseline_cmd(victim: str, key: str | None, mode: str, temperature: float, to
     from stealkit.errors import InputError
     from stealkit.extract.common import save_extraction, student_factory
     from stealkit.extract.registry import METHODS
-    from stealkit.oracle.victim import make_evaluator, open_victim, victim_test
+    from stealkit.oracle.victim import make_evaluator, open_victim, own_data_config, victim_test
     from stealkit.rundir import RunDir
     from stealkit.settings import apply_settings
     from stealkit.train import TrainConfig
@@ -60,7 +60,8 @@ def baseline_cmd(victim: str, key: str | None, mode: str, temperature: float, to
                            train=TrainConfig(epochs=epochs, batch_size=batch_size, seed=seed))
     config = apply_settings(config, parse_kv(settings), who="baseline")
     cfg = {"victim": victim, "mode": mode, "budget": budget, "pool": pool, "student": student,
-           "student_kwargs": kwargs, "dataset": v.dataset, "baseline": config}
+           "student_kwargs": kwargs, "dataset": v.dataset, "baseline": config,
+           **own_data_config(v, {"--pool": pool}, data_dir)}
     run = RunDir(out).create(command="extract baseline", seed=seed, config=cfg)
     result = method.run(v.oracle, x_pool, make_student=student_factory(student, v, seed, **kwargs),
                         evaluator=make_evaluator(v, test.x, test.y, device),

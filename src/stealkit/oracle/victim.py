@@ -3,7 +3,9 @@ and what the experimenter knows about it for evaluation). Every runner and study
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +17,8 @@ from torch import nn
 from stealkit.errors import InputError, StealkitError
 from stealkit.metrics import Evaluator, predict_labels
 from stealkit.oracle.base import Oracle, OutputMode
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -269,3 +273,56 @@ def victim_test(victim: Victim, data_dir: str | Path | None = None) -> Any:
         raise InputError("the victim's data set is unknown: pass --dataset (e.g. digits, fashion-mnist) or your own "
                          "labelled test data with --test-data FILE")
     return victim_splits(victim, data_dir).test
+
+
+def own_data(victim: Victim, pools: dict[str, str] | None = None, data_dir: str | Path | None = None
+             ) -> tuple[dict[str, Any], list[str]]:
+    """What config.json records of the owner's data (``{"test_data": ..., FLAG: ...}``: source, size, sha256 and
+    pixel scale of ``--test-data`` and of each query source in ``pools`` (``{flag: spec}``) that is a file or
+    folder), and the warnings where it can mislead: test items also in a pool (by per-item digest), a test split
+    too small for a fidelity's precision (its 95 % interval). Both empty when no own data is given."""
+    from stealkit.data import parse_source
+    from stealkit.data.own import SMALL_TEST, interval_half_width, overlap, read_images
+
+    records: dict[str, Any] = {}
+    notes: list[str] = []
+    files = {flag: parse_source(spec).path for flag, spec in (pools or {}).items()}
+    owned = {flag: read_images(path, input_shape=victim.input_shape, with_labels=False, what=flag)
+             for flag, path in files.items() if path is not None}
+    if victim.test_data:
+        test = own_test(victim)
+        records["test_data"] = read_images(victim.test_data, input_shape=victim.input_shape, with_labels=True,
+                                           num_classes=victim.num_classes, what="--test-data").record()
+        n = len(test.y)
+        if n < SMALL_TEST:
+            notes.append(f"--test-data holds {n:,} items: a fidelity near 0.9 measured on them is known to "
+                         f"+/- {interval_half_width(n):.3f} (95 % interval); give at least {SMALL_TEST} for "
+                         "figures to two digits")
+    for flag, data in owned.items():
+        records[flag.lstrip("-").replace("-", "_")] = data.record()
+    test_x = None
+    if owned:
+        with contextlib.suppress(InputError):  # no test split: nothing to overlap
+            test_x = victim_test(victim, data_dir).x
+    for flag, data in owned.items():
+        k = overlap(data.x, test_x) if test_x is not None else 0
+        if test_x is not None and k:
+            notes.append(f"{k:,} of the {len(test_x):,} test items are also in {flag} {data.source}: fidelity and "
+                         "accuracy on them overstate what a copy does on unseen data; remove them from one of the "
+                         "two")
+    for note in notes:
+        if note not in _WARNED:  # once per process, however many runs read the same data
+            _WARNED.add(note)
+            log.warning("%s", note)
+    return records, notes
+
+
+_WARNED: set[str] = set()
+
+
+def own_data_config(victim: Victim, pools: dict[str, str] | None = None,
+                    data_dir: str | Path | None = None) -> dict[str, Any]:
+    """``{"own_data": records}`` for a runner's config.json (:func:`own_data`, its warnings logged once), or
+    ``{}`` when no own data is given."""
+    records, _ = own_data(victim, pools, data_dir)
+    return {"own_data": records} if records else {}

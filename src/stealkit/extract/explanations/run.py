@@ -12,7 +12,7 @@ from typing import Any
 from stealkit.errors import InputError
 from stealkit.extract.common import ExtractionResult, ExtractionRun, save_extraction, student_factory
 from stealkit.extract.registry import METHODS
-from stealkit.oracle.victim import Target, Victim, make_evaluator, victim_splits, victim_test
+from stealkit.oracle.victim import Target, Victim, make_evaluator, own_data_config, victim_splits, victim_test
 from stealkit.rundir import RunDir
 from stealkit.settings import apply_settings
 
@@ -59,7 +59,8 @@ def run_gradient_matching(target: Target, budget: int, *, checkpoints: Sequence[
                            seed=target.seed)
     config = apply_settings(config, dict(o.settings), who="gradient-matching")
     cfg = {"victim": target.location, "budget": budget, "pool": o.pool, "student": o.student,
-           "student_kwargs": kwargs, "dataset": v.dataset, "gradmatch": config}
+           "student_kwargs": kwargs, "dataset": v.dataset, "gradmatch": config,
+           **own_data_config(v, {"--pool": o.pool}, target.data_dir)}
     run = RunDir(out).create(command="extract gradient-matching", seed=target.seed, config=cfg)
     result = method.run(v.oracle, x_pool, make_student=student_factory(o.student, v, target.seed, **kwargs),
                         evaluator=make_evaluator(v, test.x, test.y, target.device),
@@ -92,7 +93,8 @@ def run_exact(target: Target, *, variant: str = "gradient", hidden: int | None =
         hidden = spec_hidden(v.spec)
         if hidden is None:
             raise InputError("pass --hidden, the victim's hidden width (the algorithm's input h)")
-    cfg: dict[str, Any] = {"victim": target.location, "variant": variant, "budget": budget, "dataset": v.dataset}
+    cfg: dict[str, Any] = {"victim": target.location, "variant": variant, "budget": budget, "dataset": v.dataset,
+                           **own_data_config(v, data_dir=target.data_dir)}
     run = RunDir(out).create(command="extract exact", seed=seed, config=cfg)
     extra: dict[str, Any] = {"variant": variant}
     method = METHODS[f"exact-{variant}"]

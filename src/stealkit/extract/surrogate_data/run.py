@@ -17,7 +17,7 @@ from stealkit.extract.surrogate_data.surrogate_presets import (
     DEFAULT_EPOCHS,
     DEFAULT_PRESET,
 )
-from stealkit.oracle.victim import Target, Victim, make_evaluator, victim_test
+from stealkit.oracle.victim import Target, Victim, make_evaluator, own_data_config, victim_test
 from stealkit.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -157,7 +157,7 @@ def run_surrogate(target: Target, budget: int, options: SurrogateOptions = Surro
     x_pool, labels = surrogate_pool(o.pool, v, config, cap=cap, seed=target.seed, data_dir=target.data_dir)
     cfg = {"victim": target.location, "mode": o.mode, "budget": budget, "pool": o.pool, "student": o.student,
            "preset": o.preset, "preset_resolved": resolved, "student_kwargs": kwargs, "dataset": v.dataset,
-           "surrogate": config} | dict(config_extra or {})
+           "surrogate": config} | own_data_config(v, {"--pool": o.pool}, target.data_dir) | dict(config_extra or {})
     run.create(command="extract surrogate", seed=target.seed, config=cfg)
     oracle = wrap_oracle(v.oracle) if wrap_oracle is not None else v.oracle
     result = method.run(oracle, x_pool, make_student=student_factory(o.student, v, target.seed, **kwargs),
