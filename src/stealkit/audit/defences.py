@@ -82,7 +82,7 @@ def serving_costs(target: Target, *, answers: Sequence[str], defences: Sequence[
                   ) -> dict[str, dict[str, float]] | None:
     """Top-1 accuracy and ECE of each serving choice on the victim's test split, keyed ``label``, ``topk``,
     ``probs`` or ``probs+SPEC``; ``None`` for a remote victim (its test answers would cost queries)."""
-    from stealkit.oracle.victim import is_url, victim_splits
+    from stealkit.oracle.victim import is_url, victim_test
     from stealkit.serve.defences import parse_defence, served_calibration
 
     if isinstance(target.victim, str) and is_url(target.victim):
@@ -91,7 +91,7 @@ def serving_costs(target: Target, *, answers: Sequence[str], defences: Sequence[
     if v.model is None:
         return None
     top_k = target.top_k
-    test = victim_splits(v, target.data_dir).test
+    test = victim_test(v, target.data_dir)
     costs = {a: served_calibration(v.model, test.x, test.y, mode=a, top_k=top_k) for a in answers}
     for spec in defences:  # a fresh defence: seeded noise draws the same on every run
         costs[f"probs+{spec}"] = served_calibration(v.model, test.x, test.y, mode="probs",

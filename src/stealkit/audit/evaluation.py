@@ -44,14 +44,14 @@ def needed(target: Target) -> tuple[int, str | None]:
     measured where it cannot (a remote victim whose data set is unknown)."""
     from stealkit.audit.parts import close
     from stealkit.errors import InputError
-    from stealkit.oracle.victim import victim_splits
+    from stealkit.oracle.victim import victim_test
 
     v = target.open(mode="label", budget=0)
     close(v)
     if v.model is not None:
         return 0, None
     try:
-        return len(victim_splits(v, target.data_dir).test.y), None
+        return len(victim_test(v, target.data_dir).y), None
     except InputError as exc:
         return 0, f"fidelity not measured: {exc}"
 
@@ -66,14 +66,14 @@ def buy(target: Target, run_path: Path, images: int) -> Evaluation:
     from stealkit.fsutil import atomic_write_json
     from stealkit.metrics import agreement
     from stealkit.oracle import labels_from_answer
-    from stealkit.oracle.victim import victim_splits
+    from stealkit.oracle.victim import victim_test
 
     path = run_path / EVALUATION
     if path.exists():
         doc = json.loads(path.read_text(encoding="utf-8"))
         return Evaluation(**doc)
     v = target.open(mode="label", budget=images)
-    test = victim_splits(v, target.data_dir).test
+    test = victim_test(v, target.data_dir)
     oracle = JournalOracle(v.oracle)
     oracle.open(run_path / "evaluation.answers", replay=True)
     try:

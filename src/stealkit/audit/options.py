@@ -78,6 +78,8 @@ class AuditOptions:
     recipe: Mapping[str, Any] = field(default_factory=dict)
     dataset: str | None = None
     data_dir: str | None = None
+    #: the owner's labelled test data (a .npz or a folder of images in class folders): every figure's test split
+    test_data: str | None = None
     seed: int = 0
     jobs: int = 1
     device: str = "cpu"

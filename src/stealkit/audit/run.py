@@ -57,7 +57,7 @@ def target_of(options: AuditOptions) -> Target:
 
         victim = str(standard_victim(victim.split(":", 1)[1]).path)
     how = {"key": options.key, "top_k": options.top_k, "dataset": options.dataset, "data_dir": options.data_dir,
-           "device": options.device, "seed": options.seed}
+           "device": options.device, "seed": options.seed, "test_data": options.test_data}
     if isinstance(victim, Target):  # an nn.Module with its input shape (stealkit.api.audit)
         return dataclasses.replace(victim, **how)
     return Target(victim, **how)
@@ -102,6 +102,22 @@ def pool_sizes(target: Target, options: AuditOptions) -> dict[str, int | None]:
         except InputError as exc:
             raise InputError(f"{flag} {spec}: {exc}") from None
     return sizes
+
+
+def own_data_of(target: Target, options: AuditOptions) -> tuple[dict[str, Any], list[str]]:
+    """The owner's data files (``--test-data``, and ``--pool`` / ``--unrelated`` where they are files) as config.json
+    records them, and the plan's notes: what each file is (source, items, pixel scale, digest) and where it can
+    mislead (:func:`stealkit.oracle.victim.own_data`)."""
+    from stealkit.audit.parts import close
+    from stealkit.oracle.victim import own_data
+
+    v = target.open(mode="label", budget=0)
+    close(v)
+    records, warnings = own_data(v, {"--pool": options.pool, "--unrelated": options.unrelated}, options.data_dir)
+    notes = [f"your data, --{flag.replace('_', '-')} {r['source']}: {r['size']:,} items, pixels read as {r['pixel_scale']}, sha256 "
+             f"{r['sha256'][:12]}..." + (" (every fidelity and accuracy is scored on it)" if flag == "test_data" else "")
+             for flag, r in records.items()]
+    return records, notes + warnings
 
 
 def _check_answers(target: Target, kinds: Sequence[str]) -> None:
@@ -172,6 +188,8 @@ def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHo
     ctx = PlanContext(plan_options, sizes, VictimShape(num_classes, pixels), target,
                       tuple(dict.fromkeys(defences)), tuple(default_defences), pool_sizes=pool_sizes(target, options))
     plan = make_plan(ctx)
+    own_records, own_notes = own_data_of(target, options)
+    plan.notes[:0] = own_notes
     if evaluation_queries:
         plan.notes.insert(0, f"a remote victim: the audit first buys its top-1 labels of the {evaluation_queries:,} "
                              "test images (evaluation queries, within --max-queries), the reference of every fidelity")
@@ -185,7 +203,8 @@ def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHo
               "attackers": options.attackers, "defences": list(ctx.defences), "default_defences": default_defences,
               "ladder": sorted({p.budget for p in plan.parts}), "max_queries": options.max_queries,
               "recipe": dict(options.recipe), "dataset": options.dataset, "parts": [part_id(p) for p in plan.parts],
-              "evaluation_queries": evaluation_queries, **({"model_file": model_file} if model_file else {})}
+              "evaluation_queries": evaluation_queries, **({"model_file": model_file} if model_file else {}),
+              **({"own_data": own_records} if own_records else {})}
     done = check_resume(run, config, options.seed)
     echo(format_plan(plan.parts, options.max_queries, done, evaluation_queries))
     for n in plan.notes:

@@ -15,6 +15,7 @@ from stealkit.commands.common import (
     device_option,
     parse_kv,
     set_option,
+    test_data_option,
     victim_option,
 )
 from stealkit.evade.registry import DECISION, TRANSFER
@@ -36,6 +37,7 @@ def _victim_opts(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Victim queries the attack may spend (default: no cap)."),
         click.option("--dataset", default=None, callback=dataset_name, help="Data set of the victim's task (default: from its model.json)."),
         click.option("--data-dir", default=None, type=click.Path(), help="Directory holding data set files."),
+        test_data_option,
         click.option("--n", "n", type=int, default=1000, show_default=True,
                      help="Test images to attack (a seeded sample of the test split)."),
         click.option("--targeted", type=click.Choice(TARGETS), default=None,
@@ -65,12 +67,12 @@ def _make_transfer(method: str) -> click.Command:
     @set_option("query_batch=128")
     @device_option
     def cmd(substitute: str, victim: str, key: str | None, budget: int | None, dataset: str | None,
-            data_dir: str | None, n: int, targeted: str | None, seed: int, out: str, eps: float, norm: str,
+            data_dir: str | None, test_data: str | None, n: int, targeted: str | None, seed: int, out: str, eps: float, norm: str,
             steps: int, step: float | None, restarts: int, kappa: float, batch_size: int,
             settings: tuple[str, ...], device: str) -> None:
         from stealkit.evade.run import run_transfer
 
-        r = run_transfer(_target(victim, key, dataset, data_dir, device, seed), method, substitute, n=n,
+        r = run_transfer(_target(victim, key, dataset, data_dir, device, seed, test_data), method, substitute, n=n,
                          budget=budget, targeted=targeted, eps=eps, norm=norm, steps=steps, step=step,
                          restarts=restarts, kappa=kappa, batch_size=batch_size, settings=parse_kv(settings), out=out)
         click.echo(f"ASR {fmt.figure(r.asr)} ({r.successes}/{r.attempts}), victim queries "
@@ -96,13 +98,13 @@ def _make_decision(method: str) -> click.Command:
                        "transfer example is the start and its gradient the prior. Default: no substitute.")
     @set_option("init_trials=200")
     @device_option
-    def cmd(victim: str, key: str | None, budget: int | None, dataset: str | None, data_dir: str | None, n: int,
-            targeted: str | None, seed: int, out: str, max_queries: int, iterations: int | None,
+    def cmd(victim: str, key: str | None, budget: int | None, dataset: str | None, data_dir: str | None,
+            test_data: str | None, n: int, targeted: str | None, seed: int, out: str, max_queries: int, iterations: int | None,
             substitute: str | None, settings: tuple[str, ...], device: str, preset: str = "paper",
             start_pool: str | None = None) -> None:
         from stealkit.evade.run import run_decision
 
-        r = run_decision(_target(victim, key, dataset, data_dir, device, seed), method, max_queries=max_queries, n=n,
+        r = run_decision(_target(victim, key, dataset, data_dir, device, seed, test_data), method, max_queries=max_queries, n=n,
                          budget=budget, iterations=iterations, substitute=substitute, start_pool=start_pool,
                          preset=preset, targeted=targeted, settings=parse_kv(settings), out=out)
         click.echo(f"success {fmt.figure(r.asr)} ({r.successes}/{r.attempts}), "
@@ -132,10 +134,10 @@ def _make_decision(method: str) -> click.Command:
 
 
 def _target(victim: str, key: str | None, dataset: str | None, data_dir: str | None, device: str,
-            seed: int) -> Any:
+            seed: int, test_data: str | None = None) -> Any:
     from stealkit.oracle.victim import Target
 
-    return Target(victim, key=key, dataset=dataset, data_dir=data_dir, device=device, seed=seed)
+    return Target(victim, key=key, dataset=dataset, data_dir=data_dir, device=device, seed=seed, test_data=test_data)
 
 
 def register(cli: click.Group) -> None:

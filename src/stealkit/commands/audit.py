@@ -21,7 +21,7 @@ from stealkit.audit.options import (
     parse_ints,
     recipe_from_args,
 )
-from stealkit.commands.common import device_option, parse_kv, victim_option
+from stealkit.commands.common import device_option, parse_kv, test_data_option, victim_option
 
 D, Q = DEFAULT_SIZES, QUICK_SIZES
 
@@ -37,7 +37,8 @@ def _ladder(ladder: tuple[int, ...]) -> str:
               help="Answer kinds to audit (what the API gives, or could give): label, topk, probs.")
 @click.option("--top-k", type=int, default=1, show_default=True, help="Classes a topk answer reveals.")
 @click.option("--pool", default="pool", show_default=True,
-              help="The data of the attacker with data like the victim's: a query source (pool: the attacker split).")
+              help="The data of the attacker with data like the victim's: a query source (pool: the attacker split; "
+                   "or your own images, a .npy/.npz file or a folder of PNG/JPEG images).")
 @click.option("--unrelated", default=DEFAULT_UNRELATED, show_default=True,
               help="The data of the attacker with only unrelated natural data: a query source (patches: crops of "
                    "natural photographs; or another data set).")
@@ -87,6 +88,7 @@ def _ladder(ladder: tuple[int, ...]) -> str:
               help="Deprecated: an `extract surrogate` flag of every part (--recipe=--epochs=5); use --set.")
 @click.option("--dataset", default=None, help="Data set of the victim's task (default: from its model.json).")
 @click.option("--data-dir", default=None, type=click.Path(), help="Directory holding data set files.")
+@test_data_option
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of every random choice.")
 @click.option("--out", required=True, type=click.Path(),
               help="Audit directory (run again with the same plan: it resumes).")
@@ -99,7 +101,7 @@ def audit_cmd(victim: str, key: str | None, answers: str, top_k: int, pool: str,
               transfer_images: int | None, decision_images: int | None, decision_queries: int | None,
               datafree_budget: int | None, gradmatch_budgets: str | None, exact_budget: int | None,
               seeds: int | None, plan_only: bool, quick: bool, settings: tuple[str, ...], recipe: tuple[str, ...],
-              dataset: str | None, data_dir: str | None, seed: int, out: str, jobs: int | None,
+              dataset: str | None, data_dir: str | None, test_data: str | None, seed: int, out: str, jobs: int | None,
               device: str) -> None:
     """Audit a victim's exposure to model extraction: the default surrogate recipe at a ladder of budgets, per
     answer kind and attacker, and a data-free attacker; fidelity against queries and Q90/Q95 (with their spread
@@ -109,7 +111,7 @@ def audit_cmd(victim: str, key: str | None, answers: str, top_k: int, pool: str,
     options = command_options(
         victim=victim, key=key, answers=answers, top_k=top_k, pool=pool, unrelated=unrelated, defences=defences,
         fail_if=fail_if, budgets=budgets, max_queries=max_queries, quick=quick, settings=settings, recipe=recipe,
-        dataset=dataset, data_dir=data_dir, seed=seed, out=out, device=device,
+        dataset=dataset, data_dir=data_dir, test_data=test_data, seed=seed, out=out, device=device,
         jobs=jobs or (os.cpu_count() or 1 if device == "cpu" else 1),
         sizes={"transfer_images": transfer_images, "decision_images": decision_images,
                "decision_queries": decision_queries, "datafree_budget": datafree_budget,

@@ -178,6 +178,27 @@ def check_source(ctx: click.Context | None, param: click.Parameter | None, value
     return value
 
 
+TEST_DATA_HELP = ("Your own labelled test data, which every figure (fidelity, accuracy) is scored on instead of the "
+                  "data set's test split: a .npz with x (images, flat or [N, C, H, W]) and y (labels), or a folder "
+                  "of PNG/JPEG images in one subfolder per class (the folder's name is the label). The data set "
+                  "may then be unknown.")
+
+
+def check_test_data(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
+    """``--test-data``: an existing ``.npy``/``.npz`` file or folder, checked at once (its content when read)."""
+    if value is not None:
+        from stealkit.data.own import check_own_path
+
+        check_own_path(value, "--test-data")
+    return value
+
+
+def test_data_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--test-data PATH`` (passed as ``test_data``): the owner's labelled test split."""
+    return click.option("--test-data", default=None, metavar="PATH", callback=check_test_data,
+                        help=TEST_DATA_HELP)(fn)
+
+
 def check_budget(ctx: click.Context | None, param: click.Parameter | None, value: int | None) -> int | None:
     """``--budget`` must be a positive number of victim queries (or absent where the command allows no cap)."""
     if value is not None and value < 1:
@@ -240,6 +261,7 @@ def victim_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--dataset", default=None, callback=dataset_name,
                      help="Data set of the victim's task (default: read from the victim's model.json)."),
         click.option("--data-dir", default=None, type=click.Path(), help="Directory holding data set files."),
+        test_data_option,
     ]
     return functools.reduce(lambda f, o: o(f), reversed(opts), fn)
 

@@ -32,7 +32,7 @@ from stealkit.commands.common import (
 @run_options
 @device_option
 def baseline_cmd(victim: str, key: str | None, mode: str, temperature: float, top_k: int, budget: int,
-                 dataset: str | None, data_dir: str | None, pool: str, checkpoints: str | None, student: str,
+                 dataset: str | None, data_dir: str | None, test_data: str | None, pool: str, checkpoints: str | None, student: str,
                  student_args: tuple[str, ...], epochs: int, batch_size: int, settings: tuple[str, ...], seed: int,
                  out: str, device: str) -> None:
     """Plain extraction: query a pool through the victim's oracle and train a student on the answers."""
@@ -40,7 +40,7 @@ def baseline_cmd(victim: str, key: str | None, mode: str, temperature: float, to
     from stealkit.errors import InputError
     from stealkit.extract.common import save_extraction, student_factory
     from stealkit.extract.registry import METHODS
-    from stealkit.oracle.victim import make_evaluator, open_victim, victim_splits
+    from stealkit.oracle.victim import make_evaluator, open_victim, own_data_config, victim_test
     from stealkit.rundir import RunDir
     from stealkit.settings import apply_settings
     from stealkit.train import TrainConfig
@@ -51,7 +51,8 @@ def baseline_cmd(victim: str, key: str | None, mode: str, temperature: float, to
     kwargs = parse_kv(student_args)
     v = open_victim(victim, mode=mode, budget=budget, temperature=temperature, top_k=top_k, key=key,
                     dataset=dataset, device=device, seed=seed)
-    splits = victim_splits(v, data_dir)
+    v.test_data = test_data
+    test = victim_test(v, data_dir)
     x_pool = load_query_source(pool, input_shape=v.input_shape, n=max(cps), seed=seed, data_dir=data_dir,
                                victim_dataset=v.dataset, split_seed=v.split_seed)
     method = METHODS["baseline"]
@@ -59,10 +60,11 @@ def baseline_cmd(victim: str, key: str | None, mode: str, temperature: float, to
                            train=TrainConfig(epochs=epochs, batch_size=batch_size, seed=seed))
     config = apply_settings(config, parse_kv(settings), who="baseline")
     cfg = {"victim": victim, "mode": mode, "budget": budget, "pool": pool, "student": student,
-           "student_kwargs": kwargs, "dataset": v.dataset, "baseline": config}
+           "student_kwargs": kwargs, "dataset": v.dataset, "baseline": config,
+           **own_data_config(v, {"--pool": pool}, data_dir)}
     run = RunDir(out).create(command="extract baseline", seed=seed, config=cfg)
     result = method.run(v.oracle, x_pool, make_student=student_factory(student, v, seed, **kwargs),
-                        evaluator=make_evaluator(v, splits.test.x, splits.test.y, device),
+                        evaluator=make_evaluator(v, test.x, test.y, device),
                         config=config, on_point=run.append_record, device=device)
     save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=seed, config=cfg)
     click.echo(f"accuracy {fmt.figure(result.accuracy)}, fidelity {fmt.figure(result.fidelity)}, "

@@ -76,12 +76,13 @@ def _command(method: str, help_text: str) -> click.Command:
     @run_options
     @device_option
     def cmd(victim: str, key: str | None, mode: str, top_k: int, budget: int, dataset: str | None,
-            data_dir: str | None, resume: bool, seed: int, out: str, device: str, settings: tuple[str, ...],
+            data_dir: str | None, test_data: str | None, resume: bool, seed: int, out: str, device: str, settings: tuple[str, ...],
             **kw: Any) -> None:
         from stealkit.extract.datafree.run import run_datafree
         from stealkit.oracle.victim import Target
 
-        target = Target(victim, key=key, top_k=top_k, dataset=dataset, data_dir=data_dir, device=device, seed=seed)
+        target = Target(victim, key=key, top_k=top_k, dataset=dataset, data_dir=data_dir, device=device, seed=seed,
+                        test_data=test_data)
         r = run_datafree(method, target, budget, mode=mode, options=datafree_options_of(settings=parse_kv(settings),
                                                                                         **kw),
                          out=out, resume=resume)

@@ -15,6 +15,7 @@ from stealkit.commands.common import (
     parse_kv,
     run_options,
     set_option,
+    test_data_option,
     victim_option,
 )
 
@@ -39,17 +40,19 @@ VARIANTS = ("gradient", "mq", "logistic")
 @click.option("--epsilon", type=float, default=None, help="Search resolution in t (default: by precision).")
 @click.option("--dataset", default=None, callback=dataset_name, help="Data set of the victim's task (default: from model.json).")
 @click.option("--data-dir", default=None, type=click.Path(), help="Directory holding data set files.")
+@test_data_option
 @set_option("check_points=32")
 @run_options
 @device_option
 def exact_cmd(victim: str, key: str | None, variant: str, hidden: int | None, budget: int | None, search: str,
               lines: int, anchors: int, epsilon: float | None, dataset: str | None, data_dir: str | None,
-              settings: tuple[str, ...], seed: int, out: str, device: str) -> None:
+              test_data: str | None, settings: tuple[str, ...], seed: int, out: str, device: str) -> None:
     """Recover a functionally equivalent copy of a two-layer ReLU (or logistic) victim from explanations."""
     from stealkit.extract.explanations.run import run_exact as runner
     from stealkit.oracle.victim import Target
 
-    target = Target(victim, key=key, dataset=dataset, data_dir=data_dir, device=device, seed=seed)
+    target = Target(victim, key=key, dataset=dataset, data_dir=data_dir, device=device, seed=seed,
+                    test_data=test_data)
     r = runner(target, variant=variant, hidden=hidden, budget=budget, search=search, lines=lines, anchors=anchors,
                epsilon=epsilon, settings=parse_kv(settings), out=out)
     click.echo(f"accuracy {fmt.figure(r.accuracy)}, fidelity {fmt.figure(r.fidelity)}, "

@@ -40,7 +40,8 @@ OPTION_FIELDS = ("mode", "temperature", "pool", "max_distinct", "loss", "tau", "
 @victim_options
 @click.option("--pool", default="pool", show_default=True, callback=check_source,
               help="Surrogate source: pool (the attacker split), pool:classes=0-4 (skewed), another data set "
-                   "(adapted by resizing and channel repetition), patches, gaussian.")
+                   "(adapted by resizing and channel repetition), patches, gaussian, or your own images (a .npy/.npz "
+                   "file or a folder of PNG/JPEG images, adapted the same way).")
 @click.option("--max-distinct", type=int, default=None,
               help="Cap on distinct images queried (DFME A.2 uses 50000); default: the budget.")
 @click.option("--loss", type=click.Choice(["auto", "kl", "ce", "l1"]), default="auto", show_default=True,
@@ -82,7 +83,8 @@ OPTION_FIELDS = ("mode", "temperature", "pool", "max_distinct", "loss", "tau", "
 @run_options
 @device_option
 def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, top_k: int, budget: int,
-                  dataset: str | None, data_dir: str | None, pool: str, max_distinct: int | None, loss: str,
+                  dataset: str | None, data_dir: str | None, test_data: str | None, pool: str,
+                  max_distinct: int | None, loss: str,
                   tau: float | None, schedule: str, lr: float | None, strategy: str, select: str | None, ssl: str | None,
                   preset: str, resume: bool, student: str, student_args: tuple[str, ...], epochs: int,
                   batch_size: int, eval_every: int, settings: tuple[str, ...], seed: int, out: str,
@@ -92,7 +94,8 @@ def surrogate_cmd(victim: str, key: str | None, mode: str, temperature: float, t
     from stealkit.oracle.victim import Target
 
     params = dict(click.get_current_context().params)
-    target = Target(victim, key=key, top_k=top_k, dataset=dataset, data_dir=data_dir, device=device, seed=seed)
+    target = Target(victim, key=key, top_k=top_k, dataset=dataset, data_dir=data_dir, device=device, seed=seed,
+                    test_data=test_data)
     r = run_surrogate(target, budget, surrogate_options(params), out=out, resume=resume)
     click.echo(f"accuracy {fmt.figure(r.accuracy)}, fidelity {fmt.figure(r.fidelity)}, "
                f"queries {fmt.queries(r.result.queries)}; "

@@ -5,6 +5,7 @@ Images are always float32 ``[N, C, H, W]`` with pixels in [0, 1]; labels int64 `
 
 from stealkit.data.adapt import adapt_dataset, adapt_images, imbalance, keep_classes, resize, to_channels
 from stealkit.data.dataset import Dataset, Splits
+from stealkit.data.own import OwnData, read_images
 from stealkit.data.query_sources import (
     QUERY_SOURCES,
     SourceSpec,
@@ -28,6 +29,7 @@ __all__ = [
     "CIFAR10_CLASSES",
     "DATASETS",
     "FASHION_MNIST_CLASSES",
+    "OwnData",
     "QUERY_SOURCES",
     "SPLITS",
     "Dataset",
@@ -49,6 +51,7 @@ __all__ = [
     "parse_source",
     "read_cifar10",
     "read_idx",
+    "read_images",
     "read_mnist",
     "read_svhn",
     "resize",

@@ -8,6 +8,8 @@ Grammar: ``NAME[:key=value]...`` (case-insensitive name, no spaces needed), for 
     gaussian:mean=0.5:std=0.25
     uniform
     patches                crops of scikit-learn's bundled photographs
+    my/images.npz          the owner's own images: a .npy/.npz file or a folder of PNG/JPEG images
+                           (:mod:`stealkit.data.own`), adapted to the victim's input
 
 Options of data set sources (``pool`` and every name in ``DATASETS``): ``classes=0-4`` or ``classes=0,2,5``
 (or mixed, ``0-2,7``) keeps those classes; ``imbalance=R`` with R in (0, 1] applies a long-tail profile.
@@ -23,6 +25,7 @@ import torch
 
 from stealkit.data._checks import Shape3, check_count, check_seed, check_shape
 from stealkit.data.adapt import adapt_images, imbalance, keep_classes
+from stealkit.data.own import check_own_path, is_own_path, read_images
 from stealkit.data.sources import DATASETS, canonical_dataset, load_split
 from stealkit.data.synthetic import gaussian, natural_patches, uniform
 from stealkit.errors import InputError
@@ -49,6 +52,12 @@ class SourceSpec:
     imbalance: float | None = None
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
+    path: str | None = None  # name "file": the owner's file or folder
+
+    @property
+    def is_file(self) -> bool:
+        """True for the owner's own file or folder of images."""
+        return self.path is not None
 
     @property
     def is_synthetic(self) -> bool:
@@ -111,8 +120,11 @@ def parse_source(spec: str) -> SourceSpec:
         try:
             name = canonical_dataset(key)
         except InputError:
+            if is_own_path(spec):
+                return SourceSpec(name="file", path=str(check_own_path(spec.strip(), "query source")))
             raise InputError(
-                f"unknown query source {head!r}; valid sources: {', '.join(QUERY_SOURCES)}"
+                f"unknown query source {head!r}; valid sources: {', '.join(QUERY_SOURCES)}, or a .npy/.npz file "
+                "or a folder of images"
             ) from None
     allowed = _OPTIONS[name]
     values: dict[str, str] = {}
@@ -181,6 +193,12 @@ def load_query_source(
         if parsed.name == "uniform":
             return uniform(n, shape, seed=seed)
         return natural_patches(n, shape, seed=seed)
+    if parsed.path is not None:
+        x = read_images(parsed.path, input_shape=shape, with_labels=False, what="query source").x
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+        if n is not None:
+            order = order[:n]
+        return x[order].contiguous()
     dataset = _pool_dataset(parsed, spec, victim_dataset)
     ds = load_split(dataset, "attacker_pool", data_dir=data_dir, seed=check_seed(split_seed))
     if parsed.classes is not None:
@@ -214,6 +232,8 @@ def _numbers(values: tuple[float, ...] | None, default: float) -> str:
 def describe_source(spec: str, *, victim_dataset: str | None = None) -> str:
     """A one-line human description of a query source spec, for reports."""
     parsed = parse_source(spec)
+    if parsed.path is not None:
+        return f"the owner's images in {parsed.path}"
     if parsed.name == "gaussian":
         return (
             f"Gaussian noise in pixel space (mean {_numbers(parsed.mean, 0.5)}, "

@@ -16,7 +16,7 @@ from torch import nn
 from stealkit.errors import InputError
 from stealkit.evade.inputs import load_model_substitute, load_start_pool
 from stealkit.evade.registry import ATTACKS
-from stealkit.oracle.victim import Target, Victim, module_location, victim_splits
+from stealkit.oracle.victim import Target, Victim, module_location, own_data_config, victim_test
 from stealkit.rundir import RunDir
 
 
@@ -87,7 +87,8 @@ def run_transfer(target: Target, method: str, substitute: str | Path | nn.Module
                       restarts=restarts, kappa=kappa, seed=target.seed, batch_size=batch_size)
     cfg = apply_settings(cfg, dict(settings), who=method)
     run = RunDir(out).create(command=f"attack {method}", seed=target.seed, config={
-        "substitute": where, "victim": target.location, "dataset": v.dataset, "n": n, "attack": cfg})
+        "substitute": where, "victim": target.location, "dataset": v.dataset, "n": n, "attack": cfg,
+        **own_data_config(v, data_dir=target.data_dir)})
     res = spec.run(sub, v.oracle, x.to(target.device), y.to(target.device), cfg)
     save_npz(run.path / "adversarial.npz", res.arrays())
     summary = res.summary() | {"substitute": where, "victim": target.location, "seed": target.seed}
@@ -142,7 +143,8 @@ def run_decision(target: Target, method: str, *, max_queries: int = 5000, n: int
                   "iterations": iterations, "substitute": sub_path} | (
                       {"preset": preset} if method in ("hopskipjump", "triangle") else {}) | (
                       {"settings": dict(settings)} if settings else {}) | (
-                      {"start_pool": start_pool, "start_pool_images": len(pool)} if pool is not None else {})
+                      {"start_pool": start_pool, "start_pool_images": len(pool)} if pool is not None else {}) | (
+                      own_data_config(v, data_dir=target.data_dir))
     run = RunDir(out).create(command=f"attack {method}", seed=target.seed, config=run_config)
     if v.oracle.ledger.budget is None:  # the query bar's end: every image may spend --max-queries
         from stealkit.progress import expect
@@ -179,7 +181,7 @@ def sample_test_images(v: Victim, data_dir: str | None, n: int, seed: int) -> tu
     """``n`` test images of the victim's task and their labels, a seeded sample."""
     if n < 1:
         raise InputError(f"--n must be a positive number of images, got {n}")
-    test = victim_splits(v, data_dir).test
+    test = victim_test(v, data_dir)
     idx = torch.randperm(len(test.y), generator=torch.Generator().manual_seed(seed))[:n]
     return test.x[idx], test.y[idx]
 

@@ -3,7 +3,9 @@ and what the experimenter knows about it for evaluation). Every runner and study
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +17,8 @@ from torch import nn
 from stealkit.errors import InputError, StealkitError
 from stealkit.metrics import Evaluator, predict_labels
 from stealkit.oracle.base import Oracle, OutputMode
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -32,6 +36,8 @@ class Victim:
     #: a remote victim's top-1 labels of the test split, bought by the caller (evaluation queries, charged to
     #: their own ledger): fidelity is then measured against them (a local victim's come from its model)
     reference_labels: torch.Tensor | None = None
+    #: the owner's labelled test data (a ``.npy``/``.npz`` file or a folder of images): the test split
+    test_data: str | None = None
 
     @property
     def is_local(self) -> bool:
@@ -57,6 +63,8 @@ class Target:
     input_shape: tuple[int, ...] | None = None
     num_classes: int | None = None
     reference_labels: Any = None  # the victim's labels of the test split, for a remote victim (see Victim)
+    test_data: str | None = None  # the owner's labelled test data, replacing the data set's test split
+
 
     def open(self, *, mode: str | OutputMode = "probs", budget: int | None = None, temperature: float = 1.0,
              explain: bool = False, defences: tuple[Any, ...] = ()) -> Victim:
@@ -66,6 +74,7 @@ class Target:
                         defences=defences, input_shape=self.input_shape, num_classes=self.num_classes)
         if v.model is None:
             v.reference_labels = self.reference_labels
+        v.test_data = self.test_data
         return v
 
     def with_seed(self, seed: int) -> Target:
@@ -224,7 +233,8 @@ def make_evaluator(victim: Victim, test_x: torch.Tensor, test_y: torch.Tensor, d
 
 
 def victim_splits(victim: Victim, data_dir: str | Path | None = None) -> Any:
-    """The victim task's splits (for the attacker pool and the test split)."""
+    """The victim task's splits (for the attacker pool and the test split); with the owner's ``test_data``, its
+    test split is theirs (:func:`victim_test`)."""
     from stealkit.data import load_splits
 
     if not victim.dataset:
@@ -235,4 +245,84 @@ def victim_splits(victim: Victim, data_dir: str | Path | None = None) -> Any:
             f"--dataset {victim.dataset} has images of shape {splits.test.input_shape} but the victim takes "
             f"{victim.input_shape}; pass the data set the victim was trained for"
         )
+    if victim.test_data:
+        own = own_test(victim)
+        splits = dataclasses.replace(splits, test=dataclasses.replace(own, classes=splits.test.classes))
     return splits
+
+
+def own_test(victim: Victim) -> Any:
+    """The owner's test data (``victim.test_data``) as a :class:`~stealkit.data.Dataset` of the victim's input,
+    labels checked against its classes."""
+    from stealkit.data import Dataset
+    from stealkit.data.own import read_images
+
+    assert victim.test_data
+    own = read_images(victim.test_data, input_shape=victim.input_shape, with_labels=True,
+                      num_classes=victim.num_classes, what="--test-data")
+    assert own.y is not None
+    return Dataset(own.x, own.y, tuple(str(k) for k in range(victim.num_classes)), name=f"own:{own.source}")
+
+
+def victim_test(victim: Victim, data_dir: str | Path | None = None) -> Any:
+    """The test split every figure is scored on: the owner's ``--test-data`` when given (the data set may then be
+    unknown), else the victim's data set's test split."""
+    if victim.test_data:
+        return own_test(victim)
+    if not victim.dataset:
+        raise InputError("the victim's data set is unknown: pass --dataset (e.g. digits, fashion-mnist) or your own "
+                         "labelled test data with --test-data FILE")
+    return victim_splits(victim, data_dir).test
+
+
+def own_data(victim: Victim, pools: dict[str, str] | None = None, data_dir: str | Path | None = None
+             ) -> tuple[dict[str, Any], list[str]]:
+    """What config.json records of the owner's data (``{"test_data": ..., FLAG: ...}``: source, size, sha256 and
+    pixel scale of ``--test-data`` and of each query source in ``pools`` (``{flag: spec}``) that is a file or
+    folder), and the warnings where it can mislead: test items also in a pool (by per-item digest), a test split
+    too small for a fidelity's precision (its 95 % interval). Both empty when no own data is given."""
+    from stealkit.data import parse_source
+    from stealkit.data.own import SMALL_TEST, interval_half_width, overlap, read_images
+
+    records: dict[str, Any] = {}
+    notes: list[str] = []
+    files = {flag: parse_source(spec).path for flag, spec in (pools or {}).items()}
+    owned = {flag: read_images(path, input_shape=victim.input_shape, with_labels=False, what=flag)
+             for flag, path in files.items() if path is not None}
+    if victim.test_data:
+        test = own_test(victim)
+        records["test_data"] = read_images(victim.test_data, input_shape=victim.input_shape, with_labels=True,
+                                           num_classes=victim.num_classes, what="--test-data").record()
+        n = len(test.y)
+        if n < SMALL_TEST:
+            notes.append(f"--test-data holds {n:,} items: a fidelity near 0.9 measured on them is known to "
+                         f"+/- {interval_half_width(n):.3f} (95 % interval); give at least {SMALL_TEST} for "
+                         "figures to two digits")
+    for flag, data in owned.items():
+        records[flag.lstrip("-").replace("-", "_")] = data.record()
+    test_x = None
+    if owned:
+        with contextlib.suppress(InputError):  # no test split: nothing to overlap
+            test_x = victim_test(victim, data_dir).x
+    for flag, data in owned.items():
+        k = overlap(data.x, test_x) if test_x is not None else 0
+        if test_x is not None and k:
+            notes.append(f"{k:,} of the {len(test_x):,} test items are also in {flag} {data.source}: fidelity and "
+                         "accuracy on them overstate what a copy does on unseen data; remove them from one of the "
+                         "two")
+    for note in notes:
+        if note not in _WARNED:  # once per process, however many runs read the same data
+            _WARNED.add(note)
+            log.warning("%s", note)
+    return records, notes
+
+
+_WARNED: set[str] = set()
+
+
+def own_data_config(victim: Victim, pools: dict[str, str] | None = None,
+                    data_dir: str | Path | None = None) -> dict[str, Any]:
+    """``{"own_data": records}`` for a runner's config.json (:func:`own_data`, its warnings logged once), or
+    ``{}`` when no own data is given."""
+    records, _ = own_data(victim, pools, data_dir)
+    return {"own_data": records} if records else {}

@@ -33,7 +33,8 @@ def _command(head: list[str], part: Part, ctx: RunContext, out: Path) -> str:
     return " ".join(["stealkit attack", *head, "--victim", ctx.target.location, "--n", str(part.n), "--budget",
                      str(part.budget), "--seed", str(o.seed), "--out", str(out), "--device", o.device,
                      *(["--dataset", o.dataset] if o.dataset else []),
-                     *(["--data-dir", o.data_dir] if o.data_dir else [])])
+                     *(["--data-dir", o.data_dir] if o.data_dir else []),
+                     *(["--test-data", o.test_data] if o.test_data else [])])
 
 
 def _no_copy(part_id: str) -> Exception:

@@ -155,9 +155,9 @@ class Extraction:
         served = None
         v = run.victim
         if part.defence and v.model is not None:  # the honest users' cost: top-1 accuracy served (no query)
-            from stealkit.oracle.victim import victim_splits
+            from stealkit.oracle.victim import victim_test
 
-            test = victim_splits(v, ctx.options.data_dir).test
+            test = victim_test(v, ctx.options.data_dir)
             served = served_accuracy(v.model, parse_defence(part.defence), test.x, test.y)  # fresh noise
         queries = run.queries
         return {"queries": queries, "total_queries": sum(queries.values()), "accuracy": run.accuracy,

@@ -13,7 +13,7 @@ from stealkit.errors import InputError
 from stealkit.extract.common import ExtractionRun, save_extraction, student_factory
 from stealkit.extract.datafree.recipes import DEFAULT
 from stealkit.extract.registry import METHODS
-from stealkit.oracle.victim import Target, make_evaluator, victim_splits
+from stealkit.oracle.victim import Target, make_evaluator, own_data_config, victim_test
 from stealkit.rundir import RunDir
 from stealkit.settings import typed_settings
 
@@ -71,14 +71,15 @@ def run_datafree(method: str, target: Target, budget: int, *, mode: str = "label
     kwargs = sizes.get("student_kwargs", {}) | dict(o.student_kwargs)
     evaluator = None
     try:
-        splits = victim_splits(v, target.data_dir)
-        evaluator = make_evaluator(v, splits.test.x, splits.test.y, device)
+        test = victim_test(v, target.data_dir)
+        evaluator = make_evaluator(v, test.x, test.y, device)
     except InputError:
         if v.dataset:
             raise
-        log.warning("the victim's data set is unknown: no accuracy curve (pass --dataset to get one)")
+        log.warning("the victim's data set is unknown: no accuracy curve (pass --dataset or --test-data to get one)")
     cfg = {"victim": target.location, "mode": mode, "budget": budget, "student": o.student, "student_kwargs": kwargs,
-           "dataset": v.dataset, "recipe": o.preset, "recipe_sizes": sizes, method: config}
+           "dataset": v.dataset, "recipe": o.preset, "recipe_sizes": sizes, method: config,
+           **own_data_config(v, data_dir=target.data_dir)}
     run = RunDir(out)
     if not resume and (run.path / "checkpoint" / "checkpoint.json").exists():
         raise InputError(f"{out} holds a checkpoint of an earlier run: pass --resume to continue it, or choose "

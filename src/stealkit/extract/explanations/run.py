@@ -12,7 +12,7 @@ from typing import Any
 from stealkit.errors import InputError
 from stealkit.extract.common import ExtractionResult, ExtractionRun, save_extraction, student_factory
 from stealkit.extract.registry import METHODS
-from stealkit.oracle.victim import Target, Victim, make_evaluator, victim_splits
+from stealkit.oracle.victim import Target, Victim, make_evaluator, own_data_config, victim_splits, victim_test
 from stealkit.rundir import RunDir
 from stealkit.settings import apply_settings
 
@@ -50,7 +50,7 @@ def run_gradient_matching(target: Target, budget: int, *, checkpoints: Sequence[
         v.oracle.ledger.budgets["explain"] = budget
     else:
         v.oracle.ledger.budget = budget
-    splits = victim_splits(v, target.data_dir)
+    test = victim_test(v, target.data_dir)
     x_pool = load_query_source(o.pool, input_shape=v.input_shape, n=max(cps), seed=target.seed,
                                data_dir=target.data_dir, victim_dataset=v.dataset, split_seed=v.split_seed)
     method = METHODS["gradient-matching"]
@@ -59,10 +59,11 @@ def run_gradient_matching(target: Target, budget: int, *, checkpoints: Sequence[
                            seed=target.seed)
     config = apply_settings(config, dict(o.settings), who="gradient-matching")
     cfg = {"victim": target.location, "budget": budget, "pool": o.pool, "student": o.student,
-           "student_kwargs": kwargs, "dataset": v.dataset, "gradmatch": config}
+           "student_kwargs": kwargs, "dataset": v.dataset, "gradmatch": config,
+           **own_data_config(v, {"--pool": o.pool}, target.data_dir)}
     run = RunDir(out).create(command="extract gradient-matching", seed=target.seed, config=cfg)
     result = method.run(v.oracle, x_pool, make_student=student_factory(o.student, v, target.seed, **kwargs),
-                        evaluator=make_evaluator(v, splits.test.x, splits.test.y, target.device),
+                        evaluator=make_evaluator(v, test.x, test.y, target.device),
                         config=config, checkpoints=cps, device=target.device, on_point=run.append_record)
     save_extraction(run, result, v, student_arch=o.student, student_kwargs=kwargs, seed=target.seed, config=cfg)
     return ExtractionRun(path=run.path, result=result, victim=v, config=cfg)
@@ -87,12 +88,13 @@ def run_exact(target: Target, *, variant: str = "gradient", hidden: int | None =
 
     v = victim if victim is not None else open_exact(target, variant=variant, budget=budget)
     seed, device = target.seed, target.device
-    splits = victim_splits(v, target.data_dir)
+    test = victim_test(v, target.data_dir)
     if variant != "logistic" and hidden is None:
         hidden = spec_hidden(v.spec)
         if hidden is None:
             raise InputError("pass --hidden, the victim's hidden width (the algorithm's input h)")
-    cfg: dict[str, Any] = {"victim": target.location, "variant": variant, "budget": budget, "dataset": v.dataset}
+    cfg: dict[str, Any] = {"victim": target.location, "variant": variant, "budget": budget, "dataset": v.dataset,
+                           **own_data_config(v, data_dir=target.data_dir)}
     run = RunDir(out).create(command="extract exact", seed=seed, config=cfg)
     extra: dict[str, Any] = {"variant": variant}
     method = METHODS[f"exact-{variant}"]
@@ -106,16 +108,16 @@ def run_exact(target: Target, *, variant: str = "gradient", hidden: int | None =
         config = method.config(search=search, lines=lines, epsilon=epsilon, seed=seed)  # type: ignore[misc]
         config = apply_settings(config, dict(settings), who="exact")
         cfg.update(hidden=hidden, exact=config)
-        pool = splits.attacker_pool.x[:anchors]
+        pool = victim_splits(v, target.data_dir).attacker_pool.x[:anchors]
         rec = method.run(v.oracle, hidden, config, anchors=pool)
         student, arch, kwargs = rec.model.to_mlp2(), "mlp2", {"hidden": rec.model.hidden}
         extra |= {"hidden_found": rec.hidden_found, "lines": rec.lines, "fit_residual": rec.fit_residual}
         if v.model is not None:
             x_rand = torch.rand(10_000, *v.input_shape, generator=torch.Generator().manual_seed(seed))
-            extra |= {"max_relative_error_test": relative_error(v.model.double(), rec.model, splits.test.x),
+            extra |= {"max_relative_error_test": relative_error(v.model.double(), rec.model, test.x),
                       "max_relative_error_uniform": relative_error(v.model.double(), rec.model, x_rand)}
             v.model.float()
-    evaluator = make_evaluator(v, splits.test.x, splits.test.y, device)
+    evaluator = make_evaluator(v, test.x, test.y, device)
     scores = evaluator(student)
     result = ExtractionResult(method=f"exact-{variant}", student=student, queries=v.oracle.ledger.as_dict(),
                               accuracy=scores["accuracy"], fidelity=scores.get("fidelity"),

@@ -17,7 +17,7 @@ from stealkit.extract.surrogate_data.surrogate_presets import (
     DEFAULT_EPOCHS,
     DEFAULT_PRESET,
 )
-from stealkit.oracle.victim import Target, Victim, make_evaluator, victim_splits
+from stealkit.oracle.victim import Target, Victim, make_evaluator, own_data_config, victim_test
 from stealkit.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
         raise InputError(f"query source {spec!r} is synthetic: give a number of images")
     x = load_query_source(spec, input_shape=input_shape, n=n, seed=seed, data_dir=data_dir,
                           victim_dataset=victim_dataset, split_seed=split_seed)
-    if not with_labels or parsed.is_synthetic or parsed.imbalance is not None:
+    if not with_labels or parsed.is_synthetic or parsed.is_file or parsed.imbalance is not None:
         return x, None
     name = victim_dataset if parsed.name == "pool" else parsed.name
     ds = load_splits(str(name), data_dir=data_dir, seed=split_seed).attacker_pool
@@ -153,15 +153,15 @@ def run_surrogate(target: Target, budget: int, options: SurrogateOptions = Surro
     checkpointed = config.select != "random"
     if resume and not checkpointed:
         _refuse_resume()
-    splits = victim_splits(v, target.data_dir)
+    test = victim_test(v, target.data_dir)
     x_pool, labels = surrogate_pool(o.pool, v, config, cap=cap, seed=target.seed, data_dir=target.data_dir)
     cfg = {"victim": target.location, "mode": o.mode, "budget": budget, "pool": o.pool, "student": o.student,
            "preset": o.preset, "preset_resolved": resolved, "student_kwargs": kwargs, "dataset": v.dataset,
-           "surrogate": config} | dict(config_extra or {})
+           "surrogate": config} | own_data_config(v, {"--pool": o.pool}, target.data_dir) | dict(config_extra or {})
     run.create(command="extract surrogate", seed=target.seed, config=cfg)
     oracle = wrap_oracle(v.oracle) if wrap_oracle is not None else v.oracle
     result = method.run(oracle, x_pool, make_student=student_factory(o.student, v, target.seed, **kwargs),
-                        config=config, evaluator=make_evaluator(v, splits.test.x, splits.test.y, target.device),
+                        config=config, evaluator=make_evaluator(v, test.x, test.y, target.device),
                         pool_labels=labels, on_point=run.append_record, device=target.device,
                         checkpoint_dir=checkpoint if checkpointed else None, resume=resume)
     save_extraction(run, result, v, student_arch=o.student, student_kwargs=kwargs, seed=target.seed, config=cfg,
