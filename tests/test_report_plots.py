@@ -5,6 +5,7 @@ attacker."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -114,3 +115,39 @@ def test_without_styles_a_series_metric_sets_its_line_style():
                       ylabel="y")
     a, f = [ln for ln in fig.axes[0].get_lines() if not ln.get_label().startswith("_")]
     assert a.get_color() == f.get_color() and a.get_linestyle() == "-" and f.get_linestyle() == "--"
+
+
+def _part(answers, attacker, budget, fidelity, defence=""):
+    return {"part": {"answers": answers, "attacker": attacker, "budget": budget, "defence": defence,
+                     "kind": "extract", "seed_offset": 0},
+            "id": f"extract-{answers}-{attacker}-{budget}{defence}", "total_queries": budget, "fidelity": fidelity}
+
+
+def test_the_audits_fidelity_plot_is_coloured_by_answers_and_dashed_by_attacker(monkeypatch):
+    from stealkit.audit import copies
+    from stealkit.report import plots
+
+    calls = []
+    monkeypatch.setattr(plots, "line_plot", lambda series, **kw: calls.append((series, kw)) or "data:,")
+    parts = [_part(a, att, b, 0.5 + b / 1000) for a in ("probs", "label", "topk") for att in ("unrelated", "like")
+             for b in (50, 100, 200)]
+    parts += [_part("label", "data-free", 2000, 0.78), _part("probs", "like", 50, 0.55, "noise:sigma=0.05"),
+              _part("probs", "like", 100, 0.6, "noise:sigma=0.05"), _part("label", "like", 50, 0.8, "noise:sigma=0.05"),
+              _part("probs", "like", 50, 0.8, "round:decimals=2")]
+    kinds = {"extract": SimpleNamespace(makes_copy=True)}
+    copies.sections({"parts": parts, "headline": []}, kinds)
+    (series, kw), = calls
+    styles = kw["styles"]
+    assert list(series) == [  # the legend's order: answer kind, undefended first, then attacker
+        "label like", "label unrelated", "label data-free", "label like through noise:sigma=0.05",
+        "topk like", "topk unrelated", "probs like", "probs unrelated", "probs like through noise:sigma=0.05",
+        "probs like through round:decimals=2"]
+    assert set(styles) == set(series)
+    assert {styles[n].colour for n in series if n.startswith("probs")} == {"probs"}
+    assert styles["label like through noise:sigma=0.05"].colour == "label"  # the argmax attacker of a defence
+    assert styles["probs like"].dash == "solid" and styles["probs unrelated"].dash == "dashed"
+    assert styles["label data-free"].dash == "dotted"
+    noise, rounding = styles["probs like through noise:sigma=0.05"], styles["probs like through round:decimals=2"]
+    assert noise.dash == rounding.dash == "dashdot" and noise.marker != rounding.marker != "o"
+    assert styles["label like through noise:sigma=0.05"].marker == noise.marker  # one marker per defence
+    assert series["probs like through noise:sigma=0.05"] == ([50, 100], [0.55, 0.6])

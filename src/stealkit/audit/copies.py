@@ -17,6 +17,7 @@ from stealkit.audit.parts import THRESHOLDS, Copy, kind_of, pct, q_at, stolen_co
 
 if TYPE_CHECKING:
     from stealkit.report.html import Section
+    from stealkit.report.plots import Dash
 
 WORDS = {"label": "top-1 labels", "topk": "top-k answers", "probs": "probabilities"}
 #: a cell whose fidelity was not measured (a remote victim whose test-split answers the audit did not buy)
@@ -167,28 +168,50 @@ def copy_sentences(summary: dict[str, Any], kinds: Mapping[str, Any]) -> list[st
     return out
 
 
+#: the fidelity plot's line per attacker (its colour is the answer kind's; a defended cell is dash-dot with a
+#: marker of its defence's own)
+_DASHES: dict[str, Dash] = {"like": "solid", "unrelated": "dashed", "data-free": "dotted"}
+_MARKERS = ("s", "^", "D", "v", "P", "X")
+
+
 def sections(summary: dict[str, Any], kinds: Mapping[str, Any]) -> list[Section]:
     """Fidelity against queries per answer kind and attacker with the Q90/Q95 table, and the spread over seeds."""
     from stealkit.report.html import Figure, Section
-    from stealkit.report.plots import line_plot
+    from stealkit.report.plots import SeriesStyle, line_plot
 
     sec = Section("Extraction risk: fidelity against queries, Q90 and Q95", paragraphs=[
         "Fidelity: agreement of the stolen copy with the victim on the test split. Q90/Q95: the fewest "
         "measured queries whose copy reached 90 %/95 % fidelity (the audit's ladder of budgets; each "
         "point is one run of the default `stealkit extract surrogate` recipe)."],
         tables=[("", summary.get("headline") or [])])
+    stolen = [r for r in extractions(summary.get("parts") or [], kinds) if r.get("fidelity") is not None]
+    defences = list(dict.fromkeys(r["part"]["defence"] for r in stolen if r["part"].get("defence")))
+    answers_rank = {a: i for i, a in enumerate(ANSWERS)}
+    attacker_rank = {a: i for i, a in enumerate(_DASHES)}
+
+    def cell(r: dict[str, Any]) -> tuple[Any, ...]:  # the legend's order: by answer kind, undefended first
+        p = r["part"]
+        defence = p.get("defence") or ""
+        return (answers_rank.get(p["answers"], len(ANSWERS)), p["answers"], defences.index(defence) + 1 if defence else 0,
+                attacker_rank.get(p["attacker"], len(_DASHES)), p["attacker"])
+
     series: dict[str, tuple[list[float], list[float]]] = {}
-    for r in sorted(extractions(summary.get("parts") or [], kinds), key=lambda r: r["part"]["budget"]):
-        if r.get("fidelity") is None:
-            continue
-        worn = f" through {r['part']['defence']}" if r["part"].get("defence") else ""
-        xs, ys = series.setdefault(f"fidelity, {r['part']['answers']} {r['part']['attacker']}{worn}", ([], []))
+    styles: dict[str, SeriesStyle] = {}
+    for r in sorted(stolen, key=lambda r: (cell(r), r["part"]["budget"])):
+        p = r["part"]
+        defence = p.get("defence") or ""
+        name = f"{p['answers']} {p['attacker']}" + (f" through {defence}" if defence else "")
+        xs, ys = series.setdefault(name, ([], []))
         xs.append(r["total_queries"])
         ys.append(r["fidelity"])
+        styles[name] = (SeriesStyle(p["answers"], "dashdot", _MARKERS[defences.index(defence) % len(_MARKERS)])
+                        if defence else SeriesStyle(p["answers"], _DASHES.get(p["attacker"], "dashdot")))
     if series:
         uri = line_plot(series, xlabel="victim queries (from the ledger)", ylabel="fidelity on the test split",
-                        logx=True, hlines={"90 %": 0.9, "95 %": 0.95}, ylim=(0, 1.02))
-        sec.figures.append(Figure(uri, "Fidelity of the stolen copy against queries, per answer kind and attacker"))
+                        logx=True, hlines={"90 %": 0.9, "95 %": 0.95}, ylim=(0, 1.02), styles=styles)
+        sec.figures.append(Figure(uri, "Fidelity of the stolen copy against queries: colour, the answer kind; line, "
+                                       "the attacker (data like the victim's: solid, unrelated: dashed, data-free: "
+                                       "dotted); a defended cell: dash-dot, with its own marker"))
     out = [sec]
     if summary.get("spread"):
         out.append(Section("Q90 and Q95 over seeds", paragraphs=[
