@@ -20,8 +20,9 @@ padding:.6rem 1rem}.facts{display:grid;grid-template-columns:max-content 1fr;gap
 .facts dt{color:#5a6570}.facts dd{margin:0;font-weight:500}
 .tablewrap{max-width:100%;overflow-x:auto;margin:.6rem 0}
 table{border-collapse:collapse;font-size:.9rem}th,td{border:1px solid #dde3ea;padding:.25rem .6rem;
-text-align:right;vertical-align:top}th{background:#f4f7fa}td:first-child,th:first-child{text-align:left}
-td{max-width:32rem;overflow-wrap:anywhere}
+text-align:right;vertical-align:top;word-break:normal;overflow-wrap:normal;hyphens:none}
+th{background:#f4f7fa;white-space:nowrap}td:first-child,th:first-child{text-align:left}
+td{max-width:32rem}
 figure{margin:.8rem 0}figure img{max-width:100%;height:auto}figcaption{font-size:.85rem;color:#5a6570}
 nav a{margin-right:.8rem;font-size:.9rem}code{background:#f4f7fa;padding:0 .2rem;border-radius:3px}
 details{margin:.6rem 0}pre{max-width:100%;overflow-x:auto;background:#f4f7fa;padding:.6rem;border-radius:6px}
