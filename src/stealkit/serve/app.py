@@ -271,8 +271,9 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
         key: KeyConfig | None = None
         try:
             key = service.authenticate(request.headers.get("authorization"), _client(request))
-            service.rate_limit(key, "requests", 1)
-            service.check_budget(key)
+            if not service.known_retry(key, request.headers.get("idempotency-key")):
+                service.rate_limit(key, "requests", 1)  # a retry of a kept answer is replayed whatever these say
+                service.check_budget(key)
             if not quota.try_acquire(key.key_id):
                 raise ApiError(429, "too_many_in_flight", f"this key already has {quota.per_key} requests in flight; "
                                "wait for some to finish", {"Retry-After": "1"})

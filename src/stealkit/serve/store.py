@@ -248,21 +248,9 @@ class Store:
         :class:`IdempotencyMismatch`."""
         with self._write() as conn:
             if request_id is not None:
-                prior = conn.execute("SELECT status, kind, n, input_digest, fingerprint FROM query_log WHERE "
-                                     "key_id=? AND request_id=? AND status != 'refunded' ORDER BY id DESC LIMIT 1",
-                                     (key_id, request_id)).fetchone()
-                if prior is not None and (tuple(prior[1:4]) != (kind, n, input_digest) or prior[4] != fingerprint):
-                    raise IdempotencyMismatch(
-                        f"Idempotency-Key {request_id[:40]!r} was first used for a different request (its route, "
-                        "protocol, mode, options, images or response format differ); a key is replayed only for "
-                        "the identical request: use a new key for each distinct request")
-                if prior is not None and prior[0] == "reserved":
-                    raise InFlight(request_id)
-                if prior is not None:
-                    kept = conn.execute("SELECT media_type, headers, body FROM answers WHERE key_id=? AND "
-                                        "request_id=?", (key_id, request_id)).fetchone()
-                    if kept is not None:
-                        return Replay(kept[0], kept[1], bytes(kept[2]))
+                kept = _prior(conn, key_id, request_id, (kind, n, input_digest), fingerprint)
+                if kept is not None:
+                    return kept
             row = conn.execute(_COUNTERS, (key_id,)).fetchone()
             if row is None:
                 raise KeyError(key_id)
@@ -277,6 +265,19 @@ class Store:
                 (key_id, time.time(), kind, n, mode, input_digest, request_id, fingerprint))
             return Reservation(int(cur.lastrowid or 0), Usage(counts["predict"], counts["explain"], row[2], row[3],
                                                               bool(row[4])))
+
+    def has_answer(self, key_id: str, request_id: str) -> bool:
+        """Whether an answer is kept for this key's ``request_id`` (a retry that may be replayed: it is let past
+        the budget and rate checks made before the body is read; the body must then match, see :meth:`replay`)."""
+        return self._conn().execute("SELECT 1 FROM answers WHERE key_id=? AND request_id=?",
+                                    (key_id, request_id)).fetchone() is not None
+
+    def replay(self, key_id: str, kind: str, n: int, *, input_digest: str, request_id: str,
+               fingerprint: str | None) -> Replay | None:
+        """The kept answer of an identical earlier request with this ``request_id``, charging nothing (``None``
+        if there is none); raises as :meth:`reserve` does for a different request or one still being answered.
+        Asked before any budget or rate check: a paid answer is replayed whatever the budget or rate left."""
+        return _prior(self._conn(), key_id, request_id, (kind, n, input_digest), fingerprint)
 
     def settle(self, reservation: Reservation, output_digest: str, *, answer: Replay | None = None) -> None:
         """Mark a reservation answered (called once the answer is handed to the connection); with ``answer``
@@ -351,6 +352,28 @@ class Store:
             out[key_id] = {"predict_used": pu, "explain_used": eu, "log_predict": lp, "log_explain": le,
                            "consistent": pu == lp and eu == le}
         return out
+
+
+def _prior(conn: sqlite3.Connection, key_id: str, request_id: str, request: tuple[str, int, str],
+           fingerprint: str | None) -> Replay | None:
+    """The kept answer for ``request_id`` if an identical request (``(kind, n, input_digest)`` and
+    ``fingerprint``) was answered; raises :class:`IdempotencyMismatch` for a different one and :class:`InFlight`
+    for one still being answered; ``None`` if the key is new (or its answer was not kept)."""
+    prior = conn.execute("SELECT status, kind, n, input_digest, fingerprint FROM query_log WHERE "
+                         "key_id=? AND request_id=? AND status != 'refunded' ORDER BY id DESC LIMIT 1",
+                         (key_id, request_id)).fetchone()
+    if prior is None:
+        return None
+    if tuple(prior[1:4]) != request or prior[4] != fingerprint:
+        raise IdempotencyMismatch(
+            f"Idempotency-Key {request_id[:40]!r} was first used for a different request (its route, "
+            "protocol, mode, options, images or response format differ); a key is replayed only for "
+            "the identical request: use a new key for each distinct request")
+    if prior[0] == "reserved":
+        raise InFlight(request_id)
+    kept = conn.execute("SELECT media_type, headers, body FROM answers WHERE key_id=? AND request_id=?",
+                        (key_id, request_id)).fetchone()
+    return None if kept is None else Replay(kept[0], kept[1], bytes(kept[2]))
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
