@@ -6,6 +6,10 @@ or a connection the server closed."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from stealkit.serve import limits
 from stealkit.serve.app import create_app
-from tests.test_serve_support import make_victim, write_keys
+from tests.test_serve_support import live_server, make_victim, write_keys
 
 PAID = "paid-Zx81QpLw6RtV3mNb7Yc4Lk"
 SLOW = "slow-Qw3eR5tY7uI9oP1aS2dF6g"
@@ -96,3 +100,112 @@ def test_a_known_key_with_another_request_is_still_refused(client):
     r = client.post("/v1/predict", json={"inputs": images(2, seed=1)}, headers=headers)
     assert r.status_code == 422 and r.json()["error"] == "idempotency_key_reused"
     assert ledger(client, "paid") == spent
+
+
+# -- item 2: deadlines nothing resets ------------------------------------------------------------------------
+
+BROKE = "broke-Lk8jH6gF4dS2aP0oI9uY7q"
+THROTTLED = "throttled-Hj5kL8mN2bV4cX6zQ1w"
+GUARD_S = 30  # a socket's own timeout: only so that a failing test ends; no test asserts a duration
+
+
+@pytest.fixture(scope="module")
+def server(victim: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("deadlines")
+    keys = write_keys(tmp / "keys.toml", [{"key": BROKE, "name": "broke", "budget": 0},
+                                          {"key": THROTTLED, "name": "throttled", "rate": 0.0001}])
+    with live_server(victim, keys, tmp / "db.sqlite",
+                     extra=("--header-timeout", "1", "--body-timeout", "2")) as url:
+        yield url
+
+
+def connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=GUARD_S)
+
+
+def closed_by_server(s: socket.socket) -> bool:
+    """Read until the server closes the connection (True) or the guard timeout passes (False)."""
+    try:
+        while s.recv(65536):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def early(method: str, path: str, key: str | None = None) -> bytes:
+    """Headers that promise a 6,000-byte body the server answers without reading."""
+    auth_line = b"" if key is None else b"Authorization: Bearer " + key.encode() + b"\r\n"
+    return (f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode() + auth_line
+            + b"Content-Length: 6000\r\n\r\n")
+
+
+def answer(s: socket.socket) -> bytes:
+    """One whole response (head and its Content-Length body), read off the socket."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 "), head[:80]
+    length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
+                  if line.startswith(b"content-length:"))
+    while len(body) < length:
+        chunk = s.recv(65536)
+        assert chunk, data
+        body += chunk
+    assert len(body) == length  # nothing more: the next request's answer is read by the next call
+    return head
+
+
+@pytest.mark.parametrize(("request_head", "status"), [
+    (early("GET", "/healthz"), b"200"),
+    (early("POST", "/v1/predict"), b"401"),
+    (early("POST", "/v1/predict", BROKE), b"402"),
+    (early("POST", "/nowhere", BROKE), b"404"),
+], ids=["healthz", "401", "402", "404"])
+def test_a_request_answered_before_its_body_keeps_a_deadline(server, request_head, status):
+    with contextlib.closing(connect(server)) as s:
+        s.sendall(request_head)
+        assert answer(s).split(b" ")[1] == status
+        s.sendall(b"{")  # one body byte after the answer: it must not reset (or remove) the deadline
+        assert closed_by_server(s)
+
+
+def test_a_request_answered_429_before_its_body_keeps_a_deadline(server):
+    with contextlib.closing(connect(server)) as s:  # the key's one request token: a junk body, 400
+        s.sendall(early("POST", "/v1/predict", THROTTLED)[:-len(b"Content-Length: 6000\r\n\r\n")]
+                  + b"Content-Length: 1\r\n\r\n{")
+        assert answer(s).split(b" ")[1] == b"400"
+    with contextlib.closing(connect(server)) as s:
+        s.sendall(early("POST", "/v1/predict", THROTTLED))
+        assert answer(s).split(b" ")[1] == b"429"
+        s.sendall(b"{")
+        assert closed_by_server(s)
+
+
+def test_a_body_trickled_after_an_early_answer_is_cut_off(server):
+    """Bytes keep arriving, each before the last deadline would have passed: the deadline still falls."""
+    with contextlib.closing(connect(server)) as s:
+        s.sendall(early("GET", "/healthz"))
+        answer(s)
+        sent = 0
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            while sent < 400:  # 20 s of one byte every 50 ms against a 1 s deadline (a failing test ends)
+                s.sendall(b" ")
+                sent += 1
+                time.sleep(0.05)
+        assert sent < 400  # the server cut the connection while bytes were still coming
+
+
+def test_a_body_finished_after_an_early_answer_leaves_the_connection_usable(server):
+    with contextlib.closing(connect(server)) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n")
+        assert answer(s).split(b" ")[1] == b"200"
+        s.sendall(b"{}" + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # the body ends; the next request
+        assert answer(s).split(b" ")[1] == b"200"
+        assert closed_by_server(s)  # then idle: the header deadline closes it
