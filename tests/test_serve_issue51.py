@@ -22,8 +22,10 @@ from tests.test_serve_support import live_server, make_victim, write_keys
 
 PAID = "paid-Zx81QpLw6RtV3mNb7Yc4Lk"
 SLOW = "slow-Qw3eR5tY7uI9oP1aS2dF6g"
+OTHER = "other-Mn7bV5cX3zL1kJ9hG8fDs"
 KEYS = [{"key": PAID, "name": "paid", "mode": "probs", "budget": 2, "explain": True},
-        {"key": SLOW, "name": "slow", "mode": "probs", "rate": 1, "image_rate": 2}]
+        {"key": SLOW, "name": "slow", "mode": "probs", "rate": 1, "image_rate": 2},
+        {"key": OTHER, "name": "other", "mode": "probs"}]
 
 
 def auth(key: str) -> dict[str, str]:
@@ -209,3 +211,18 @@ def test_a_body_finished_after_an_early_answer_leaves_the_connection_usable(serv
         s.sendall(b"{}" + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # the body ends; the next request
         assert answer(s).split(b" ")[1] == b"200"
         assert closed_by_server(s)  # then idle: the header deadline closes it
+
+
+# -- item 6: the smaller points --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/v1/predict"])
+def test_transfer_encoding_with_content_length_is_refused(server, path):
+    """Two framings of one body (request smuggling's raw material): 400, and the connection is closed."""
+    with contextlib.closing(connect(server)) as s:
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {BROKE}\r\n".encode()
+                  + b"Content-Type: application/json\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+                  + b"0\r\n\r\n")
+        head = answer(s)
+        assert head.split(b" ")[1] == b"400" and b"connection: close" in head.lower()
+        assert closed_by_server(s)

@@ -84,6 +84,24 @@ class CountResponses:
             self.observe(self.endpoint_of(scope["path"]), status[0], time.perf_counter() - start)
 
 
+class RefuseAmbiguousFraming:
+    """Pure ASGI middleware: a request that frames its body twice (``Transfer-Encoding`` and ``Content-Length``,
+    the raw material of request smuggling; RFC 9112 6.1 lets a server refuse it) is answered 400 and its
+    connection closed, before any route sees it."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            names = {name for name, _ in scope["headers"]}
+            if b"transfer-encoding" in names and b"content-length" in names:
+                await ApiError(400, "bad_framing", "a request may carry Transfer-Encoding or Content-Length, not "
+                               "both", {"Connection": "close"}).response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 async def read_body(request: Request, limit: int, timeout: float | None = None) -> bytearray:
     """The request body, refused (413) past ``limit`` bytes and (408, connection closed) if it has not all
     arrived ``timeout`` seconds after this call: a client that trickles its body holds only its own request.
@@ -244,7 +262,8 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
     def endpoint_of(path: str) -> str:
         return path if path in ENDPOINTS else (protocol == "v2" and v2_routes.endpoint_label(path, name)) or "other"
 
-    app.add_middleware(CountResponses, observe=service.metrics.observe, endpoint_of=endpoint_of)
+    app.add_middleware(RefuseAmbiguousFraming)
+    app.add_middleware(CountResponses, observe=service.metrics.observe, endpoint_of=endpoint_of)  # outermost
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> Response:
