@@ -226,3 +226,18 @@ def test_transfer_encoding_with_content_length_is_refused(server, path):
         head = answer(s)
         assert head.split(b" ")[1] == b"400" and b"connection: close" in head.lower()
         assert closed_by_server(s)
+
+
+@pytest.mark.parametrize("where", ["key", "metrics_key"])
+def test_a_non_ascii_secret_is_refused_when_the_keys_file_is_loaded(where):
+    from stealkit.errors import InputError
+    from stealkit.serve.keys import parse_keys
+
+    secret = "tenant-Zx81QpLw6RtV3mNb7Yc4-schlüssel"
+    data = {"key": [{"key": secret if where == "key" else PAID, "name": "alice"}]}
+    if where == "metrics_key":
+        data["model"] = {"metrics_key": secret}
+    with pytest.raises(InputError) as info:
+        parse_keys(data)
+    message = str(info.value)
+    assert "ASCII" in message and "\n" not in message
