@@ -241,3 +241,40 @@ def test_a_non_ascii_secret_is_refused_when_the_keys_file_is_loaded(where):
         parse_keys(data)
     message = str(info.value)
     assert "ASCII" in message and "\n" not in message
+
+
+def test_charges_ids_do_not_reveal_other_tenants_volume(client):
+    doc = {"inputs": images(1)}
+    for key in (OTHER, OTHER, PAID, OTHER, PAID):  # the tenants' requests interleave
+        assert client.post("/v1/predict", json=doc, headers=auth(key)).status_code == 200
+    ids = {}
+    for key in (PAID, OTHER):
+        ids[key] = [c["id"] for c in client.get("/v1/charges", headers=auth(key)).json()["charges"]]
+    assert ids == {PAID: [1, 2], OTHER: [1, 2, 3]}  # each key's own numbers, whatever the others did
+    page = client.get("/v1/charges", params={"limit": 1, "before": 3}, headers=auth(OTHER)).json()["charges"]
+    assert [c["id"] for c in page] == [2]  # paging back uses the same numbers
+
+
+def test_an_older_log_is_numbered_per_key_when_migrated(tmp_path):
+    import sqlite3
+
+    from stealkit.serve.store import Store
+
+    db = tmp_path / "old.sqlite"
+    Store(db).close()
+    conn = sqlite3.connect(db)  # the same file as a stealkit before per-key numbers wrote it
+    conn.executescript("""
+        DROP INDEX IF EXISTS query_log_seq; DROP TRIGGER IF EXISTS query_log_settle_once;
+        ALTER TABLE query_log DROP COLUMN seq;
+        INSERT INTO keys (key_id, name, created) VALUES ('a', 'a', 0), ('b', 'b', 0);""")
+    for key in "abbab":
+        conn.execute("INSERT INTO query_log (key_id, time, kind, n, mode, input_digest, output_digest) "
+                     "VALUES (?, 0, 'predict', 1, 'probs', 'x', 'y')", (key,))
+    conn.commit()
+    conn.close()
+    store = Store(db)
+    assert [r["seq"] for r in store.log_rows("a")] == [1, 2] and [r["seq"] for r in store.log_rows("b")] == [1, 2, 3]
+    res = store.reserve("a", "predict", 1, mode="probs", input_digest="z")
+    assert [r["seq"] for r in store.log_rows("a")] == [1, 2, 3]
+    with pytest.raises(sqlite3.DatabaseError, match="append-only"):  # the trigger is back, and guards seq too
+        store._conn().execute("UPDATE query_log SET status='answered', seq=7 WHERE id=?", (res.row_id,))

@@ -7,7 +7,9 @@ Endpoints (OpenAPI schema at ``/openapi.json``, docs at ``/docs``):
 - ``POST /v1/explain`` -- input gradients or SmoothGrad maps (keys with ``explain = true``); a SmoothGrad
   image costs ``n_samples`` explain queries (:func:`~stealkit.oracle.explain_price`).
 - ``GET /v1/info`` -- input shape, classes, data set, the key's mode, allowed modes and ``queries_left``.
-- ``GET /v1/charges`` -- the key's recent log rows (reserved, answered, refunded), to reconcile a client.
+- ``GET /v1/charges`` -- the key's recent log rows (reserved, answered, refunded), to reconcile a client; a row's
+  ``id`` is the key's own sequence number (1, 2, ...; ``?before=ID`` pages back), not the log's global row id,
+  which would tell a tenant how many queries the others make.
 - ``GET /healthz`` -- liveness; ``GET /metrics`` -- Prometheus text (needs ``Bearer <metrics_key>``).
 - with ``protocol="v2"`` (``stealkit serve --protocol v2``), also the Open Inference Protocol's ``/v2/...``
   routes over the same keys, store and budgets (:mod:`stealkit.serve.v2`).
@@ -368,12 +370,13 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
             if not 1 <= limit <= MAX_CHARGES_PAGE:
                 raise ApiError(400, "bad_input", f"limit must lie in [1, {MAX_CHARGES_PAGE}]")
             if before is not None and not 1 <= before <= 2**62:
-                raise ApiError(400, "bad_input", "before must be a log row id (a positive integer)")
-            rows = await run_in_threadpool(service.store.log_rows, key.key_id, limit=limit, before=before)
+                raise ApiError(400, "bad_input", "before must be a charge id (a positive integer)")
+            rows = await run_in_threadpool(service.store.log_rows, key.key_id, limit=limit, before_seq=before)
             usage = await run_in_threadpool(service.store.usage, key.key_id)
             return JSONResponse({"key": key.key_id, "queries_used": usage.as_dict(), "queries_left": usage.left,
-                                 "charges": [{k: r[k] for k in ("id", "time", "kind", "n", "mode", "status",
-                                                                "request_id", "note")} for r in rows]})
+                                 "charges": [{"id": r["seq"]} | {k: r[k] for k in ("time", "kind", "n", "mode",
+                                                                                  "status", "request_id", "note")}
+                                             for r in rows]})
         except ApiError as exc:
             return exc.response()
 
