@@ -278,3 +278,78 @@ def test_an_older_log_is_numbered_per_key_when_migrated(tmp_path):
     assert [r["seq"] for r in store.log_rows("a")] == [1, 2, 3]
     with pytest.raises(sqlite3.DatabaseError, match="append-only"):  # the trigger is back, and guards seq too
         store._conn().execute("UPDATE query_log SET status='answered', seq=7 WHERE id=?", (res.row_id,))
+
+
+# -- item 1: parsing costs what the bytes weigh --------------------------------------------------------------
+
+MB = 1 << 20
+
+
+def _repeat(unit: bytes, size: int) -> bytes:
+    return unit * max(1, size // len(unit))
+
+
+def _objects_of_tiny_arrays(size: int) -> bytes:  # the shape: 81.6 s of CPU for 6.3 MB before
+    obj = b'{"a":[{}' + b",[1]" * 4000 + b"]}"
+    return b'{"inputs":[' + b",".join([obj] * max(1, size // len(obj))) + b"]}"
+
+
+def _nested_objects(size: int) -> bytes:  # objects within the depth cap, each with many fields
+    obj = b"{" + b",".join(b'"k%d":{"a":1}' % i for i in range(4000)) + b"}"
+    return b'{"inputs":[' + b",".join([obj] * max(1, size // len(obj))) + b"]}"
+
+
+def _strings(size: int) -> bytes:
+    return b'{"inputs":[' + _repeat(b'"aaaaaaa",', size) + b'"a"]}'
+
+
+def _junk_option(size: int) -> bytes:
+    return b'{"inputs":[[[[0]]]],"mode":[' + _repeat(b"{},", size) + b"{}]}"
+
+
+JUNK = {"tiny-arrays-in-objects": _objects_of_tiny_arrays, "nested-objects": _nested_objects,
+        "strings": _strings, "junk-option": _junk_option}
+
+
+@pytest.mark.parametrize("shape", sorted(JUNK))
+@pytest.mark.parametrize("size", [1 * MB, 5 * MB], ids=["1MB", "5MB"])
+def test_junk_json_is_refused_having_read_a_bounded_prefix(shape, size):
+    from stealkit.errors import InputError
+    from stealkit.serve import jsonscan, payloads
+
+    body = JUNK[shape](size)
+    assert len(body) >= size * 0.9
+    stats: dict[str, int] = {}
+    with pytest.raises(InputError):
+        jsonscan.loads(body, fields=frozenset({"inputs", "mode"}), stats=stats)  # no schema: the value cap alone
+    assert stats["values"] <= jsonscan.MAX_VALUES + 1
+    assert stats["bytes"] < 64 * 1024 + 100 * jsonscan.MAX_VALUES  # a prefix, not the body: whatever its size
+    with pytest.raises(InputError):  # and as /v1 reads a body
+        payloads.decode_json(body, (1, 8, 8), max_batch=64, fields=frozenset({"mode"}))
+
+
+@pytest.mark.parametrize("shape", sorted(JUNK))
+def test_junk_json_is_refused_at_the_first_wrong_token_of_the_v1_schema(shape):
+    from stealkit.serve import jsonscan
+
+    body = JUNK[shape](MB)
+    stats: dict[str, int] = {}
+    with pytest.raises(jsonscan.JsonError):
+        jsonscan.loads(body, fields=frozenset({"inputs", "mode"}), numeric=frozenset({"inputs"}), flat=True,
+                       stats=stats)
+    assert stats["values"] <= 3 and stats["bytes"] < 64
+
+
+@pytest.mark.parametrize("route", ["/v1/predict", "/v2/models/digits/infer"])
+def test_junk_json_over_http_is_a_400(client, route):
+    body = _objects_of_tiny_arrays(MB)
+    r = client.post(route, content=body, headers=auth(OTHER) | {"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert ledger(client, "other") == ({"predict": 0, "explain": 0}, [])
+
+
+def test_an_honest_v2_request_is_far_below_the_value_cap(client):
+    x = images(2)
+    doc = v2_body(x) | {"id": "r1", "outputs": [{"name": "probs", "parameters": {"binary_data": False}}],
+                        "parameters": {"binary_data_output": False}}
+    assert client.post("/v2/models/digits/infer", json=doc, headers=auth(OTHER)).status_code == 200
