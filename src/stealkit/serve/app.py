@@ -7,7 +7,9 @@ Endpoints (OpenAPI schema at ``/openapi.json``, docs at ``/docs``):
 - ``POST /v1/explain`` -- input gradients or SmoothGrad maps (keys with ``explain = true``); a SmoothGrad
   image costs ``n_samples`` explain queries (:func:`~stealkit.oracle.explain_price`).
 - ``GET /v1/info`` -- input shape, classes, data set, the key's mode, allowed modes and ``queries_left``.
-- ``GET /v1/charges`` -- the key's recent log rows (reserved, answered, refunded), to reconcile a client.
+- ``GET /v1/charges`` -- the key's recent log rows (reserved, answered, refunded), to reconcile a client; a row's
+  ``id`` is the key's own sequence number (1, 2, ...; ``?before=ID`` pages back), not the log's global row id,
+  which would tell a tenant how many queries the others make.
 - ``GET /healthz`` -- liveness; ``GET /metrics`` -- Prometheus text (needs ``Bearer <metrics_key>``).
 - with ``protocol="v2"`` (``stealkit serve --protocol v2``), also the Open Inference Protocol's ``/v2/...``
   routes over the same keys, store and budgets (:mod:`stealkit.serve.v2`).
@@ -82,6 +84,24 @@ class CountResponses:
             await self.app(scope, receive, counting_send)
         finally:
             self.observe(self.endpoint_of(scope["path"]), status[0], time.perf_counter() - start)
+
+
+class RefuseAmbiguousFraming:
+    """Pure ASGI middleware: a request that frames its body twice (``Transfer-Encoding`` and ``Content-Length``,
+    the raw material of request smuggling; RFC 9112 6.1 lets a server refuse it) is answered 400 and its
+    connection closed, before any route sees it."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            names = {name for name, _ in scope["headers"]}
+            if b"transfer-encoding" in names and b"content-length" in names:
+                await ApiError(400, "bad_framing", "a request may carry Transfer-Encoding or Content-Length, not "
+                               "both", {"Connection": "close"}).response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def read_body(request: Request, limit: int, timeout: float | None = None) -> bytearray:
@@ -244,7 +264,8 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
     def endpoint_of(path: str) -> str:
         return path if path in ENDPOINTS else (protocol == "v2" and v2_routes.endpoint_label(path, name)) or "other"
 
-    app.add_middleware(CountResponses, observe=service.metrics.observe, endpoint_of=endpoint_of)
+    app.add_middleware(RefuseAmbiguousFraming)
+    app.add_middleware(CountResponses, observe=service.metrics.observe, endpoint_of=endpoint_of)  # outermost
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> Response:
@@ -271,8 +292,9 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
         key: KeyConfig | None = None
         try:
             key = service.authenticate(request.headers.get("authorization"), _client(request))
-            service.rate_limit(key, "requests", 1)
-            service.check_budget(key)
+            if not service.known_retry(key, request.headers.get("idempotency-key")):
+                service.rate_limit(key, "requests", 1)  # a retry of a kept answer is replayed whatever these say
+                service.check_budget(key)
             if not quota.try_acquire(key.key_id):
                 raise ApiError(429, "too_many_in_flight", f"this key already has {quota.per_key} requests in flight; "
                                "wait for some to finish", {"Retry-After": "1"})
@@ -348,12 +370,13 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
             if not 1 <= limit <= MAX_CHARGES_PAGE:
                 raise ApiError(400, "bad_input", f"limit must lie in [1, {MAX_CHARGES_PAGE}]")
             if before is not None and not 1 <= before <= 2**62:
-                raise ApiError(400, "bad_input", "before must be a log row id (a positive integer)")
-            rows = await run_in_threadpool(service.store.log_rows, key.key_id, limit=limit, before=before)
+                raise ApiError(400, "bad_input", "before must be a charge id (a positive integer)")
+            rows = await run_in_threadpool(service.store.log_rows, key.key_id, limit=limit, before_seq=before)
             usage = await run_in_threadpool(service.store.usage, key.key_id)
             return JSONResponse({"key": key.key_id, "queries_used": usage.as_dict(), "queries_left": usage.left,
-                                 "charges": [{k: r[k] for k in ("id", "time", "kind", "n", "mode", "status",
-                                                                "request_id", "note")} for r in rows]})
+                                 "charges": [{"id": r["seq"]} | {k: r[k] for k in ("time", "kind", "n", "mode",
+                                                                                  "status", "request_id", "note")}
+                                             for r in rows]})
         except ApiError as exc:
             return exc.response()
 

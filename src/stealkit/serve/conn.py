@@ -10,6 +10,10 @@ half-open connections, so it would refuse honest tenants, not the attacker. :cla
 
 - a **header deadline**: a connection that has not sent complete request headers ``header_timeout`` seconds
   after it opened (or after its previous response) is closed;
+- a **drain deadline**: a request answered before its body was read (a 401/402/404/429, a ``GET`` that declared
+  a body) must finish sending that body within ``header_timeout`` seconds of the answer, a deadline that data
+  does not reset, else the connection is closed (uvicorn would otherwise discard such bytes with no timer left:
+  its keep-alive timer stops at the first byte); the body read by a route has ``--body-timeout`` (app.py);
 - a **per-address cap**: at most ``per_address`` open connections from one peer address (a configured trusted
   proxy is exempt: it multiplexes many clients);
 - a **total cap**: at most ``max_connections`` open connections, kept below the process's descriptor limit (raised
@@ -123,6 +127,7 @@ class GuardedH11Protocol(H11Protocol):
     _guard_host: str = ""
     _guard_counted: bool = False
     _header_timer: Any = None
+    _drain_timer: Any = None
 
     def __init__(self, config: Any, server_state: Any, app_state: Any, _loop: Any = None) -> None:  # noqa: ANN401
         self._deferred = (config, server_state, app_state, _loop)  # H11Protocol.__init__ runs once admitted
@@ -147,6 +152,7 @@ class GuardedH11Protocol(H11Protocol):
         if not self._guard_counted:
             return  # refused: nothing was built
         self._cancel_header_timer()
+        self._cancel_drain_timer()
         self._guard_counted = False
         _STATE.admitted -= 1
         left = _STATE.per_host.get(self._guard_host, 1) - 1
@@ -161,13 +167,34 @@ class GuardedH11Protocol(H11Protocol):
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
+        if self._drain_timer is not None and self.conn.their_state is not h11.SEND_BODY:
+            self._cancel_drain_timer()  # the body answered early has ended (in time)
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self._arm_header_timer()  # and the next request's headers have their deadline
         if self._header_timer is not None and self.conn.their_state is not h11.IDLE:
             self._cancel_header_timer()  # the request's headers are in
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+        if self.transport.is_closing():
+            return
+        if self.conn.their_state is h11.IDLE:
             self._arm_header_timer()  # the next request's headers have the same deadline
+        elif self.conn.their_state is h11.SEND_BODY and self._drain_timer is None:
+            # answered before its body was read (401/402/404/429, GET with a body): the rest of the body must
+            # arrive within one deadline that data does not reset, else the connection is cut
+            self._drain_timer = self.loop.call_later(current().header_timeout, self._drain_deadline)
+
+    def _cancel_drain_timer(self) -> None:
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+            self._drain_timer = None
+
+    def _drain_deadline(self) -> None:
+        self._drain_timer = None
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            _STATE.timed_out += 1
+            self.transport.abort()
 
     def _arm_header_timer(self) -> None:
         self._cancel_header_timer()

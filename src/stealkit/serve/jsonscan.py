@@ -17,6 +17,15 @@ It comes back as an ``ndarray`` of that shape: ``int64`` when no number has a fr
 ``float64``. Every other value (objects, strings, ``true``/``false``/``null``, arrays of those) is read as usual,
 with at most :data:`MAX_ITEMS` items per object or array and :data:`MAX_DEPTH` levels, and without
 recursion errors. Lenient where C's ``strtod`` is: ``1.`` and ``01`` read as numbers.
+
+**Parsing costs what the bytes weigh.** A request's schema holds a handful of values besides its pixel arrays,
+so a document may hold at most :data:`MAX_VALUES` values in all (each scalar, object, array and numeric array
+counts one; a numeric array's numbers count nothing): junk such as ``{"inputs": [{"a": [{}, [1], [1], ...]},
+...]}``, which would cost a numpy pass per tiny array, is refused after that many values, whatever its size.
+With ``numeric``, the named members must be numeric arrays and with ``flat`` every member of the document must
+be a scalar or a numeric array (the /v1 schema): such a document is refused at its first wrong token. ``stats``
+(a dict) receives ``values`` (values read) and ``bytes`` (the furthest byte examined), whether or not the body
+was accepted.
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ from stealkit.errors import InputError
 
 MAX_DEPTH = 32
 MAX_ITEMS = 4096
+#: values (scalars, objects, arrays, numeric arrays) one document may hold: a request needs a few dozen at most
+MAX_VALUES = 256
 PIECE = 1 << 18
 _WS = re.compile(rb"[ \t\n\r]*")
 _STRING = re.compile(rb'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"')
@@ -57,25 +68,35 @@ class JsonError(InputError):
     """The body is not JSON this server reads."""
 
 
-def loads(buf: bytes | bytearray | memoryview, *, fields: frozenset[str] | None = None) -> Any:
+def loads(buf: bytes | bytearray | memoryview, *, fields: frozenset[str] | None = None,
+          numeric: frozenset[str] = frozenset(), flat: bool = False, stats: dict[str, int] | None = None) -> Any:
     """Parse a whole JSON document from bytes. With ``fields``, the document must be an object whose member
-    names all lie in ``fields``, each refused before its value is read."""
+    names all lie in ``fields``, each refused before its value is read; members named in ``numeric`` must be
+    numeric arrays, and with ``flat`` no member may be an object or an array of non-numbers (see the module
+    docstring, also for ``stats``)."""
     data = memoryview(buf).cast("B") if not isinstance(buf, bytes) else buf
-    reader = _Reader(data)
-    pos = reader.skip(0)
-    if fields is not None and not reader.at(pos, b"{"):
-        raise JsonError('the JSON body must be an object like {"inputs": [...]}')
-    value, pos = reader.value(pos, 0, fields)
-    if reader.skip(pos) != len(data):
-        raise reader.bad("extra data after the value", pos)
-    return value
+    reader = _Reader(data, numeric, flat)
+    try:
+        pos = reader.skip(0)
+        if fields is not None and not reader.at(pos, b"{"):
+            raise JsonError('the JSON body must be an object like {"inputs": [...]}')
+        value, pos = reader.value(pos, 0, fields)
+        if reader.skip(pos) != len(data):
+            raise reader.bad("extra data after the value", pos)
+        return value
+    finally:
+        if stats is not None:
+            stats["values"], stats["bytes"] = reader.values, reader.furthest
 
 
 class _Reader:
-    def __init__(self, data: bytes | memoryview) -> None:
+    def __init__(self, data: bytes | memoryview, numeric: frozenset[str] = frozenset(), flat: bool = False) -> None:
         self.data = data
         self.n = len(data)
         self._array: np.ndarray | None = None
+        self.numeric_members, self.flat = numeric, flat
+        self.values = 0  # values read so far (at most MAX_VALUES)
+        self.furthest = 0  # the furthest byte examined
 
     @property
     def array(self) -> np.ndarray:
@@ -92,19 +113,37 @@ class _Reader:
     def bad(self, what: str, pos: int) -> JsonError:
         return JsonError(f"the body is not valid JSON: {what} at byte {pos}")
 
-    def value(self, pos: int, depth: int, fields: frozenset[str] | None = None) -> tuple[Any, int]:
+    def value(self, pos: int, depth: int, fields: frozenset[str] | None = None,
+              member: str | None = None) -> tuple[Any, int]:
+        """The value at ``pos``; ``member``: the name of the top-level member it is (the schema checks)."""
         if depth >= MAX_DEPTH:
             raise JsonError(f"the JSON body is nested more than {MAX_DEPTH} levels deep")
         if pos >= self.n:
             raise self.bad("unexpected end", pos)
+        self.furthest = max(self.furthest, pos)
+        self.values += 1
+        if self.values > MAX_VALUES:
+            raise JsonError(f"the JSON body holds more than {MAX_VALUES} values besides its arrays of numbers; a "
+                            "request needs a few")
         c = self.data[pos]
+        numeric_only = member is not None and (member in self.numeric_members or self.flat)
         if c == ord("{"):
+            if numeric_only:
+                wanted = "an array of numbers" if member in self.numeric_members else "a number, a string or an array of numbers"
+                raise JsonError(f"{member!r} must be {wanted}, not an object (byte {pos})")
             return self.object(pos, depth, fields)
         if c == ord("["):
             nxt = self.skip(pos + 1)
+            self.furthest = max(self.furthest, nxt)
             if nxt < self.n and (self.data[nxt] == _OPEN or _START_OK[self.data[nxt]]):
                 return self.numeric(pos, depth)
+            if numeric_only and not (nxt < self.n and self.data[nxt] == _CLOSE):
+                raise JsonError(f"{member!r} must be an array of numbers (pixels, class indices); found "
+                                f"{bytes(self.data[nxt:nxt + 1])!r} at byte {nxt}")
             return self.list(pos, depth)
+        if member is not None and member in self.numeric_members:
+            raise JsonError(f"{member!r} must be an array of numbers, not {bytes(self.data[pos:pos + 1])!r} "
+                            f"(byte {pos})")
         if c == ord('"'):
             return self.string(pos)
         m = _NUMBER.match(self.data, pos)
@@ -141,7 +180,7 @@ class _Reader:
             pos = self.skip(pos)
             if not self.at(pos, b":"):
                 raise self.bad("expected ':'", pos)
-            out[name], pos = self.value(self.skip(pos + 1), depth + 1)
+            out[name], pos = self.value(self.skip(pos + 1), depth + 1, member=name if depth == 0 else None)
             if len(out) > MAX_ITEMS:
                 raise JsonError(f"a JSON object with more than {MAX_ITEMS} fields")
             pos = self.skip(pos)
@@ -181,8 +220,10 @@ class _Reader:
                 level = depth + np.cumsum(steps, dtype=np.int32)
                 closed = np.flatnonzero(level == 0)
                 if closed.size:
+                    self.furthest = max(self.furthest, start + int(closed[0]))
                     return start + int(closed[0])
                 depth = int(level[-1])
+            self.furthest = max(self.furthest, stop)
             start, window = stop, min(window * 2, PIECE)
         raise self.bad("unterminated array", pos)
 

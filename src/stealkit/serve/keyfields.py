@@ -80,6 +80,8 @@ def secret(value: Any, where: str) -> str:
         raise InputError(f"{where} must be a non-empty string (the secret clients send), got {_got(value)}")
     if value != value.strip() or any(c.isspace() or not c.isprintable() for c in value):
         raise InputError(f"{where} must not contain spaces or control characters; {KEY_HINT}")
+    if not value.isascii():  # an HTTP header carries bytes a server reads as Latin-1: such a key never matches
+        raise InputError(f"{where} must be ASCII (an Authorization header cannot carry other characters); {KEY_HINT}")
     bits = key_bits(value)
     if len(value) < MIN_KEY_LENGTH or bits < MIN_KEY_BITS:
         raise InputError(f"{where} is too easy to guess ({len(value)} characters, about {bits:.0f} bits; "

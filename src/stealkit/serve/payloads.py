@@ -77,7 +77,8 @@ def decode_json(body: bytes | bytearray, input_shape: tuple[int, ...], *, max_ba
     """Parse ``{"inputs": ..., options...}``; returns the images and the other fields. A field outside
     ``fields`` (plus ``inputs``) is refused before any later value is parsed; the pixels are read without a
     Python object per number (:mod:`stealkit.serve.jsonscan`)."""
-    obj = parse_json_object(body, None if fields is None else fields | {"inputs"})
+    obj = parse_json_object(body, None if fields is None else fields | {"inputs"}, numeric=frozenset({"inputs"}),
+                            flat=True)  # the /v1 schema: every member a scalar or an array of numbers
     if "inputs" not in obj:
         raise InputError('the JSON body needs "inputs": a nested list [B][C][H][W] of pixels in [0, 1]')
     inputs = obj.pop("inputs")
@@ -91,13 +92,14 @@ def decode_json(body: bytes | bytearray, input_shape: tuple[int, ...], *, max_ba
     return images(inputs.astype(np.float64, copy=False), input_shape), obj
 
 
-def parse_json_object(body: bytes | bytearray, fields: frozenset[str] | None = None) -> dict[str, Any]:
+def parse_json_object(body: bytes | bytearray, fields: frozenset[str] | None = None, *,
+                      numeric: frozenset[str] = frozenset(), flat: bool = False) -> dict[str, Any]:
     """Parse a JSON object, refusing a name outside ``fields`` before its value is parsed (so a body padded
     with a huge unknown array costs nothing). ``fields=None`` accepts any name. Arrays of numbers come back
     as numpy arrays (:func:`stealkit.serve.jsonscan.loads`)."""
     if not body:
         return {}
-    obj = jsonscan.loads(body, fields=fields)
+    obj = jsonscan.loads(body, fields=fields, numeric=numeric, flat=flat)
     if not isinstance(obj, dict):
         raise InputError("the JSON body must be an object like {\"inputs\": [...]}")
     return obj

@@ -3,9 +3,10 @@
 Order of checks for a query: client address throttled after failed keys (429), key (401), request rate
 (429), the key's share of the in-flight bound (429), the worker's in-flight bound (503), body size (413), a
 fair compute slot (waits), blocked by PRADA (403), body and options (400/415), mode (400/403), image rate
-(429). Then the charge is **reserved** in the store (402 when the budget cannot cover
-it; a retried idempotency key is answered from the log instead, uncharged), the answer computed and encoded,
-the answer sent, and only once its bytes are handed to the connection the reservation is **settled** (logged
+(429). A retry whose ``Idempotency-Key`` names a kept answer skips the request rate and budget checks and,
+once its body is parsed and found identical, is answered from the log, uncharged, before the image rate and the
+budget are looked at (a paid answer is never lost to them). Then the charge is **reserved** in the store (402
+when the budget cannot cover it), the answer computed and encoded, the answer sent, and only once its bytes are handed to the connection the reservation is **settled** (logged
 as answered; :class:`SettleOnSend`). An answer that cannot be produced or encoded (e.g. a non-finite number),
 or whose client is gone before it is sent, is refunded and logged as refunded (answered 500 if it could not be
 produced). Answers are computed
@@ -152,6 +153,13 @@ class Service:
         self.auth_throttle.remember(client, key.key_id)
         return key
 
+    def known_retry(self, key: KeyConfig, request_id: str | None) -> bool:
+        """Whether ``request_id`` (an ``Idempotency-Key``) names an answer kept for this key: such a retry skips
+        the request rate and budget checks made before the body is read, so that a paid answer is never lost to
+        them; its body must still be the identical request (else 422), and nothing else is answered free."""
+        return request_id is not None and 0 < len(request_id) <= MAX_REQUEST_ID \
+            and self.store.has_answer(key.key_id, request_id)
+
     def check_budget(self, key: KeyConfig) -> None:
         """Refuse (402), before its body is read, a request of a key with no query left: an exhausted key
         cannot hold the server's in-flight slots with bodies it never pays for."""
@@ -236,8 +244,16 @@ class Service:
 
     def reserve(self, key: KeyConfig, q: Query, request_id: str | None,
                 answer_form: str = "") -> Reservation | Replay:
+        """The kept answer of a retried ``request_id`` (first: whatever the budget and rates left), else the
+        image rate and a reservation of the query's cost (402 when the budget cannot cover it)."""
         mode = q.mode.value if q.explain is None else q.explain.method
         try:
+            if request_id is not None:  # a paid answer is replayed whatever the budget or the rates left
+                kept = self.store.replay(key.key_id, q.endpoint, q.cost, input_digest=digest_tensor(q.x),
+                                         request_id=request_id, fingerprint=q.fingerprint(answer_form))
+                if kept is not None:
+                    return kept
+            self.rate_limit(key, "images", q.cost)
             return self.store.reserve(key.key_id, q.endpoint, q.cost, mode=mode, input_digest=digest_tensor(q.x),
                                       request_id=request_id,
                                       fingerprint=None if request_id is None else q.fingerprint(answer_form))
@@ -273,7 +289,6 @@ class Service:
         """Limit, reserve, answer, encode (``respond``: the protocol's response for the outputs), settle; a
         retried ``request_id`` is answered from the log, uncharged, if ``answer_form`` (the protocol, route
         and encoding of the answer) and the query are the same. Shared by the /v1 and /v2 endpoints."""
-        self.rate_limit(key, "images", q.cost)
         res = self.reserve(key, q, request_id, answer_form)
         if isinstance(res, Replay):
             return Response(res.body, media_type=res.media_type,

@@ -60,7 +60,8 @@ CREATE TABLE IF NOT EXISTS query_log (
     status TEXT NOT NULL DEFAULT 'answered',
     request_id TEXT,
     note TEXT,
-    fingerprint TEXT
+    fingerprint TEXT,
+    seq INTEGER
 );
 CREATE INDEX IF NOT EXISTS query_log_key ON query_log (key_id);
 CREATE TABLE IF NOT EXISTS answers (
@@ -76,16 +77,17 @@ CREATE TABLE IF NOT EXISTS answers (
 # created after migrating older files (their columns are renamed/added first), one statement each
 TRIGGERS = (
     "CREATE INDEX IF NOT EXISTS query_log_request ON query_log (key_id, request_id)",
+    "CREATE INDEX IF NOT EXISTS query_log_seq ON query_log (key_id, seq)",
     "CREATE TRIGGER IF NOT EXISTS query_log_settle_once BEFORE UPDATE ON query_log "
     "WHEN OLD.status != 'reserved' OR NEW.status NOT IN ('answered', 'refunded') OR NEW.n != OLD.n "
     "OR NEW.key_id != OLD.key_id OR NEW.kind != OLD.kind OR NEW.time != OLD.time "
-    "OR NEW.input_digest != OLD.input_digest OR NEW.request_id IS NOT OLD.request_id "
+    "OR NEW.input_digest != OLD.input_digest OR NEW.request_id IS NOT OLD.request_id OR NEW.seq IS NOT OLD.seq "
     "BEGIN SELECT RAISE(ABORT, 'query_log is append-only (a reservation is settled once)'); END",
     "CREATE TRIGGER IF NOT EXISTS query_log_append_only_delete BEFORE DELETE ON query_log "
     "BEGIN SELECT RAISE(ABORT, 'query_log is append-only'); END",
 )
 LOG_COLUMNS = ("id", "key_id", "time", "kind", "n", "mode", "input_digest", "output_digest", "status",
-               "request_id", "note", "fingerprint")
+               "request_id", "note", "fingerprint", "seq")
 #: how long an answer kept for idempotent replays is stored
 ANSWER_RETENTION_S = 24 * 3600.0
 _USED = {"predict": "predict_used", "explain": "explain_used"}
@@ -248,21 +250,9 @@ class Store:
         :class:`IdempotencyMismatch`."""
         with self._write() as conn:
             if request_id is not None:
-                prior = conn.execute("SELECT status, kind, n, input_digest, fingerprint FROM query_log WHERE "
-                                     "key_id=? AND request_id=? AND status != 'refunded' ORDER BY id DESC LIMIT 1",
-                                     (key_id, request_id)).fetchone()
-                if prior is not None and (tuple(prior[1:4]) != (kind, n, input_digest) or prior[4] != fingerprint):
-                    raise IdempotencyMismatch(
-                        f"Idempotency-Key {request_id[:40]!r} was first used for a different request (its route, "
-                        "protocol, mode, options, images or response format differ); a key is replayed only for "
-                        "the identical request: use a new key for each distinct request")
-                if prior is not None and prior[0] == "reserved":
-                    raise InFlight(request_id)
-                if prior is not None:
-                    kept = conn.execute("SELECT media_type, headers, body FROM answers WHERE key_id=? AND "
-                                        "request_id=?", (key_id, request_id)).fetchone()
-                    if kept is not None:
-                        return Replay(kept[0], kept[1], bytes(kept[2]))
+                kept = _prior(conn, key_id, request_id, (kind, n, input_digest), fingerprint)
+                if kept is not None:
+                    return kept
             row = conn.execute(_COUNTERS, (key_id,)).fetchone()
             if row is None:
                 raise KeyError(key_id)
@@ -273,10 +263,24 @@ class Store:
                          (counts["predict"], counts["explain"], key_id))
             cur = conn.execute(
                 "INSERT INTO query_log (key_id, time, kind, n, mode, input_digest, output_digest, status, "
-                "request_id, fingerprint) VALUES (?, ?, ?, ?, ?, ?, '', 'reserved', ?, ?)",
-                (key_id, time.time(), kind, n, mode, input_digest, request_id, fingerprint))
+                "request_id, fingerprint, seq) VALUES (?, ?, ?, ?, ?, ?, '', 'reserved', ?, ?, "
+                "(SELECT COALESCE(MAX(seq), 0) + 1 FROM query_log WHERE key_id=?))",
+                (key_id, time.time(), kind, n, mode, input_digest, request_id, fingerprint, key_id))
             return Reservation(int(cur.lastrowid or 0), Usage(counts["predict"], counts["explain"], row[2], row[3],
                                                               bool(row[4])))
+
+    def has_answer(self, key_id: str, request_id: str) -> bool:
+        """Whether an answer is kept for this key's ``request_id`` (a retry that may be replayed: it is let past
+        the budget and rate checks made before the body is read; the body must then match, see :meth:`replay`)."""
+        return self._conn().execute("SELECT 1 FROM answers WHERE key_id=? AND request_id=?",
+                                    (key_id, request_id)).fetchone() is not None
+
+    def replay(self, key_id: str, kind: str, n: int, *, input_digest: str, request_id: str,
+               fingerprint: str | None) -> Replay | None:
+        """The kept answer of an identical earlier request with this ``request_id``, charging nothing (``None``
+        if there is none); raises as :meth:`reserve` does for a different request or one still being answered.
+        Asked before any budget or rate check: a paid answer is replayed whatever the budget or rate left."""
+        return _prior(self._conn(), key_id, request_id, (kind, n, input_digest), fingerprint)
 
     def settle(self, reservation: Reservation, output_digest: str, *, answer: Replay | None = None) -> None:
         """Mark a reservation answered (called once the answer is handed to the connection); with ``answer``
@@ -322,9 +326,11 @@ class Store:
         return res.usage
 
     # -- auditing --------------------------------------------------------------------------------------
-    def log_rows(self, key_id: str | None = None, *, limit: int | None = None,
-                 before: int | None = None) -> list[dict[str, Any]]:
-        """Log rows (oldest first), of one key if given; ``limit``/``before`` page back from the newest."""
+    def log_rows(self, key_id: str | None = None, *, limit: int | None = None, before: int | None = None,
+                 before_seq: int | None = None) -> list[dict[str, Any]]:
+        """Log rows (oldest first), of one key if given; ``limit`` and ``before`` (a row id) or ``before_seq``
+        (the key's own sequence number, ``seq``: 1, 2, ... per key, which says nothing of other keys' volume)
+        page back from the newest."""
         where, args = [], []
         if key_id is not None:
             where.append("key_id=?")
@@ -332,6 +338,9 @@ class Store:
         if before is not None:
             where.append("id<?")
             args.append(before)
+        if before_seq is not None:
+            where.append("seq<?")
+            args.append(before_seq)
         sql = f"SELECT {', '.join(LOG_COLUMNS)} FROM query_log"  # noqa: S608 - fixed column names
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -353,6 +362,28 @@ class Store:
         return out
 
 
+def _prior(conn: sqlite3.Connection, key_id: str, request_id: str, request: tuple[str, int, str],
+           fingerprint: str | None) -> Replay | None:
+    """The kept answer for ``request_id`` if an identical request (``(kind, n, input_digest)`` and
+    ``fingerprint``) was answered; raises :class:`IdempotencyMismatch` for a different one and :class:`InFlight`
+    for one still being answered; ``None`` if the key is new (or its answer was not kept)."""
+    prior = conn.execute("SELECT status, kind, n, input_digest, fingerprint FROM query_log WHERE "
+                         "key_id=? AND request_id=? AND status != 'refunded' ORDER BY id DESC LIMIT 1",
+                         (key_id, request_id)).fetchone()
+    if prior is None:
+        return None
+    if tuple(prior[1:4]) != request or prior[4] != fingerprint:
+        raise IdempotencyMismatch(
+            f"Idempotency-Key {request_id[:40]!r} was first used for a different request (its route, "
+            "protocol, mode, options, images or response format differ); a key is replayed only for "
+            "the identical request: use a new key for each distinct request")
+    if prior[0] == "reserved":
+        raise InFlight(request_id)
+    kept = conn.execute("SELECT media_type, headers, body FROM answers WHERE key_id=? AND request_id=?",
+                        (key_id, request_id)).fetchone()
+    return None if kept is None else Replay(kept[0], kept[1], bytes(kept[2]))
+
+
 def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
     return {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}  # noqa: S608 - fixed table names
 
@@ -368,9 +399,14 @@ def _migrate(conn: sqlite3.Connection) -> None:
             conn.execute("DROP INDEX IF EXISTS query_log_key")
             conn.execute("ALTER TABLE query_log RENAME COLUMN key_hash TO key_id")
         for col, decl in (("status", "TEXT NOT NULL DEFAULT 'answered'"), ("request_id", "TEXT"), ("note", "TEXT"),
-                          ("fingerprint", "TEXT")):
+                          ("fingerprint", "TEXT"), ("seq", "INTEGER")):
             if col not in log_cols:
                 conn.execute(f"ALTER TABLE query_log ADD COLUMN {col} {decl}")
+        if "seq" not in log_cols:  # number each key's existing rows 1, 2, ... (the trigger is re-created after)
+            conn.execute("DROP TRIGGER IF EXISTS query_log_settle_once")
+            conn.execute("UPDATE query_log SET seq = numbered.seq FROM (SELECT id, ROW_NUMBER() OVER "
+                         "(PARTITION BY key_id ORDER BY id) AS seq FROM query_log) AS numbered "
+                         "WHERE query_log.id = numbered.id")
 
 
 def _create_triggers(conn: sqlite3.Connection) -> None:
