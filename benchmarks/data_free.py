@@ -44,7 +44,7 @@ def run_one(victim_name: str, method: str, mode: str, budget: int, marks: list[i
             device: str, seed: int, overrides: dict[str, Any], save_dir: Path | None = None,
             recipe: str = "paper", split: str = "test", points: Path | None = None) -> dict[str, Any]:
     from stealkit.extract.common import make_evaluator, open_victim, student_factory, victim_splits
-    from stealkit.extract.datafree.datafree_loop import LoopConfig
+    from stealkit.extract.datafree.loop import LoopConfig
     from stealkit.extract.datafree.recipes import recipe_settings
     from stealkit.extract.registry import METHODS
     from stealkit.victims import standard_victim

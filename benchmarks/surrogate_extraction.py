@@ -320,7 +320,7 @@ COMBO_KEYS = ("select", "ssl")
 def row_combo(row_name: str, budget: int = 10**9, num_classes: int = 10, mode: str = "label") -> dict[str, Any]:
     """The settings of an ``ours`` row other than ``ours-default``: a name of ``ACTIVE_ROWS``, ``ours-preset-NAME``
     (a named preset, ``ours-preset-paper``) or ``SELECT/SSL`` (e.g. ``margin/none``); what is not given is plain."""
-    from stealkit.extract.surrogate_data.surrogate_presets import resolve_preset
+    from stealkit.extract.surrogate_data.presets import resolve_preset
 
     if row_name.startswith("ours-preset-"):
         return resolve_preset(row_name.removeprefix("ours-preset-"), budget, num_classes, mode=mode)[1]
@@ -542,8 +542,8 @@ def active_main(argv: list[str] | None = None) -> int:
     """
     import os
 
+    from stealkit.extract.surrogate_data.presets import SMALL_BUDGET_PER_CLASS, resolve_preset
     from stealkit.extract.surrogate_data.surrogate import DEFAULT_PRESET, FLIP_INVARIANT
-    from stealkit.extract.surrogate_data.surrogate_presets import SMALL_BUDGET_PER_CLASS, resolve_preset
 
     args = active_parser().parse_args(argv)
     if args.combine:

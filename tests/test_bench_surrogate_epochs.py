@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
+from stealkit.extract.surrogate_data.presets import STUDENT_MIN_STEPS
 from stealkit.extract.surrogate_data.run import SurrogateOptions, resolve_surrogate
-from stealkit.extract.surrogate_data.surrogate_presets import STUDENT_MIN_STEPS
 from tests.conftest import TinyNet, load_benchmark
 
 

@@ -15,8 +15,8 @@ from torch import nn
 from stealkit.errors import InputError, StealkitError
 from stealkit.extract.datafree.codfe import CoDFeConfig, codfe_cost, extract_codfe
 from stealkit.extract.datafree.dast import DaSTConfig, dast_cost, extract_dast
-from stealkit.extract.datafree.datafree_loop import LoopConfig
 from stealkit.extract.datafree.dfme import DFMEConfig, dfme_cost, extract_dfme
+from stealkit.extract.datafree.loop import LoopConfig
 from stealkit.extract.datafree.maze import MAZEConfig, extract_maze, maze_cost
 from stealkit.extract.datafree.zoo_grad import estimate_gradient
 from stealkit.extract.journal import read_journal

@@ -14,8 +14,8 @@ from torch import nn
 from stealkit.errors import InputError
 from stealkit.extract.datafree.cabage import HardReplayBuffer, balanced_selection
 from stealkit.extract.datafree.codfe import CoDFeAttack, CoDFeConfig, codfe_cost, extract_codfe
-from stealkit.extract.datafree.datafree_loop import LoopConfig
 from stealkit.extract.datafree.disguide import class_diversity_loss, disagreement_loss, sample_disagreement
+from stealkit.extract.datafree.loop import LoopConfig
 from stealkit.extract.datafree.recipes import (
     DEFAULT,
     PAPER,

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from stealkit.extract.datafree.codfe import CoDFeConfig, extract_codfe
-from stealkit.extract.datafree.datafree_loop import LoopConfig
 from stealkit.extract.datafree.dfme import DFMEConfig, extract_dfme
+from stealkit.extract.datafree.loop import LoopConfig
 from stealkit.oracle import LocalOracle
 
 pytestmark = pytest.mark.slow

@@ -86,7 +86,7 @@ def test_default_is_semi_below_ten_answers_per_class_and_records_it(victim_dir, 
     """``auto`` (the default) resolves by the budget and the answer kind: FixMatch with smoothing 0.1 below 10
     queries per class (digits: 100), ``plain`` from there (with probabilities also tau 2, lr 0.05, clip 5);
     config.json records the name and the settings; the ledger spends exactly the budget."""
-    from stealkit.extract.surrogate_data.surrogate_presets import resolve_preset
+    from stealkit.extract.surrogate_data.presets import resolve_preset
 
     out = tmp_path / "run"
     rc = main(["-q", "extract", "surrogate", "--victim", str(victim_dir), "--budget", str(budget), "--epochs", "1",

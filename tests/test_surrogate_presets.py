@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from stealkit.extract.surrogate_data.presets import PRESET_NAMES
 from stealkit.extract.surrogate_data.surrogate import resolve_config
-from stealkit.extract.surrogate_data.surrogate_presets import PRESET_NAMES
 from stealkit.oracle import LocalOracle
 from tests.conftest import TinyNet
 

@@ -1,6 +1,6 @@
 """``stealkit extract surrogate``: surrogate-data extraction (DFME appendix A; Knockoff Nets' adaptive policy;
 ActiveThief's active selection and FixMatch on the unqueried pool). ``--preset`` picks the combination; its
-default is ``stealkit.extract.surrogate_data.surrogate_presets.DEFAULT_PRESET``, chosen on the validation split
+default is ``stealkit.extract.surrogate_data.presets.DEFAULT_PRESET``, chosen on the validation split
 (docs/guide/surrogate.md). The command is options in, one
 :func:`~stealkit.extract.surrogate_data.run.run_surrogate` call, the closing line out."""
 
@@ -20,7 +20,7 @@ from stealkit.commands.common import (
     set_option,
     victim_options,
 )
-from stealkit.extract.surrogate_data.surrogate_presets import (
+from stealkit.extract.surrogate_data.presets import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_EPOCHS,
     DEFAULT_PRESET,

@@ -75,7 +75,7 @@ def run(config: CoDFeStudyConfig, *, on_record: Callable[[dict[str, Any]], None]
     from stealkit.extract.common import student_factory
     from stealkit.extract.datafree.codfe import CoDFeConfig, extract_codfe
     from stealkit.extract.datafree.dast import DaSTConfig, extract_dast
-    from stealkit.extract.datafree.datafree_loop import LoopConfig
+    from stealkit.extract.datafree.loop import LoopConfig
     from stealkit.extract.datafree.recipes import PAPER, recipe_settings
     from stealkit.oracle.victim import make_evaluator, open_victim, victim_splits
     from stealkit.victims import standard_victim

@@ -8,6 +8,6 @@ disagreement objective; CaBaGE (ECCV 2024) for class-balanced filtering and hard
 Entry points: :func:`~stealkit.extract.datafree.dfme.extract_dfme`, :func:`~stealkit.extract.datafree.maze.extract_maze`,
 :func:`~stealkit.extract.datafree.dast.extract_dast`, :func:`~stealkit.extract.datafree.codfe.extract_codfe`;
 the default recipe and ``paper`` are in :mod:`~stealkit.extract.datafree.recipes`. All share the resumable loop of
-:mod:`~stealkit.extract.datafree.datafree_loop` and the label-free student selection of
+:mod:`~stealkit.extract.datafree.loop` and the label-free student selection of
 :mod:`~stealkit.extract.datafree.selection`.
 """

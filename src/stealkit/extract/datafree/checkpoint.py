@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from stealkit.errors import InputError
-from stealkit.extract.datafree.datafree_attack import DataFreeAttack
+from stealkit.extract.datafree.attack import DataFreeAttack
 from stealkit.fsutil import atomic_path, atomic_write_json, to_jsonable
 from stealkit.oracle.ledger import QueryLedger
 

@@ -44,10 +44,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stealkit.extract.datafree.attack import DataFreeAttack, QueryFn, check_positive
 from stealkit.extract.datafree.cabage import HardReplayBuffer, balanced_selection
-from stealkit.extract.datafree.datafree_attack import DataFreeAttack, QueryFn, check_positive
-from stealkit.extract.datafree.datafree_loop import DataFreeResult, LoopConfig, run_datafree
 from stealkit.extract.datafree.disguide import sample_disagreement
+from stealkit.extract.datafree.loop import DataFreeResult, LoopConfig, run_datafree
 from stealkit.extract.datafree.replay import ReplayBuffer
 from stealkit.extract.datafree.schedules import cosine_factor, set_lr
 from stealkit.extract.datafree.selection import ExponentialAverage, MakeSelector, Selector, StudentSelector

@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stealkit.extract.datafree.datafree_attack import DataFreeAttack, QueryFn, check_positive
-from stealkit.extract.datafree.datafree_loop import DataFreeResult, LoopConfig, run_datafree
+from stealkit.extract.datafree.attack import DataFreeAttack, QueryFn, check_positive
+from stealkit.extract.datafree.loop import DataFreeResult, LoopConfig, run_datafree
 from stealkit.extract.targets import answer_probs
 from stealkit.metrics import Evaluator
 from stealkit.models.generators import DaSTGenerator

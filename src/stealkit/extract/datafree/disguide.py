@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stealkit.extract.datafree.datafree_attack import DataFreeAttack
+from stealkit.extract.datafree.attack import DataFreeAttack
 from stealkit.extract.datafree.selection import MakeSelector, Selector, StudentSelector
 
 

@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stealkit.extract.datafree.datafree_attack import QueryFn, check_positive, needs_probabilities
-from stealkit.extract.datafree.datafree_loop import DataFreeResult, LoopConfig, run_datafree
+from stealkit.extract.datafree.attack import QueryFn, check_positive, needs_probabilities
 from stealkit.extract.datafree.disguide import Committee, CommitteeAttack, check_disguide
+from stealkit.extract.datafree.loop import DataFreeResult, LoopConfig, run_datafree
 from stealkit.extract.datafree.replay import ReplayBuffer
 from stealkit.extract.datafree.schedules import cosine_factor, set_lr
 from stealkit.extract.datafree.selection import MakeSelector

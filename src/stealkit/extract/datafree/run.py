@@ -40,7 +40,7 @@ class DataFreeOptions:
 
 def build_config(method: str, settings: dict[str, Any], loop: dict[str, Any]) -> Any:
     """The method's frozen config from ``--set`` style settings; unknown names are a clear error."""
-    from stealkit.extract.datafree.datafree_loop import LoopConfig
+    from stealkit.extract.datafree.loop import LoopConfig
 
     cls = METHODS[method].config
     assert cls is not None

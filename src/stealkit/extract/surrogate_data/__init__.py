@@ -7,6 +7,6 @@ unqueried pool, as in Jagielski et al. 2020 Sec. 5.2.
 
 Entry points: :func:`~stealkit.extract.surrogate_data.surrogate.extract_surrogate` with
 :class:`~stealkit.extract.surrogate_data.surrogate.SurrogateConfig` (its validated default is
-:func:`~stealkit.extract.surrogate_data.surrogate_presets.resolve_preset` ``"auto"``), and
+:func:`~stealkit.extract.surrogate_data.presets.resolve_preset` ``"auto"``), and
 :func:`~stealkit.extract.surrogate_data.baseline.extract_baseline` (plain pool labelling).
 """

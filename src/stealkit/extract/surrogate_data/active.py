@@ -13,7 +13,7 @@ scores the unqueried pool with it and queries the ``m`` images a *subset selecti
   Networks: A Core-Set Approach*, ICLR 2018, Section 4.2, Algorithm 1) in the substitute's penultimate-layer
   feature space: repeatedly take the pool image farthest from its nearest already-chosen or answered image.
 
-``margin`` is part of the default from 20 answers per class (:mod:`stealkit.extract.surrogate_data.surrogate_presets`);
+``margin`` is part of the default from 20 answers per class (:mod:`stealkit.extract.surrogate_data.presets`);
 ``entropy`` and ``kcenter`` are reached with ``--select``.
 
 Every answer goes through the :class:`~stealkit.extract.answer_cache.AnswerCache`, so each image is paid for

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from stealkit.errors import InputError
 from stealkit.extract.common import ExtractionRun, save_extraction, student_factory
-from stealkit.extract.surrogate_data.surrogate_presets import (
+from stealkit.extract.surrogate_data.presets import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_EPOCHS,
     DEFAULT_PRESET,

@@ -52,14 +52,14 @@ from stealkit.extract.logit_recovery import recover_logits
 from stealkit.extract.losses import LossFn
 from stealkit.extract.surrogate_data.active import SELECTIONS, ActiveConfig, Select, active_rounds
 from stealkit.extract.surrogate_data.knockoff import KnockoffConfig, knockoff_select
-from stealkit.extract.surrogate_data.semi_supervised import SSL, FixMatchConfig, FixMatchLoss
-from stealkit.extract.surrogate_data.surrogate_presets import (
+from stealkit.extract.surrogate_data.presets import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_EPOCHS,
     resolve_preset,
 )
-from stealkit.extract.surrogate_data.surrogate_presets import DEFAULT_PRESET as DEFAULT_PRESET  # re-exported
-from stealkit.extract.surrogate_data.surrogate_presets import PRESETS as PRESETS
+from stealkit.extract.surrogate_data.presets import DEFAULT_PRESET as DEFAULT_PRESET  # re-exported
+from stealkit.extract.surrogate_data.presets import PRESETS as PRESETS
+from stealkit.extract.surrogate_data.semi_supervised import SSL, FixMatchConfig, FixMatchLoss
 from stealkit.extract.targets import victim_log_probs
 from stealkit.grad_clip import check_grad_clip
 from stealkit.metrics import Evaluator
@@ -267,7 +267,7 @@ def resolve_config(preset: str, answers: int, num_classes: int, *, mode: OutputM
                    settings: Mapping[str, Any] | None = None, **fields: Any) -> tuple[str, SurrogateConfig]:
     """The configuration ``stealkit extract surrogate --preset PRESET`` runs, and the name of what the preset
     resolved to: ``SurrogateConfig(**fields)``, then the preset for a budget of ``answers`` distinct images of
-    ``num_classes`` classes answered in ``mode`` (:func:`~stealkit.extract.surrogate_data.surrogate_presets.
+    ``num_classes`` classes answered in ``mode`` (:func:`~stealkit.extract.surrogate_data.presets.
     resolve_preset`), then ``settings`` (``--set`` and the explicit flags: they win; ``"active.initial"``-style
     keys reach a group), then FixMatch's flips where ``flip`` (the pool is flip-invariant) unless
     ``settings`` names ``fixmatch.flip``. The command and ``benchmarks/surrogate_extraction.py``'s default rows

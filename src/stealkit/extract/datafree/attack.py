@@ -3,7 +3,7 @@ checks they share.
 
 A method is a :class:`DataFreeAttack` (its state is real: a student, a generator, their optimisers and a
 random generator) that knows its per-iteration query cost and how to take one iteration;
-:func:`stealkit.extract.datafree.datafree_loop.run_datafree` drives it.
+:func:`stealkit.extract.datafree.loop.run_datafree` drives it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The loop that runs every data-free attack (DFME, MAZE, DaST, CoDFe) against an oracle.
 
-:func:`run_datafree` drives a :class:`~stealkit.extract.datafree.datafree_attack.DataFreeAttack` until the budget cannot
+:func:`run_datafree` drives a :class:`~stealkit.extract.datafree.attack.DataFreeAttack` until the budget cannot
 pay for another iteration, scores the student on the test split at fixed query marks (the accuracy-against-
 queries curve) and records the losses per round (CoDFe Figure 3). With a checkpoint directory it saves the
 attack's full state (:mod:`stealkit.extract.datafree.checkpoint`) and journals every answer in between
@@ -23,8 +23,8 @@ import torch
 from stealkit import fmt
 from stealkit.errors import InputError
 from stealkit.extract.common import ExtractionResult, curve_point
+from stealkit.extract.datafree.attack import DataFreeAttack
 from stealkit.extract.datafree.checkpoint import load_checkpoint, save_checkpoint
-from stealkit.extract.datafree.datafree_attack import DataFreeAttack
 from stealkit.extract.journal import JournalOracle
 from stealkit.fsutil import to_jsonable
 from stealkit.metrics import Evaluator
