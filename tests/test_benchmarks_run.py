@@ -131,3 +131,16 @@ def test_attack_speed_per_step_mode_reports_slope_and_ops(tmp_path: Path) -> Non
     assert all({"per_step_ms", "fixed_ms", "per_step_cpu_ms"} <= set(r) for r in doc["results"])
     ops = doc["ops_per_step"]
     assert ops["stealkit batch 8"]["total"] == ops["stealkit-before batch 8"]["total"] > 0
+
+
+def test_gpu_check_plan_53_lists_what_the_budget_did_not_reach(tmp_path: Path) -> None:
+    """``gpu_check.py --plan 53`` (issue 53): the steps in the issue's order; a step the budget does not reach is a
+    row that says "not run", with the device line beside it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--plan", "53", "--budget", "1",
+                           "--device", "cpu", "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "gpu_check.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == ["pgd", "certify", "audit", "labelonly", "stn", "table4", "milli"]
+    assert all(r["value"] == "not run: the budget was spent" and r["device_line"]["commit"] for r in rows)
