@@ -13,6 +13,16 @@ rate = the fraction of images the model misclassifies after the attack (the anch
     .venv/bin/python benchmarks/attack_speed.py --quick          # smoke run: 200 images, batch 100, 1 repeat
     python3 benchmarks/attack_speed.py --device cuda --n 10000 --batches 256,1000   # the GPU check's row
 
+Per-step mode (issue 53): ``--per-step 5,20`` times every library at two step counts (seeds 0..repeats-1,
+interleaved: repeat by repeat, step count by step count, library by library) and reports the slope, the time
+of one step of one batch (``per_step_ms``: forward, backward, projection and whatever the loop adds), and the
+intercept (``fixed_ms``: the random starts, the labels, the checks, once per call); ``--ops`` adds the number of
+torch operations per step of stealkit's loop and of the plain loop (torch.profiler, the difference of two step
+counts), the measure of what the loop does beyond the forward, the backward and the projection:
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/attack_speed.py --victim digits-conv2 --n 256 \
+        --batches 8,64 --per-step 5,20 --repeats 5 --threads 1 --libraries stealkit,plain,torchattacks --ops
+
 On a GPU every library gets the model and the images on the device (ART as ``device_type="gpu"``), and each
 timing ends with ``torch.cuda.synchronize()``; one untimed warm-up call per library and batch comes first.
 
@@ -45,23 +55,24 @@ def labelled(model: nn.Module, x_adv: torch.Tensor, batch: int) -> Result:
     return x_adv, model_labels(model, x_adv, batch_size=batch)
 
 
-def run_stealkit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> Result:
+def run_stealkit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int, steps: int = 20) -> Result:
     from stealkit.evade.gradient_based.gradient import pgd
 
-    r = pgd(model, x, y, eps=0.1, step=0.01, steps=20, random_start=True, seed=seed, batch_size=batch)
+    r = pgd(model, x, y, eps=0.1, step=0.01, steps=steps, random_start=True, seed=seed, batch_size=batch)
     return r.x_adv, r.labels  # stealkit's result already carries the labels (and per-example success, norms)
 
 
-def run_torchattacks(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> Result:
+def run_torchattacks(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int,
+                     steps: int = 20) -> Result:
     import torchattacks
 
     torch.manual_seed(seed)
-    atk = torchattacks.PGD(model, eps=0.1, alpha=0.01, steps=20, random_start=True)
+    atk = torchattacks.PGD(model, eps=0.1, alpha=0.01, steps=steps, random_start=True)
     return labelled(model, torch.cat([atk(x[i : i + batch], y[i : i + batch]) for i in range(0, x.shape[0], batch)]),
                     batch)
 
 
-def run_art(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> Result:
+def run_art(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int, steps: int = 20) -> Result:
     """ART takes and returns numpy arrays: the copies to and from the host are part of its cost."""
     from art.attacks.evasion import ProjectedGradientDescent
     from art.estimators.classification import PyTorchClassifier
@@ -70,20 +81,20 @@ def run_art(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed
     clf = PyTorchClassifier(model=model, loss=nn.CrossEntropyLoss(), input_shape=tuple(x.shape[1:]),
                             nb_classes=10, clip_values=(0.0, 1.0),
                             device_type="gpu" if x.device.type == "cuda" else "cpu")
-    atk = ProjectedGradientDescent(clf, norm=np.inf, eps=0.1, eps_step=0.01, max_iter=20, num_random_init=1,
+    atk = ProjectedGradientDescent(clf, norm=np.inf, eps=0.1, eps_step=0.01, max_iter=steps, num_random_init=1,
                                    targeted=False, batch_size=batch, verbose=False)
     x_adv = torch.from_numpy(atk.generate(x.cpu().numpy(), y=y.cpu().numpy())).to(x.device)
     return labelled(model, x_adv, batch)
 
 
-def run_plain(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> Result:
+def run_plain(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int, steps: int = 20) -> Result:
     """The textbook loop (what most research code does), for reference."""
     torch.manual_seed(seed)
     outs = []
     for i in range(0, x.shape[0], batch):
         xb, yb = x[i : i + batch], y[i : i + batch]
         xa = (xb + torch.empty_like(xb).uniform_(-0.1, 0.1)).clamp(0, 1)
-        for _ in range(20):
+        for _ in range(steps):
             xa.requires_grad_(True)
             loss = nn.functional.cross_entropy(model(xa), yb)
             (g,) = torch.autograd.grad(loss, xa)
@@ -92,9 +103,26 @@ def run_plain(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, se
     return labelled(model, torch.cat(outs), batch)
 
 
-Attack = Callable[[nn.Module, torch.Tensor, torch.Tensor, int, int], Result]
+Attack = Callable[[nn.Module, torch.Tensor, torch.Tensor, int, int, int], Result]
 LIBRARIES: dict[str, Attack] = {"stealkit": run_stealkit, "torchattacks": run_torchattacks, "art": run_art,
                                 "plain": run_plain}
+
+
+def add_before(path: str) -> None:
+    """Load another version of the gradient loop as the library ``stealkit-before`` (same package otherwise)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("stealkit_gradient_before", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+
+    def run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int, steps: int = 20) -> Result:
+        r = module.pgd(model, x, y, eps=0.1, step=0.01, steps=steps, random_start=True, seed=seed, batch_size=batch)
+        return r.x_adv, r.labels
+
+    LIBRARIES["stealkit-before"] = run
 
 
 def available(name: str) -> str | None:
@@ -108,6 +136,80 @@ def available(name: str) -> str | None:
     return None
 
 
+def ops_per_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, lib: str,
+                 counts: tuple[int, int]) -> dict[str, float]:
+    """Torch operations (``aten::`` calls and autograd nodes, as torch.profiler records them) per step of one batch:
+    the difference between two step counts, so the per-call work (starts, labels, checks) cancels."""
+    import collections
+
+    from torch.profiler import ProfilerActivity, profile
+
+    seen = []
+    for steps in counts:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            LIBRARIES[lib](model, x[:batch], y[:batch], batch, 0, steps)
+        seen.append(collections.Counter(e.name for e in prof.events()
+                                        if e.name.startswith(("aten::", "autograd::engine::evaluate_function"))))
+    span = counts[1] - counts[0]
+    names = set(seen[0]) | set(seen[1])
+    per = {k: (seen[1][k] - seen[0][k]) / span for k in names if seen[1][k] != seen[0][k]}
+    return {"total": sum(per.values()), **{k: per[k] for k in sorted(per, key=lambda k: (-per[k], k))}}
+
+
+def per_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace, libs: list[str],
+             batches: list[int], missing: dict[str, str], sync: Callable[[], None]) -> dict[str, object]:
+    """``--per-step S1,S2``: every library at both step counts, interleaved; per batch the slope and intercept."""
+    counts = tuple(int(v) for v in args.per_step.split(","))
+    if len(counts) != 2 or not 0 < counts[0] < counts[1]:
+        raise SystemExit("--per-step needs two step counts S1 < S2, e.g. 5,20")
+    times: dict[tuple[str, int, int], list[float]] = {(lib, b, s): [] for lib in libs for b in batches
+                                                      for s in counts}
+    cpu: dict[tuple[str, int, int], list[float]] = {k: [] for k in times}  # this process's CPU time: less
+    # sensitive than wall time to other jobs on a shared machine (with --threads 1, the same as wall time idle)
+    for r in range(args.repeats):
+        for b in batches:
+            for s in counts:
+                order = libs if r % 2 == 0 else libs[::-1]
+                for lib in order:
+                    sync()
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    x_adv, _ = LIBRARIES[lib](model, x, y, b, r, s)
+                    sync()
+                    times[(lib, b, s)].append(time.perf_counter() - t0)
+                    cpu[(lib, b, s)].append(time.process_time() - c0)
+                    assert float((x_adv - x).abs().max()) <= 0.1 + 1e-5, lib
+                print(f"repeat {r} batch {b} steps {s}: " + ", ".join(
+                    f"{lib} {times[(lib, b, s)][-1]:.3f}s" for lib in libs), file=sys.stderr, flush=True)
+    rows = []
+    for b in batches:
+        calls = -(-x.shape[0] // b)  # batches per call
+        for lib in libs:
+            lo, hi = (statistics.median(times[(lib, b, s)]) for s in counts)
+            slope = (hi - lo) / (counts[1] - counts[0])
+            clo, chi = (statistics.median(cpu[(lib, b, s)]) for s in counts)
+            cslope = (chi - clo) / (counts[1] - counts[0])
+            rows.append({"library": lib, "batch": b, "per_step_ms": round(1e3 * slope / calls, 4),
+                         "fixed_ms": round(1e3 * (lo - slope * counts[0]), 2),
+                         "per_step_cpu_ms": round(1e3 * cslope / calls, 4),
+                         "fixed_cpu_ms": round(1e3 * (clo - cslope * counts[0]), 2),
+                         **{f"median_s_steps_{s}": round(statistics.median(times[(lib, b, s)]), 4) for s in counts},
+                         "times_s": {str(s): [round(t, 4) for t in times[(lib, b, s)]] for s in counts}})
+        for key in ("per_step_ms", "per_step_cpu_ms"):
+            ref = {r["library"]: r[key] for r in rows if r["batch"] == b}
+            for r in rows:
+                if r["batch"] == b and ref.get("plain", 0) > 0:
+                    r[key.replace("_ms", "_over_plain")] = round(r[key] / ref["plain"], 3)
+    out: dict[str, object] = {
+        "benchmark": "pgd_linf_per_step", "attack": {"eps": 0.1, "step": 0.01, "random_start": True},
+        "step_counts": counts, "victim": args.victim, "n": int(x.shape[0]), "device": str(x.device),
+        "threads": args.threads, "repeats": args.repeats, "seeds": list(range(args.repeats)),
+        "versions": {"torch": torch.__version__}, "skipped": missing, "results": rows}
+    if args.ops:
+        out["ops_per_step"] = {f"{lib} batch {batches[0]}": ops_per_step(model, x, y, batches[0], lib, counts)
+                               for lib in libs if lib in ("stealkit", "stealkit-before", "plain", "torchattacks")}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=1000)
@@ -119,10 +221,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="standard victim name, or a model directory (a Fashion-MNIST classifier)")
     ap.add_argument("--device", default="cpu", help="torch device of the model and images (cpu, cuda, cuda:N)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 200 images, batch 100, 1 repeat")
+    ap.add_argument("--per-step", default="", metavar="S1,S2",
+                    help="time at two step counts and report the time of one step and the fixed cost per call")
+    ap.add_argument("--ops", action="store_true", help="with --per-step: torch operations per step (profiler)")
+    ap.add_argument("--before", default=None, metavar="GRADIENT_PY",
+                    help="another version of stealkit/evade/gradient_based/gradient.py (e.g. from `git show "
+                         "COMMIT:src/...`), timed beside the current one as library 'stealkit-before'")
     args = ap.parse_args(argv)
     if args.quick:
         args.n, args.batches, args.repeats = 200, "100", 1
     torch.set_num_threads(args.threads)
+    if args.before:
+        add_before(args.before)
+        args.libraries += ",stealkit-before"
     from stealkit.data import load_splits
     from stealkit.victims import standard_victim
 
@@ -157,13 +268,16 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":  # kernels, cuDNN plans and allocator pools are made once, outside the timings
         for b in batches:
             for lib in libs:
-                LIBRARIES[lib](model, x[: 2 * b], y[: 2 * b], b, 0)
+                LIBRARIES[lib](model, x[: 2 * b], y[: 2 * b], b, 0, 20)
+    if args.per_step:
+        print(json.dumps(per_step(model, x, y, args, libs, batches, missing, sync), indent=2))
+        return 0
     for r in range(args.repeats):
         for b in batches:
             for lib in libs:
                 sync()
                 t0 = time.perf_counter()
-                x_adv, labels = LIBRARIES[lib](model, x, y, b, r)
+                x_adv, labels = LIBRARIES[lib](model, x, y, b, r, 20)
                 sync()
                 times[(lib, b)].append(time.perf_counter() - t0)
                 with torch.no_grad():

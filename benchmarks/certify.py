@@ -23,6 +23,13 @@ Rate against the bare loop (the GPU check, issue 41): ``--rate-batches 1000,1000
 same batch, runs the model and counts the argmax (no bookkeeping, no bounds): the ratio says how much of the
 device's noise+forward rate the certifier keeps. Repeats interleaved; median images/s.
 
+Before and after (issue 53): ``--before FILE`` adds a worker ``stealkit-before`` that certifies with another
+version of ``stealkit/certify/smoothing.py`` (``git show COMMIT:src/stealkit/certify/smoothing.py > FILE``),
+interleaved with the others in ``--rate-batches``; ``cpu_seconds`` shows the host time each spent:
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/certify.py --dataset digits --num 100 --n 1000 --threads 1 \
+        --rate-batches 400,4000 --repeats 3 --skip-art --mem-ns '' --before /tmp/smoothing_before.py
+
 Memory scaling: ``--mem-ns`` runs each certifier on ``--mem-num`` images for growing n and reports peak RSS.
 Prints one JSON object. ``--quick`` is a smoke run (20 images, small n).
 
@@ -139,8 +146,18 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     elif args.worker.startswith("stealkit"):
         from stealkit.certify.smoothing import SmoothingConfig, certify
 
+        if args.worker == "stealkit-before":
+            import importlib.util
+
+            spec = importlib.util.spec_from_file_location("stealkit_smoothing_before", args.before)
+            assert spec is not None and spec.loader is not None
+            before = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = before  # its dataclasses look their module up
+            spec.loader.exec_module(before)
+            SmoothingConfig, certify = before.SmoothingConfig, before.certify  # noqa: N806
+
         cfg = SmoothingConfig(sigma=args.sigma, n0=args.n0, n=args.n, alpha=args.alpha, batch_size=args.batch,
-                              seed=args.seed, fast=args.worker == "stealkit")
+                              seed=args.seed, fast=args.worker != "stealkit-plain")
         t0, c0 = time.perf_counter(), time.process_time()
         certs = certify(model, x, cfg)
         _sync(x)
@@ -177,30 +194,35 @@ def spawn(args: argparse.Namespace, name: str, n: int, num: int) -> dict[str, An
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", name, "--n", str(n), "--num", str(num),
            "--n0", str(args.n0), "--sigma", str(args.sigma), "--alpha", str(args.alpha), "--threads",
            str(args.threads), "--seed", str(args.seed), "--batch", str(args.batch), "--art-batch", str(args.art_batch),
-           "--images", args.images, "--dataset", args.dataset, "--device", args.device]
+           "--images", args.images, "--dataset", args.dataset, "--device", args.device] + (
+               ["--before", args.before] if args.before else [])
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         return {"worker": name, "error": out.stderr.strip().splitlines()[-1:] or ["failed"]}
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def interleaved(a: argparse.Namespace, names: tuple[str, str], repeats: int,
+def interleaved(a: argparse.Namespace, names: tuple[str, ...], repeats: int,
                 on_error: Callable[[str, dict[str, Any]], None]) -> dict[str, Any]:
-    """Images/s of two certifiers at ``a``'s settings, each run in its own process, the order alternating per
-    repeat; a failed run is handed to ``on_error`` and counts as NaN. The medians and the first over the second."""
+    """Images/s of certifiers at ``a``'s settings, each run in its own process, the order alternating per
+    repeat; a failed run is handed to ``on_error`` and counts as NaN. The medians and each over the last."""
     ips: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
     for r in range(repeats):
         for name in (names if r % 2 == 0 else names[::-1]):
             res = spawn(a, name, a.n, a.num)
             if "error" in res:
                 on_error(name, res)
                 ips[name].append(float("nan"))
+                cpu[name].append(float("nan"))
             else:
                 ips[name].append(res["images_per_second"])
+                cpu[name].append(res["cpu_seconds"])
     med = {k: statistics.median(v) for k, v in ips.items()}
     return {"images_per_second": {k: [round(x, 3) for x in v] for k, v in ips.items()},
+            "cpu_seconds": {k: [round(x, 3) for x in v] for k, v in cpu.items()},
             "median": {k: round(v, 3) for k, v in med.items()},
-            f"{names[0]}_over_{names[1]}": round(med[names[0]] / med[names[1]], 3)}
+            **{f"{n}_over_{names[-1]}": round(med[n] / med[names[-1]], 3) for n in names[:-1]}}
 
 
 def main() -> None:
@@ -227,6 +249,8 @@ def main() -> None:
     p.add_argument("--device", default="cpu", help="torch device of the model, images and noise (cpu, cuda)")
     p.add_argument("--rate-batches", default="",
                    help="comma list of batch sizes at which to time certify beside the bare noise+forward loop")
+    p.add_argument("--before", default=None, metavar="SMOOTHING_PY",
+                   help="with --rate-batches: also time another version of stealkit/certify/smoothing.py")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--images", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -260,7 +284,8 @@ def main() -> None:
             def fail(name: str, res: dict[str, Any], b: int = b) -> None:
                 raise SystemExit(f"{name} at batch {b} failed: {res['error']}")
 
-            rate[str(b)] = interleaved(a, ("stealkit", "bare"), args.repeats, fail)
+            names = ("stealkit", "stealkit-before", "bare") if args.before else ("stealkit", "bare")
+            rate[str(b)] = interleaved(a, names, args.repeats, fail)
         machine["load_average_end"] = os.getloadavg()
         if args.device.startswith("cuda"):
             import torch

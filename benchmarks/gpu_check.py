@@ -20,6 +20,15 @@ others):
   noise+forward rate at the same batch; goal >= 90 % of it at both batches;
 - ``dfme``: ``benchmarks/data_free.py``: DFME with probabilities, 2M queries, end to end; goal <= 40 s of
   extraction wall time and a ledger that spent the budget exactly (at most one iteration's cost unspent).
+- ``audit``: the default Fashion-MNIST audit, ``stealkit audit --victim standard:fmnist-conv2 --device D``, its
+  wall time (goal <= 180 s on one H100) and its verdict's first line;
+- ``labelonly``, ``stn``, ``table4``, ``milli``: the papers' settings (issues 42, 43), each one call of
+  ``benchmarks/gpu_papers.sh STEP`` under this step's limit (``LIMIT``); a step stopped at its limit is resumable
+  (the run folders are packed into ``OUT/papers/papers-state.tgz``: put it in ``.gpu/`` for the next call).
+
+``--plan 53`` runs issue 53's order: ``pgd,certify`` (side by side), ``audit``, then the papers, highest value first
+(``labelonly,stn,table4,milli``). ``--budget SECONDS`` caps the whole run: a step starts with at most what is
+left, and a step with less than 30 s left is listed as not run (a row that says so), never dropped.
 
 Writes ``gpu_check.jsonl`` (one JSON line per figure, each with the device line), ``gpu_check.json`` (the
 device line and every figure), ``gpu_check.md`` (the table) and ``logs.txt`` (every step's output) to
@@ -49,7 +58,17 @@ PY = sys.executable
 
 # step -> (limit in seconds for the full check, limit for --tiny); the full limits add up to 8 minutes
 LIMITS: dict[str, tuple[int, int]] = {"tier": (150, 300), "serve": (60, 120), "ray": (45, 120),
-                                      "pgd": (90, 120), "certify": (120, 120), "dfme": (200, 180)}
+                                      "pgd": (90, 120), "certify": (120, 120), "dfme": (200, 180),
+                                      "audit": (240, 400), "labelonly": (540, 300), "stn": (540, 300),
+                                      "table4": (540, 300), "milli": (540, 300)}
+#: the run orders ``--plan`` names
+PLANS: dict[str, str] = {"check": "tier,serve,ray,pgd,certify,dfme",
+                         "53": "pgd,certify,audit,labelonly,stn,table4,milli"}
+#: the papers' steps: gpu_papers.sh's step, and what it runs
+PAPERS: dict[str, str] = {"labelonly": "CoDFe label-only data-free, standard:fmnist-conv2, to 2M queries",
+                          "stn": "STN certification (Li et al. Sec. 6), n = 100k, 500 points, four sigmas",
+                          "table4": "DFME Table 4, Fashion-MNIST, 50,000 distinct samples",
+                          "milli": "Milli et al. Figures 2-4, Fashion-MNIST, seeds 0-2"}
 
 
 def device_line(device: str) -> dict[str, Any]:
@@ -248,14 +267,68 @@ def step_dfme(device: str, tiny: bool, work: Path) -> list[dict[str, Any]]:
              "ledger_exact": exact}]
 
 
+def step_audit(device: str, tiny: bool, work: Path) -> list[dict[str, Any]]:
+    victim = "standard:digits-conv2" if tiny else "standard:fmnist-conv2"
+    extra = ["--quick", "--answers", "label", "--datafree-budget", "0"] if tiny else []
+    if not tiny:  # the victim is trained (or read from the cache) before the clock starts
+        from stealkit.victims import standard_victim
+
+        standard_victim("fmnist-conv2", device=device)
+    out = work / "audit"
+    t0 = time.perf_counter()
+    proc = stealkit("audit", "--victim", victim, "--device", device, "--out", str(out), *extra, timeout=10_000)
+    wall = round(time.perf_counter() - t0, 1)
+    sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+    verdict = next((ln.strip() for ln in proc.stdout.splitlines() if ln.strip()), "")
+    keep = Path(os.environ.get("GPU_CHECK_OUT", str(work))) / "audit"
+    if keep != out and out.is_dir():  # the audit's summary and report travel back with the figures
+        keep.mkdir(parents=True, exist_ok=True)
+        for name in ("summary.json", "report.html", "config.json"):
+            if (out / name).is_file():
+                (keep / name).write_bytes((out / name).read_bytes())
+    return [{"step": "audit", "figure": f"stealkit audit --victim {victim} --device {device}{' ' if extra else ''}"
+                                        f"{' '.join(extra)}: wall s (exit code)",
+             "value": f"{wall} s (exit {proc.returncode})", "verdict": verdict[:300],
+             "goal": "<= 180 s on one H100", "met": proc.returncode in (0, 1) and wall <= 180}]
+
+
+def papers_step(name: str) -> Callable[[str, bool, Path], list[dict[str, Any]]]:
+    """One of the papers' settings: ``gpu_papers.sh NAME`` under this step's limit, resumable."""
+    def run(device: str, tiny: bool, work: Path) -> list[dict[str, Any]]:
+        out = Path(os.environ.get("GPU_CHECK_OUT", str(work))) / "papers"
+        limit = int(os.environ.get("GPU_CHECK_LIMIT", LIMITS[name][1 if tiny else 0])) - 15
+        env = {**os.environ, "LIMIT": str(max(limit, 10)), "OUT": str(out),
+               "RUNS": os.environ.get("RUNS", str(ROOT / "runs" / "gpu-papers")), "PYTHON": PY}
+        t0 = time.perf_counter()
+        proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_papers.sh"), name, "--device", device,
+                               *(["--tiny"] if tiny else [])], cwd=ROOT, env=env, capture_output=True, text=True,
+                              check=False)
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        log = (out / "steps.log").read_text().splitlines() if (out / "steps.log").is_file() else []
+        exits = [ln for ln in log if ln.startswith("exit ")]
+        last = exits[-1] if exits else f"gpu_papers.sh exited {proc.returncode}"
+        done = last.startswith("exit 0 ")
+        summaries = {p.name: p.read_text()[:2000] for p in sorted(out.glob("*summary.json"))}
+        return [{"step": name, "figure": f"{PAPERS[name]}{' (tiny)' if tiny else ''}",
+                 "value": "finished" if done else f"not finished: {last.split(':')[0]} (resumable from "
+                                                  "papers/papers-state.tgz)",
+                 "seconds_in_step": round(time.perf_counter() - t0, 1), "log": last, "summaries": summaries,
+                 "goal": "finished, beside the paper's figure in docs/results.md", "met": done}]
+    return run
+
+
 STEPS: dict[str, Callable[[str, bool, Path], list[dict[str, Any]]]] = {
     "tier": step_tier, "serve": step_serve, "ray": step_ray, "pgd": step_pgd, "certify": step_certify,
-    "dfme": step_dfme}
+    "dfme": step_dfme, "audit": step_audit, **{name: papers_step(name) for name in PAPERS}}
 
 
-def run_step(name: str, args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
-    """One step in a child process under its limit; a crash or a timeout becomes a failed row."""
+def run_step(name: str, args: argparse.Namespace, log: Any, left: float | None = None) -> list[dict[str, Any]]:
+    """One step in a child process under its limit (and what is left of ``--budget``); a crash or a timeout
+    becomes a failed row."""
     limit = LIMITS[name][1 if args.tiny else 0]
+    if left is not None:
+        limit = int(min(limit, left))
+    os.environ["GPU_CHECK_OUT"], os.environ["GPU_CHECK_LIMIT"] = str(args.out.resolve()), str(limit)
     with tempfile.TemporaryDirectory(prefix=f"gpu-check-{name}-") as work:
         cmd = [PY, __file__, "--child", name, "--device", args.device, "--work", work] + (["--tiny"] if args.tiny
                                                                                             else [])
@@ -301,23 +374,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "runs/gpu-check")))
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="every step at a tiny size (a dry run on any device)")
-    p.add_argument("--steps", default=",".join(STEPS), help="comma list of steps to run (to rerun a failed one)")
+    p.add_argument("--steps", default=None, help="comma list of steps to run, in order (to rerun a failed one)")
+    p.add_argument("--plan", default="check", choices=sorted(PLANS),
+                   help="the steps' order when --steps is not given: check (issue 41) or 53 (issue 53)")
+    p.add_argument("--budget", type=float, default=None, help="seconds for the whole run (steps get what is left)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--work", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(STEPS[args.child](args.device, args.tiny, args.work)))
         return 0
-    steps = [s for s in args.steps.split(",") if s]
+    steps = [s for s in (args.steps or PLANS[args.plan]).split(",") if s]
     if unknown := [s for s in steps if s not in STEPS]:
         p.error(f"unknown step(s) {unknown}; expected some of {list(STEPS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     line = device_line(args.device) | {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                        "tiny": args.tiny}
     rows: list[dict[str, Any]] = []
+    start = time.monotonic()
     with open(args.out / "logs.txt", "a", encoding="utf-8") as log:
         for name in steps:
-            got = run_step(name, args, log)
+            left = None if args.budget is None else args.budget - (time.monotonic() - start)
+            if left is not None and left < 30:
+                got = [{"step": name, "figure": PAPERS.get(name, "step"), "value": "not run: the budget was spent",
+                        "met": False}]
+            else:
+                got = run_step(name, args, log, left)
             rows += got
             with open(args.out / "gpu_check.jsonl", "a", encoding="utf-8") as fh:
                 for r in got:

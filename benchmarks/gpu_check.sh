@@ -8,6 +8,9 @@
 # A dry run anywhere (every step at a tiny size, on the CPU):
 #   OUT=runs/gpu-check-dry PYTHON=.venv/bin/python bash benchmarks/gpu_check.sh --tiny --device cpu
 # Extra arguments go to benchmarks/gpu_check.py (--steps pgd,dfme reruns two steps).
+# Issue 53's run, in its order, each step under its own limit, the whole under --budget seconds:
+#   bash benchmarks/gpu_check.sh --plan 53 --budget 560   # pgd, certify, audit, labelonly, stn, table4, milli
+#   OUT=runs/gpu-53-dry PYTHON=.venv/bin/python bash benchmarks/gpu_check.sh --plan 53 --tiny --device cpu
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GPU_DIR=.gpu

@@ -44,7 +44,15 @@ OUT="${OUT:-$RUNS/out}"
 LIMIT="${LIMIT:-540}"
 export STEALKIT_CACHE="$RUNS/cache"
 mkdir -p "$RUNS" "$OUT"
-[ -f "$GPU_DIR/papers-state.tgz" ] && tar -xzf "$GPU_DIR/papers-state.tgz" -C "$RUNS"
+# the carried state is unpacked once per run folder: a second call in the same session (gpu_check.py --plan 53 runs
+# one call per step) must not roll back what the first one advanced
+if [ -f "$GPU_DIR/papers-state.tgz" ] && [ ! -f "$RUNS/.state-unpacked" ]; then
+  tar -xzf "$GPU_DIR/papers-state.tgz" -C "$RUNS" && touch "$RUNS/.state-unpacked"
+fi
+# the victims prepared in .gpu/cache (gpu_check.sh --prepare), so no step spends its limit training one
+if [ -d "$GPU_DIR/cache/victims" ]; then
+  mkdir -p "$STEALKIT_CACHE/victims" && cp -rn "$GPU_DIR/cache/victims/." "$STEALKIT_CACHE/victims/"
+fi
 start=$(date +%s)
 SK=("$PYTHON" -m stealkit)
 left() { echo $(( LIMIT - ($(date +%s) - start) )); }
@@ -97,5 +105,5 @@ stamp = ".gpu/COMMIT"
 line["commit"] = open(stamp).read().strip() if os.path.exists(stamp) else None
 print(json.dumps(line))
 EOF
-tar -czf "$OUT/papers-state.tgz" -C "$RUNS" --exclude=./out . 2>/dev/null
+tar -czf "$OUT/papers-state.tgz" -C "$RUNS" --exclude=./out --exclude=./.state-unpacked . 2>/dev/null
 ls -la "$OUT" >&2

@@ -112,3 +112,35 @@ def test_gpu_papers_script_runs_a_step_at_a_tiny_size_and_packs_its_state(tmp_pa
     with tarfile.open(tmp_path / "out" / "papers-state.tgz") as tar:
         assert any(n.endswith("table4-tiny/summary.json") for n in tar.getnames())
     assert json.loads((tmp_path / "out" / "device.json").read_text())["device"] == "cpu"
+
+
+@pytest.mark.slow
+def test_attack_speed_per_step_mode_reports_slope_and_ops(tmp_path: Path) -> None:
+    """``attack_speed.py --per-step`` (issue 53): per-step and fixed times for every library, the operation counts,
+    and another version of the loop timed beside the current one (here the same file)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "STEALKIT_QUIET": "1"}
+    before = ROOT / "src" / "stealkit" / "evade" / "gradient_based" / "gradient.py"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "attack_speed.py"), "--victim", "digits-conv2",
+                           "--n", "16", "--batches", "8", "--repeats", "1", "--threads", "1", "--per-step", "1,2",
+                           "--libraries", "stealkit,plain", "--before", str(before), "--ops"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = _json_doc(proc.stdout)
+    assert {r["library"] for r in doc["results"]} == {"stealkit", "plain", "stealkit-before"}
+    assert all({"per_step_ms", "fixed_ms", "per_step_cpu_ms"} <= set(r) for r in doc["results"])
+    ops = doc["ops_per_step"]
+    assert ops["stealkit batch 8"]["total"] == ops["stealkit-before batch 8"]["total"] > 0
+
+
+def test_gpu_check_plan_53_lists_what_the_budget_did_not_reach(tmp_path: Path) -> None:
+    """``gpu_check.py --plan 53`` (issue 53): the steps in the issue's order; a step the budget does not reach is a
+    row that says "not run", with the device line beside it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--plan", "53", "--budget", "1",
+                           "--device", "cpu", "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "gpu_check.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == ["pgd", "certify", "audit", "labelonly", "stn", "table4", "milli"]
+    assert all(r["value"] == "not run: the budget was spent" and r["device_line"]["commit"] for r in rows)

@@ -19,6 +19,7 @@ Clipping to the ball and to [0, 1] happens only in :func:`stealkit.evade.base.pr
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -72,17 +73,69 @@ class GradientAttackConfig:
 
 
 # -- the three per-norm pieces ----------------------------------------------------------------------------
-def _random_start(x: torch.Tensor, eps: float, norm: Norm, gen: torch.Generator) -> torch.Tensor:
-    """A uniformly random point of the ball (Linf: uniform cube; L2: uniform in the ball)."""
+def _draw_start(shape: torch.Size, norm: Norm, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """The random start's draws from the CPU generator (Linf: ``U(-1, 1)`` per pixel; L2: a Gaussian direction and
+    a uniform ``[B]`` for the radius), in the order the generator gives them."""
     if norm is Norm.LINF:
-        delta = (torch.rand(x.shape, generator=gen) * 2 - 1).to(x.device) * eps
+        return (torch.rand(shape, generator=gen) * 2 - 1,)
+    return torch.randn(shape, generator=gen), torch.rand(shape[0], generator=gen)
+
+
+def _place_start(draws: tuple[torch.Tensor, ...], x: torch.Tensor, eps: float, norm: Norm) -> torch.Tensor:
+    """The start of :func:`_draw_start`'s draws (already on ``x``'s device), projected: a uniformly random point of
+    the ball (Linf: uniform cube; L2: uniform in the ball)."""
+    if norm is Norm.LINF:
+        delta = draws[0] * eps
     else:
         d = x[0].numel()
-        u = torch.randn(x.shape, generator=gen).to(x.device)
+        u = draws[0]
         u = u / u.flatten(1).norm(dim=1).clamp_min(TINY).view(-1, *([1] * (x.dim() - 1)))
-        r = torch.rand(x.shape[0], generator=gen).to(x.device) ** (1.0 / d) * eps
+        r = draws[1] ** (1.0 / d) * eps
         delta = u * r.view(-1, *([1] * (x.dim() - 1)))
     return project(x + delta, x, eps, norm)
+
+
+def _random_start(x: torch.Tensor, eps: float, norm: Norm, gen: torch.Generator) -> torch.Tensor:
+    """A uniformly random point of the ball, drawn now from ``gen`` (the CPU generator) and moved to ``x``'s device."""
+    return _place_start(tuple(t.to(x.device) for t in _draw_start(x.shape, norm, gen)), x, eps, norm)
+
+
+class _Starts:
+    """The random starts of a run on an accelerator, drawn ahead in a helper thread (issue 53).
+
+    The draws come from the same CPU generator in the same order as :func:`_random_start` would take them (only
+    when nothing else draws from it: no EOT noise), are pinned and copied without waiting for the device, so the
+    device never idles while the CPU draws the next batch's start and a pageable copy does not drain its queue.
+    The examples are bit for bit those of the inline draws. At most ``ahead`` batches are drawn ahead (memory).
+    """
+
+    def __init__(self, shapes: list[torch.Size], norm: Norm, gen: torch.Generator, device: torch.device,
+                 ahead: int = 2) -> None:
+        self._shapes, self._norm, self._gen, self._device = iter(shapes), norm, gen, device
+        self._pin = device.type == "cuda" and torch.backends.cuda.is_built()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stealkit-pgd-starts")
+        self._pending: list[Future[tuple[torch.Tensor, ...]]] = []  # futures, in draw order (one worker: FIFO, so the generator's order is kept)
+        for _ in range(ahead):
+            self._submit()
+
+    def _submit(self) -> None:
+        shape = next(self._shapes, None)
+        if shape is not None:
+            self._pending.append(self._pool.submit(self._draw, shape))
+
+    def _draw(self, shape: torch.Size) -> tuple[torch.Tensor, ...]:
+        draws = _draw_start(shape, self._norm, self._gen)
+        return tuple(t.pin_memory() for t in draws) if self._pin else draws
+
+    def next(self, x: torch.Tensor, eps: float) -> torch.Tensor:
+        draws = self._pending.pop(0).result()
+        self._submit()
+        return _place_start(tuple(t.to(self._device, non_blocking=True) for t in draws), x, eps, self._norm)
+
+    def close(self) -> None:
+        for f in self._pending:
+            f.cancel()
+        self._pool.shutdown(wait=True)
 
 
 def _unit_step(g: torch.Tensor, norm: Norm) -> torch.Tensor:
@@ -95,7 +148,10 @@ def _unit_step(g: torch.Tensor, norm: Norm) -> torch.Tensor:
 # -- the loop --------------------------------------------------------------------------------------------
 def _loss_grad(model: nn.Module, x_adv: torch.Tensor, labels: torch.Tensor, sign: float, cfg: GradientAttackConfig,
                gen: torch.Generator) -> torch.Tensor:
-    """Gradient of ``sign * CE(model(x_adv [+ noise]), labels)`` (summed over the batch), EOT-averaged."""
+    """Gradient of ``sign * CE(model(x_adv [+ noise]), labels)`` (summed over the batch), EOT-averaged.
+
+    Untargeted (``sign`` 1) differentiates the loss itself (no multiply and its backward node per step); targeted
+    differentiates ``-loss``, which is bit for bit ``-1.0 * loss``."""
     total: torch.Tensor | None = None
     for _ in range(cfg.eot_samples):
         xa = x_adv.detach().requires_grad_(True)
@@ -103,23 +159,32 @@ def _loss_grad(model: nn.Module, x_adv: torch.Tensor, labels: torch.Tensor, sign
         if cfg.eot_sigma > 0:
             inp = xa + torch.randn(xa.shape, generator=gen).to(xa.device) * cfg.eot_sigma
         loss = F.cross_entropy(model(inp), labels, reduction="sum")
-        (g,) = torch.autograd.grad(sign * loss, xa)
+        (g,) = torch.autograd.grad(loss if sign > 0 else -loss, xa)
         total = g if total is None else total + g
     assert total is not None
     return total if cfg.eot_samples == 1 else total / cfg.eot_samples
 
 
 def _run_once(model: nn.Module, x: torch.Tensor, labels: torch.Tensor, sign: float, cfg: GradientAttackConfig,
-              gen: torch.Generator) -> torch.Tensor:
-    x_adv = _random_start(x, cfg.eps, cfg.norm, gen) if cfg.random_start else x.clone()
+              gen: torch.Generator, starts: _Starts | None = None) -> torch.Tensor:
+    if not cfg.random_start:
+        x_adv = x.clone()
+    else:
+        x_adv = starts.next(x, cfg.eps) if starts is not None else _random_start(x, cfg.eps, cfg.norm, gen)
     velocity = torch.zeros_like(x) if cfg.momentum is not None else None
+    linf = cfg.norm is Norm.LINF
     for _ in range(cfg.steps):
         g = _loss_grad(model, x_adv, labels, sign, cfg, gen)
         if velocity is not None:
             l1 = g.abs().flatten(1).sum(1).clamp_min(TINY).view(-1, *([1] * (x.dim() - 1)))
             velocity = cfg.momentum * velocity + g / l1
             g = velocity
-        x_adv = project(x_adv + cfg.step * _unit_step(g, cfg.norm), x, cfg.eps, cfg.norm)
+        if linf and velocity is None:
+            # g is this step's own tensor: its sign in place, and ``x_adv + step * sign`` as one add (step * +-1
+            # and 0 are exact, so the fused multiply-add rounds as the separate ones did: the same bits)
+            x_adv = project(torch.add(x_adv, g.sign_(), alpha=cfg.step), x, cfg.eps, cfg.norm)
+        else:
+            x_adv = project(x_adv + cfg.step * _unit_step(g, cfg.norm), x, cfg.eps, cfg.norm)
     return x_adv.detach()
 
 
@@ -136,21 +201,31 @@ def gradient_attack(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: 
     sign = -1.0 if config.targeted else 1.0
     aim = tgt if tgt is not None else y
     outs: list[torch.Tensor] = []
+    starts = None
+    if config.random_start and config.eot_sigma == 0 and x.device.type != "cpu" and x.shape[0]:
+        # the starts are the generator's only draws: draw them ahead, off the device's critical path
+        shapes = [x[i : i + config.batch_size].shape for i in range(0, x.shape[0], config.batch_size)
+                  for _ in range(config.restarts)]
+        starts = _Starts(shapes, config.norm, gen, x.device)
     with frozen(model), torch.enable_grad():
-        for i in range(0, x.shape[0], config.batch_size):
-            xb, ab = x[i : i + config.batch_size], aim[i : i + config.batch_size]
-            yb = y[i : i + config.batch_size]
-            tb = tgt[i : i + config.batch_size] if tgt is not None else None
-            best = _run_once(model, xb, ab, sign, config, gen)
-            if config.restarts > 1:
-                best_ok, best_loss = _score(model, best, yb, ab, tb, sign)
-                for _ in range(config.restarts - 1):
-                    cand = _run_once(model, xb, ab, sign, config, gen)
-                    ok, loss = _score(model, cand, yb, ab, tb, sign)
-                    take = (ok & ~best_ok) | (~ok & ~best_ok & (loss > best_loss))
-                    best = torch.where(take.view(-1, *([1] * (x.dim() - 1))), cand, best)
-                    best_ok, best_loss = best_ok | ok, torch.where(take, loss, best_loss)
-            outs.append(best)
+        try:
+            for i in range(0, x.shape[0], config.batch_size):
+                xb, ab = x[i : i + config.batch_size], aim[i : i + config.batch_size]
+                yb = y[i : i + config.batch_size]
+                tb = tgt[i : i + config.batch_size] if tgt is not None else None
+                best = _run_once(model, xb, ab, sign, config, gen, starts)
+                if config.restarts > 1:
+                    best_ok, best_loss = _score(model, best, yb, ab, tb, sign)
+                    for _ in range(config.restarts - 1):
+                        cand = _run_once(model, xb, ab, sign, config, gen, starts)
+                        ok, loss = _score(model, cand, yb, ab, tb, sign)
+                        take = (ok & ~best_ok) | (~ok & ~best_ok & (loss > best_loss))
+                        best = torch.where(take.view(-1, *([1] * (x.dim() - 1))), cand, best)
+                        best_ok, best_loss = best_ok | ok, torch.where(take, loss, best_loss)
+                outs.append(best)
+        finally:
+            if starts is not None:
+                starts.close()
         x_adv = torch.cat(outs) if outs else x.clone()
         labels = model_labels(model, x_adv, batch_size=config.batch_size)
     return AttackResult(x_adv=x_adv, success=is_success(labels, y, tgt), norms=flat_norms(x_adv - x, config.norm),
