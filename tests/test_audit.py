@@ -332,3 +332,19 @@ def test_a_pool_smaller_than_a_rung_runs_at_its_size(tmp_path: Path, capsys: pyt
     assert "extract-label-like-449 " in text and "extract-label-like-1000" not in text
     assert "extract-label-unrelated-1000 " in text
     assert "the query source pool holds 449 images" in text
+
+
+def test_the_old_recipe_spelling_warns_and_means_the_same_settings(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from stealkit.audit.options import recipe_from_args
+
+    old = ["--student=mlp2", "--student-arg=hidden=8", "--epochs=1", "--set=min_steps=0"]
+    assert recipe_from_args(old) == TINY_KW
+    out = tmp_path / "r"
+    assert main(["-q", "audit", "--victim", VICTIM, "--answers", "label", "--budgets", "20",
+                 *(f"--recipe={a}" for a in old), *NO_EXTRAS, "--plan", "--out", str(out)]) == 0
+    assert "--recipe is deprecated" in capsys.readouterr().err
+    with pytest.raises(InputError, match="the audit sets it"):
+        from stealkit.audit.options import AuditOptions
+
+        AuditOptions(victim="-", out="-", recipe={"mode": "label"}).check()

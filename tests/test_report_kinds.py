@@ -50,8 +50,8 @@ RUNS: dict[str, tuple[list[str], bool]] = {
     "certify-study": (["certify-study", "--quick", "--parts", "bounds"], False),
     "defences": (["defences", "--budget", "40", "--seeds", "0", "--epochs", "1", "--defence", "none",
                   "--defence", "label"], True),
-    "audit": (["audit", "--victim", VICTIM, "--answers", "label", "--budgets", "20", "--recipe=--student=mlp2",
-               "--recipe=--student-arg=hidden=8", "--recipe=--epochs=1",
+    "audit": (["audit", "--victim", VICTIM, "--answers", "label", "--budgets", "20", "--set", "student=mlp2",
+               "--set", "student.hidden=8", "--set", "epochs=1",
                # the attack parts at a tiny size (their tables on the page); the data-free part is left out
                "--transfer-images", "10", "--decision-images", "1", "--decision-queries", "40",
                "--datafree-budget", "0"], False),
