@@ -25,6 +25,9 @@ HAS_ART = importlib.util.find_spec("art") is not None
 RUNS: dict[str, tuple[list[str], set[str]]] = {
     "attack_speed": (["--victim", "digits-conv2", "--n", "64", "--batches", "32", "--repeats", "1",
                       "--threads", "1", "--libraries", "stealkit,plain"], {"results"}),
+    # the committed rows of the same plan at 1e82ecb and on the audit package: equal on the rows it compares
+    "audit_compare": (["results/rows/audit-digits-quick-nodef-1e82ecb.json",
+                       "results/rows/audit-digits-quick-nodef-1e82ecb.json"], {"equal", "differences"}),
     "audit_consistency": (["--answers", "label", "--budgets", "20", "--transfer-images", "10", "--decision-images",
                            "2", "--decision-queries", "20", "--set", "student=mlp2", "--out", "{tmp}/consistency"],
                           {"figures", "all_equal"}),

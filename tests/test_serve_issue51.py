@@ -353,3 +353,15 @@ def test_an_honest_v2_request_is_far_below_the_value_cap(client):
     doc = v2_body(x) | {"id": "r1", "outputs": [{"name": "probs", "parameters": {"binary_data": False}}],
                         "parameters": {"binary_data_output": False}}
     assert client.post("/v2/models/digits/infer", json=doc, headers=auth(OTHER)).status_code == 200
+
+
+def test_a_mode_that_is_not_a_string_is_refused_before_any_comparison() -> None:
+    """Found by the schema fuzz: ``"mode": [0, 0]`` reached the mode check as a numeric array, whose comparison
+    with "" is element by element (a 500 instead of a 400)."""
+    import numpy as np
+
+    from stealkit.errors import InputError
+    from stealkit.serve.service import Service
+
+    with pytest.raises(InputError, match="mode must be a string"):
+        Service.choose_mode(None, None, np.array([0.0, 0.0]))  # type: ignore[arg-type]

@@ -194,10 +194,12 @@ class Service:
                            "blocked; contact the API owner")
 
     def choose_mode(self, key: KeyConfig, requested: Any) -> OutputMode:
-        if requested is None or requested == "":
+        if requested is None:
             return key.mode
-        if not isinstance(requested, str):
-            raise InputError(f"mode must be a string, got {requested!r}")
+        if not isinstance(requested, str):  # before any comparison: an array would compare element by element
+            raise InputError(f"mode must be a string, got {type(requested).__name__}")
+        if requested == "":
+            return key.mode
         mode = OutputMode.parse(requested)
         if mode not in key.allowed_modes:
             raise ApiError(403, "mode_not_allowed", f"this key may ask for {[m.value for m in key.allowed_modes]}, "
