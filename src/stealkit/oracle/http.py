@@ -204,7 +204,9 @@ class HttpOracle:
 
     def _decode(self, resp: httpx.Response, path: str, chunk: Any) -> torch.Tensor:
         """The answer of one chunk, from the ``.npy`` body."""
-        return torch.from_numpy(np.array(np.load(io.BytesIO(resp.content), allow_pickle=False)))
+        from stealkit.oracle.npy import read_npy
+
+        return torch.from_numpy(read_npy(resp.content))  # header parsed under a lock: clients run in threads
 
     def _billed(self, request_id: str) -> bool:
         """Whether the server's log holds an answered charge for this request (after a failed delivery)."""

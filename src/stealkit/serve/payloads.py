@@ -51,22 +51,17 @@ def decode_npy(body: bytes, input_shape: tuple[int, ...], *, max_batch: int) -> 
         raise InputError("empty request body; send a .npy array of shape [B, C, H, W]")
     if not body.startswith(b"\x93NUMPY"):
         raise InputError("the body is not a .npy file (it lacks the \\x93NUMPY magic); write it with numpy.save")
+    from stealkit.oracle.npy import read_header, read_npy
+
     try:
-        buf = io.BytesIO(body)
-        version = np.lib.format.read_magic(buf)
-        if version == (1, 0):
-            shape, _, dtype = np.lib.format.read_array_header_1_0(buf)
-        elif version == (2, 0):
-            shape, _, dtype = np.lib.format.read_array_header_2_0(buf)
-        else:
-            raise ValueError(f"unsupported .npy format version {version}")
+        shape, _, dtype, _ = read_header(body)  # under a lock: numpy's header parser is not thread-safe
     except Exception as exc:  # noqa: BLE001 - numpy raises many types on a corrupt header
         raise InputError(f"the .npy header is malformed: {exc}") from None
     check_batch(shape, input_shape, max_batch)
     if dtype.kind != "f" or dtype.itemsize not in (2, 4, 8):
         raise InputError(f"inputs must be float16/32/64 pixels in [0, 1], got dtype {dtype}; divide by 255 first")
     try:
-        arr = np.load(io.BytesIO(body), allow_pickle=False)
+        arr = read_npy(body)
     except Exception as exc:  # noqa: BLE001
         raise InputError(f"the .npy body could not be read: {exc}") from None
     return images(arr, input_shape)
