@@ -22,6 +22,17 @@ from stealkit.errors import InputError
 T = TypeVar("T")
 
 
+def parse_int_list(text: str) -> tuple[int, ...]:
+    """``"50,100,200"`` -> ``(50, 100, 200)``; anything else is a one-line error."""
+    try:
+        values = tuple(int(float(t)) for t in text.replace(" ", "").split(",") if t)
+    except ValueError:
+        raise InputError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise InputError("expected at least one integer")
+    return values
+
+
 def parse_value(text: str) -> Any:
     """``"true"`` -> True, ``"3"`` -> 3, ``"0.5"`` -> 0.5, anything else stays a string."""
     if text.lower() in ("true", "false"):

@@ -138,14 +138,10 @@ def parse_answers(text: str) -> tuple[str, ...]:
 
 
 def parse_ints(text: str) -> tuple[int, ...]:
-    """``"50,100,200"`` -> ``(50, 100, 200)``."""
-    try:
-        values = tuple(int(float(t)) for t in text.replace(" ", "").split(",") if t)
-    except ValueError:
-        raise InputError(f"expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise InputError("expected at least one integer")
-    return values
+    """``"50,100,200"`` -> ``(50, 100, 200)`` (:func:`stealkit.settings.parse_int_list`)."""
+    from stealkit.settings import parse_int_list
+
+    return parse_int_list(text)
 
 
 def parse_gradmatch(text: str) -> tuple[int, ...]:

@@ -9,7 +9,10 @@ from typing import Any
 import click
 
 from stealkit.errors import InputError
-from stealkit.settings import parse_value
+from stealkit.settings import (
+    parse_int_list,  # noqa: F401  (the commands import it from here)
+    parse_value,
+)
 
 MODES = ("label", "topk", "probs", "logits")
 
@@ -23,16 +26,6 @@ def parse_kv(pairs: tuple[str, ...]) -> dict[str, Any]:
         k, v = pair.split("=", 1)
         out[k.strip().replace("-", "_")] = parse_value(v.strip())
     return out
-
-
-def parse_int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(float(t)) for t in text.replace(" ", "").split(",") if t)
-    except ValueError:
-        raise InputError(f"expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise InputError("expected at least one integer")
-    return values
 
 
 def set_option(example: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
