@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from stealkit.audit.execute import PartHook
     from stealkit.audit.parts import Part
     from stealkit.audit.report import Gate
+    from stealkit.audit.results import ServingRow
     from stealkit.oracle.victim import Target
 
 
@@ -45,6 +46,34 @@ class AuditResult:
     @property
     def report(self) -> Path:
         return self.path / "report.html"
+
+    @property
+    def verdict(self) -> list[str]:
+        """The verdict's lines (the report's first section): how fast a copy is made, the serving choice that
+        raises Q90 most and its cost, what was not measured."""
+        return list(self.summary.get("verdict") or [])
+
+    @property
+    def serving(self) -> list[ServingRow]:
+        """One row per serving choice: Q90 and Q95, the best attacker, served accuracy and ECE, PRADA."""
+        from stealkit.audit.results import serving_rows
+
+        return serving_rows(self.summary)
+
+    @property
+    def tables(self) -> dict[str, list[dict[str, Any]]]:
+        """The summary's tables as rows, by name (``headline``, ``serving``, ``enables``, ...)."""
+        from stealkit.audit.results import tables
+
+        return tables(self.summary)
+
+    @property
+    def victim_accuracy(self) -> float | None:
+        """The victim's accuracy on the test split (the owner's with ``test_data``)."""
+        return self.summary.get("victim_accuracy")
+
+    def __str__(self) -> str:
+        return "\n".join([*self.verdict, f"report: {self.report}"])
 
 
 def target_of(options: AuditOptions) -> Target:

@@ -1,5 +1,6 @@
-"""The owner's own data: images from a ``.npy`` / ``.npz`` file or a folder of PNG / JPEG images, made to fit the
-victim's input (:func:`read_images`).
+"""The owner's own data: images from a ``.npy`` / ``.npz`` file, a folder of PNG / JPEG images or arrays in memory
+(:class:`ArrayData`, from the Python API), made to fit the victim's input (:func:`read_images`): each becomes one
+:class:`OwnData`, through the same checks.
 
 Arrays: a ``.npy`` file holds the images ``x``; a ``.npz`` file holds ``x`` and, where labels are needed, ``y``
 (read with ``allow_pickle=False``). ``x`` is flat ``[N, C*H*W]`` or shaped ``[N, C, H, W]`` (also ``[N, H, W]``
@@ -147,8 +148,8 @@ def _labels(y: Any, n: int, where: str, num_classes: int | None) -> torch.Tensor
     return labels
 
 
-def _read_array(path: Path, shape: Shape3, with_labels: bool,
-                num_classes: int | None) -> tuple[np.ndarray, str, torch.Tensor | None]:
+def _load_arrays(path: Path, with_labels: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """``x`` (and ``y``, where the file holds it) of a ``.npy`` / ``.npz`` file, read without pickles."""
     where = os.fspath(path)
     try:
         loaded = np.load(path, allow_pickle=False)
@@ -180,12 +181,93 @@ def _read_array(path: Path, shape: Shape3, with_labels: bool,
         if with_labels and y is None:
             raise InputError(f"{where}: labels are needed but the .npz holds no 'y'; save "
                              "numpy.savez(PATH, x=images, y=labels)")
+    return x, y
+
+
+def _check_items(x: np.ndarray, where: str) -> tuple[np.ndarray, str]:
+    """``x``'s values as float32 in [0, 1] and how they were read; at least one item of at least one value."""
     if x.ndim < 2 or len(x) == 0:
         raise InputError(f"{where}: no images (x has shape {list(x.shape)}); give at least one image")
-    values, scale = _scale(x, where)
+    return _scale(x, where)
+
+
+def _from_arrays(x: np.ndarray, y: np.ndarray | None, shape: Shape3, num_classes: int | None,
+                 where: str) -> tuple[np.ndarray, str, torch.Tensor | None]:
+    """Arrays as the victim's input: pixel scale detected, shape fitted, labels checked (a file's and an in-memory
+    array's alike)."""
+    values, scale = _check_items(x, where)
     values = _shaped(values, shape, where)
     labels = _labels(y, len(values), where, num_classes) if y is not None else None
     return values, scale, labels
+
+
+def _to_numpy(value: Any, name: str, where: str) -> np.ndarray:
+    """A numpy array or torch tensor (any device) as a read-only numpy copy; anything else refused."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu()
+        if t.dtype in (torch.bfloat16, torch.float16):
+            t = t.float()
+        arr = t.numpy().copy()
+    elif isinstance(value, np.ndarray):
+        arr = np.array(value, copy=True)
+    else:
+        raise InputError(f"{where}: {name} must be a numpy array or a torch tensor, got {type(value).__name__}")
+    if arr.dtype.kind == "O":
+        raise InputError(f"{where}: {name} holds Python objects; give a numeric array")
+    arr.flags.writeable = False
+    return arr
+
+
+def _array_name(x: np.ndarray, y: np.ndarray | None) -> str:
+    h = hashlib.sha256()
+    for a in (x, y):
+        if a is not None:
+            h.update(f"{a.dtype.str}{list(a.shape)}".encode())
+            h.update(np.ascontiguousarray(a).tobytes())
+        h.update(b"|")
+    return f"array:{h.hexdigest()[:16]}"
+
+
+class ArrayData(str):
+    """The owner's data given as arrays or tensors (``x``, and ``y`` where labels are given), as a query source
+    or test-data spec. It is a ``str`` whose text, ``array:<16 hex digits of the arrays' sha256>``, is what
+    config.json, part ids and resume checks see, so it goes wherever a path spec goes, and it carries read-only
+    copies of the arrays to :func:`read_images` (pickled with them, e.g. into an audit's worker processes). Built,
+    it has passed every check the victim's shape is not needed for (numeric, finite, in [0, 1] or 0..255, at least
+    one item, one integer label >= 0 per item)."""
+
+    x: np.ndarray
+    y: np.ndarray | None
+
+    def __new__(cls, x: Any, y: Any = None, *, what: str = "data") -> ArrayData:
+        xs = _to_numpy(x, "x", what)
+        ys = _to_numpy(y, "y", what) if y is not None else None
+        _check_items(xs, what)
+        if ys is not None:
+            _labels(ys, len(xs), what, None)
+        self = super().__new__(cls, _array_name(xs, ys))
+        self.x, self.y = xs, ys
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ArrayData, (self.x, self.y))
+
+
+def own_spec(value: Any, what: str = "data") -> str:
+    """A path, or the owner's arrays as an :class:`ArrayData` spec: ``value`` is a path (``str`` or
+    ``os.PathLike``), an array or tensor of images, or a pair ``(x, y)`` of images and labels."""
+    if isinstance(value, ArrayData):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        return os.fspath(value)
+    if isinstance(value, tuple):
+        if len(value) != 2:
+            raise InputError(f"{what}: give (x, y), images and labels; got a tuple of {len(value)}")
+        return ArrayData(value[0], value[1], what=what)
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        return ArrayData(value, what=what)
+    raise InputError(f"{what}: expected a path, an array or tensor of images, or (x, y); got "
+                     f"{type(value).__name__}")
 
 
 def _images_in(folder: Path) -> list[Path]:
@@ -257,13 +339,15 @@ def _stamp(p: Path) -> tuple[Any, ...]:
     return tuple(sorted((os.fspath(f), f.stat().st_mtime_ns, f.stat().st_size) for f in p.rglob("*") if f.is_file()))
 
 
-def read_images(path: str | os.PathLike[str], *, input_shape: Shape3 | tuple[int, ...], with_labels: bool,
+def read_images(path: str | os.PathLike[str] | ArrayData, *, input_shape: Shape3 | tuple[int, ...], with_labels: bool,
                 num_classes: int | None = None, what: str = "data") -> OwnData:
-    """The owner's images at ``path`` (a ``.npy`` / ``.npz`` file or a folder of images, see the module
-    docstring) as the victim's input ``input_shape``; ``with_labels``: labels are required (an ``.npz``'s ``y``
+    """The owner's images at ``path`` (a ``.npy`` / ``.npz`` file, a folder of images, see the module
+    docstring, or an :class:`ArrayData`: source ``"array"``) as the victim's input ``input_shape``; ``with_labels``: labels are required (an ``.npz``'s ``y``
     or a folder's class folders), else read where present. ``num_classes``: labels must be below it. ``what``
     starts each error line (e.g. ``--test-data``). Reads are cached per file state and shape."""
     shape = check_shape(input_shape)
+    if isinstance(path, ArrayData):
+        return _read_in_memory(path, shape, with_labels, num_classes, what)
     p = check_own_path(path, what)
     key = (os.fspath(p.resolve()), _stamp(p), shape, with_labels, num_classes)
     if key in _CACHE:
@@ -272,16 +356,34 @@ def read_images(path: str | os.PathLike[str], *, input_shape: Shape3 | tuple[int
         if p.is_dir():
             arr, scale, y, names = _read_folder(p, shape, with_labels, num_classes)
         else:
-            arr, scale, y = _read_array(p, shape, with_labels, num_classes)
+            arr, scale, y = _from_arrays(*_load_arrays(p, with_labels), shape, num_classes, os.fspath(p))
             names = None
     except InputError as exc:
         raise InputError(f"{what} {exc}") from None
     x = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
     if scale == "bytes 0..255" and p.is_dir():
         x = x / 255.0
-    data = OwnData(x=x, y=y, source=os.fspath(path), size=len(x), digest=_digest(x), pixel_scale=scale,
-                   class_names=names)
+    data = _own(x, y, os.fspath(path), scale, names)
     if len(_CACHE) > 8:
         _CACHE.clear()
     _CACHE[key] = data
     return data
+
+
+def _own(x: torch.Tensor, y: torch.Tensor | None, source: str, scale: str,
+         names: tuple[str, ...] | None = None) -> OwnData:
+    return OwnData(x=x, y=y, source=source, size=len(x), digest=_digest(x), pixel_scale=scale, class_names=names)
+
+
+def _read_in_memory(data: ArrayData, shape: Shape3, with_labels: bool, num_classes: int | None,
+                    what: str) -> OwnData:
+    """In-memory arrays through the checks a file's go through; source ``"array"``."""
+    if with_labels and data.y is None:
+        raise InputError(f"{what}: labels are needed but only images were given; pass (x, y), images and labels")
+    key = (str(data), shape, with_labels, num_classes)
+    if key not in _CACHE:
+        arr, scale, y = _from_arrays(data.x, data.y, shape, num_classes, f"{what} (arrays)")
+        if len(_CACHE) > 8:
+            _CACHE.clear()
+        _CACHE[key] = _own(torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)), y, "array", scale)
+    return _CACHE[key]

@@ -9,7 +9,8 @@ Grammar: ``NAME[:key=value]...`` (case-insensitive name, no spaces needed), for 
     uniform
     patches                crops of scikit-learn's bundled photographs
     my/images.npz          the owner's own images: a .npy/.npz file or a folder of PNG/JPEG images
-                           (:mod:`stealkit.data.own`), adapted to the victim's input
+                           (:mod:`stealkit.data.own`), adapted to the victim's input; from Python, also
+                           arrays (an :class:`~stealkit.data.own.ArrayData`, whose text is array:HASH)
 
 Options of data set sources (``pool`` and every name in ``DATASETS``): ``classes=0-4`` or ``classes=0,2,5``
 (or mixed, ``0-2,7``) keeps those classes; ``imbalance=R`` with R in (0, 1] applies a long-tail profile.
@@ -25,7 +26,7 @@ import torch
 
 from stealkit.data._checks import Shape3, check_count, check_seed, check_shape
 from stealkit.data.adapt import adapt_images, imbalance, keep_classes
-from stealkit.data.own import check_own_path, is_own_path, read_images
+from stealkit.data.own import ArrayData, check_own_path, is_own_path, read_images
 from stealkit.data.sources import DATASETS, canonical_dataset, load_split
 from stealkit.data.synthetic import gaussian, natural_patches, uniform
 from stealkit.errors import InputError
@@ -112,6 +113,8 @@ def parse_source(spec: str) -> SourceSpec:
     """Parse a query source spec (see the module docstring); ``InputError`` says what is wrong."""
     if not isinstance(spec, str) or not spec.strip():
         raise InputError(f"empty query source; use one of: {', '.join(QUERY_SOURCES)}")
+    if isinstance(spec, ArrayData):  # the owner's arrays, from the Python API
+        return SourceSpec(name="file", path=spec)
     head, *option_texts = (part.strip() for part in spec.strip().split(":"))
     key = head.lower()
     if key in QUERY_SOURCES:
@@ -232,6 +235,8 @@ def _numbers(values: tuple[float, ...] | None, default: float) -> str:
 def describe_source(spec: str, *, victim_dataset: str | None = None) -> str:
     """A one-line human description of a query source spec, for reports."""
     parsed = parse_source(spec)
+    if isinstance(parsed.path, ArrayData):
+        return f"the owner's images ({len(parsed.path.x):,} given as arrays, {parsed.path})"
     if parsed.path is not None:
         return f"the owner's images in {parsed.path}"
     if parsed.name == "gaussian":
