@@ -74,6 +74,11 @@ def _store_foreign_flag(ctx: click.Context, param: click.Parameter, value: str |
         ctx.meta.setdefault(_FOREIGN_FLAGS, {})[param.name] = value
 
 
+def foreign_flags(ctx: click.Context) -> dict[str, str]:
+    """What ``--input-shape``, ``--output`` etc. said on this command line."""
+    return dict(ctx.meta.get(_FOREIGN_FLAGS, {}))
+
+
 def _store_v2_flag(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
     if value is not None and param.name:
         ctx.meta.setdefault(_V2_FLAGS, {})[param.name] = value
@@ -237,6 +242,13 @@ def _model_file_option(main: Callable[[Callable[..., Any]], Callable[..., Any]]
         for name, text in FOREIGN_HELP.items()
     ]
     return lambda fn: functools.reduce(lambda f, o: o(f), reversed(opts), fn)
+
+
+def victim_file_option(main: Callable[[Callable[..., Any]], Callable[..., Any]]
+                       ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``main`` (a ``--victim``-like option whose callback calls :func:`resolve_victim`) with the
+    ``--input-shape/--num-classes/--value-range/--normalize/--output`` flags of ONNX/TorchScript files."""
+    return _model_file_option(main)
 
 
 def victim_options(fn: Callable[..., Any]) -> Callable[..., Any]:

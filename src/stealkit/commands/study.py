@@ -14,7 +14,15 @@ from typing import Any
 import click
 
 from stealkit import fmt
-from stealkit.commands.common import device_option, parse_int_list, run_options
+from stealkit.commands.common import (
+    check_source,
+    dataset_name,
+    device_option,
+    parse_int_list,
+    run_options,
+    test_data_option,
+    victim_file_option,
+)
 from stealkit.errors import InputError
 
 
@@ -235,9 +243,32 @@ def certify_study_cmd(dataset: str, parts: str, quick: bool, scale: str, seed: i
     click.echo(f"study done in {summary['seconds']:.0f}s; report: {out}/report.html")
 
 
+def _defence_victim(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A standard victim's bare name as the study takes it; anything else as ``--victim`` resolves it (a model
+    directory, an ONNX/TorchScript file with ``--input-shape`` etc. folded in, ``standard:NAME``)."""
+    from stealkit.commands.common import foreign_flags, resolve_victim
+    from stealkit.victims import RECIPES
+
+    if value in RECIPES:
+        if foreign_flags(ctx):
+            raise InputError(f"--{'/--'.join(k.replace('_', '-') for k in foreign_flags(ctx))} only apply to an ONNX "
+                             f"or TorchScript victim; {value} is a standard victim whose model.json already says")
+        return value
+    return str(resolve_victim(ctx, param, value))
+
+
 @click.command("defences")
-@click.option("--victim", default="digits-conv2", show_default=True,
-              help="Standard victim (digits-conv2, fmnist-conv2, ...).")
+@victim_file_option(click.option("--victim", default="digits-conv2", show_default=True, callback=_defence_victim,
+                                 help="Victim: a standard victim's name (digits-conv2, fmnist-conv2, ...) or "
+                                      "standard:NAME, a model directory, or an ONNX (.onnx) or TorchScript (.pt) "
+                                      "file. Not an HTTP API: each defence is put on the victim's own answers."))
+@click.option("--dataset", default=None, callback=dataset_name,
+              help="Data set of the victim's task (default: read from the victim's model or file).")
+@click.option("--data-dir", default=None, type=click.Path(), help="Directory holding data set files.")
+@test_data_option
+@click.option("--pool", default="pool", show_default=True, callback=check_source,
+              help="The baseline's query source: pool (the data set's attacker pool), a data set, gaussian, "
+                   "uniform, patches, or your own .npy/.npz file or folder of images.")
 @click.option("--budget", type=int, default=300, show_default=True, help="Queries of each baseline extraction.")
 @click.option("--defence", "defences", multiple=True, metavar="SPEC",
               help="Defence spec (repeat), e.g. round:decimals=2, topk:k=1, label, "
@@ -247,15 +278,17 @@ def certify_study_cmd(dataset: str, parts: str, quick: bool, scale: str, seed: i
 @click.option("--epochs", type=int, default=30, show_default=True)
 @click.option("--out", required=True, type=click.Path(), help="Run directory to write.")
 @device_option
-def defences_cmd(victim: str, budget: int, defences: tuple[str, ...], seeds: str, student: str, epochs: int,
-                 out: str, device: str) -> None:
+def defences_cmd(victim: str, dataset: str | None, data_dir: str | None, test_data: str | None, pool: str,
+                 budget: int, defences: tuple[str, ...], seeds: str, student: str, epochs: int, out: str,
+                 device: str) -> None:
     """The defence table: served accuracy and baseline-extraction accuracy through each output defence."""
     from stealkit.studies.defences import DEFAULT_DEFENCES, DefenceStudyConfig
     from stealkit.train import TrainConfig
 
     if budget < 1:
         raise InputError("--budget must be at least 1")
-    config = DefenceStudyConfig(victim=victim, budget=budget, defences=tuple(defences) or DEFAULT_DEFENCES,
+    config = DefenceStudyConfig(victim=victim, dataset=dataset, data_dir=data_dir, test_data=test_data, pool=pool,
+                                budget=budget, defences=tuple(defences) or DEFAULT_DEFENCES,
                                 seeds=parse_int_list(seeds), student=student,
                                 train=TrainConfig(epochs=epochs, batch_size=64), device=device)
     summary = _execute("defences", config, out, seed=config.seeds[0])

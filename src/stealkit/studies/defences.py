@@ -5,10 +5,18 @@ accuracy as served (the top-1 of the defended answer), and the accuracy and fide
 extraction (:mod:`stealkit.extract.surrogate_data.baseline`) at a fixed budget through a ``probs`` oracle wearing the defence,
 over several attack seeds. The query stream is also run through PRADA to show whether the detector would have
 flagged it. Run with ``stealkit defences``.
+
+The victim is any victim the commands take but a remote one: a standard victim's name (``digits-conv2``, or
+``standard:NAME``), a model directory, or an ONNX / TorchScript file (``FILE?input_shape=C,H,W`` where its
+metadata lacks the shape), with its task's data set (``dataset``, read from the model where it says) and/or the
+owner's labelled ``test_data`` and attacker ``pool`` (a query source, file or folder). Each defence is worn by
+the victim's own answers, owner-side, as a ``stealkit serve`` key's defences are: an HTTP victim's answers are
+its server's, so it is refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 from collections.abc import Callable
@@ -18,10 +26,11 @@ from typing import Any
 import torch
 
 from stealkit import fmt
+from stealkit.errors import InputError
 from stealkit.extract.common import student_factory
 from stealkit.extract.surrogate_data.baseline import BaselineConfig, extract_baseline
 from stealkit.oracle import LocalOracle
-from stealkit.oracle.victim import Victim, make_evaluator
+from stealkit.oracle.victim import Target, Victim, make_evaluator
 from stealkit.report.html import Section
 from stealkit.rundir import RunDir
 from stealkit.serve.defences import parse_defence, served_accuracy, served_calibration  # noqa: F401 (re-exported)
@@ -43,7 +52,16 @@ DEFAULT_DEFENCES = ("none", "round:decimals=2", "round:decimals=1", "topk:k=1", 
 
 @dataclass(frozen=True)
 class DefenceStudyConfig:
+    """``victim``: a standard victim's name or ``standard:NAME``, a model directory or an ONNX/TorchScript file;
+    ``dataset``: its task (default: what the model says); ``test_data``: the owner's labelled test split (a .npz
+    or a folder, replacing the data set's); ``pool``: the baseline's query source (``pool``: the data set's
+    attacker pool)."""
+
     victim: str = "digits-conv2"
+    dataset: str | None = None
+    data_dir: str | None = None
+    test_data: str | None = None
+    pool: str = "pool"
     budget: int = 300
     defences: tuple[str, ...] = DEFAULT_DEFENCES
     seeds: tuple[int, ...] = (0, 1, 2)
@@ -52,25 +70,62 @@ class DefenceStudyConfig:
     device: str = "cpu"
 
 
+def _target(config: DefenceStudyConfig) -> Target:
+    """The study's victim as a :class:`~stealkit.oracle.victim.Target`; a remote one refused in one line."""
+    from stealkit.oracle.victim import is_url
+    from stealkit.victims import RECIPES, standard_victim
+
+    name = config.victim
+    if is_url(name):
+        raise InputError(f"defences: {name} is a remote victim; the study puts each defence on the victim's own "
+                         "answers, owner-side, and an HTTP API's answers are its server's: give the model file or "
+                         "directory, or measure the served key with stealkit audit")
+    if name.startswith("standard:") or name in RECIPES:
+        name = str(standard_victim(name.removeprefix("standard:"), device=config.device).path)
+    return Target(name, dataset=config.dataset, data_dir=config.data_dir, device=config.device,
+                  test_data=config.test_data)
+
+
+def _data(v: Victim, config: DefenceStudyConfig) -> tuple[Any, torch.Tensor]:
+    """The test split (the owner's with ``test_data``) and the attacker's pool: the data set's attacker pool in
+    its stored order for ``pool`` (the study's figures before any other victim was taken), else the query
+    source's images (a synthetic one: the budget's worth)."""
+    from stealkit.data import load_query_source, parse_source
+    from stealkit.oracle.victim import victim_splits, victim_test
+
+    test = victim_test(v, config.data_dir)
+    if parse_source(config.pool).name == "pool":
+        return test, victim_splits(v, config.data_dir).attacker_pool.x
+    synthetic = parse_source(config.pool).is_synthetic
+    pool = load_query_source(config.pool, input_shape=v.input_shape, n=config.budget if synthetic else None,
+                             seed=config.seeds[0], data_dir=config.data_dir, victim_dataset=v.dataset,
+                             split_seed=v.split_seed)
+    return test, pool
+
+
 def run_defence_study(config: DefenceStudyConfig, on_row: Any = None) -> dict[str, Any]:
     """Returns ``{"rows": [...], "prada": {...}, "victim_accuracy": ...}``; one row per defence."""
-    from stealkit.data import load_splits
-    from stealkit.victims import standard_victim
+    from stealkit.metrics import accuracy
+    from stealkit.oracle.victim import own_data
 
-    trained = standard_victim(config.victim, device=config.device)
-    model, spec = trained.model.eval(), trained.spec
-    extra = spec.extra or {}
-    splits = load_splits(extra["dataset"], seed=int(extra.get("split_seed", 0)))
-    test, pool = splits.test, splits.attacker_pool.x
+    for name in config.defences:  # a bad spec is refused before the victim is opened
+        if name != "none":
+            parse_defence(name)
+    target = _target(config)
+    opened = target.open(mode="probs", budget=0)
+    model = opened.model
+    assert model is not None  # a local victim
+    model.eval()
+    test, pool = _data(opened, config)
+    records, _ = own_data(opened, {"--pool": config.pool}, config.data_dir)
     rows = []
     for name in config.defences:
         defence = None if name == "none" else parse_defence(name)
         accs, fids, queries = [], [], []
         for seed in config.seeds:
-            oracle = LocalOracle(model, spec.input_shape, mode="probs", budget=config.budget,
-                                 defences=[defence] if defence else [], device=config.device)
-            victim = Victim(oracle=oracle, input_shape=tuple(spec.input_shape), num_classes=spec.num_classes,
-                            dataset=extra["dataset"], model=model, spec=spec)
+            oracle = LocalOracle(model, opened.input_shape, num_classes=opened.num_classes, mode="probs",
+                                 budget=config.budget, defences=[defence] if defence else [], device=config.device)
+            victim = dataclasses.replace(opened, oracle=oracle)
             train = TrainConfig(**{**config.train.to_dict(), "seed": seed})
             result = extract_baseline(oracle, pool, make_student=student_factory(config.student, victim, seed),
                                       evaluator=make_evaluator(victim, test.x, test.y, config.device),
@@ -94,8 +149,8 @@ def run_defence_study(config: DefenceStudyConfig, on_row: Any = None) -> dict[st
         if on_row is not None:
             on_row(row)
     prada = _prada_on_pool(model, pool, config)
-    return {"victim": config.victim, "victim_accuracy": trained.metrics.get("test_accuracy"), "rows": rows,
-            "prada": prada, "budget": config.budget}
+    return {"victim": config.victim, "victim_accuracy": accuracy(model, test.x, test.y, device=config.device),
+            "rows": rows, "prada": prada, "budget": config.budget, **({"own_data": records} if records else {})}
 
 
 def _prada_on_pool(model: torch.nn.Module, pool: torch.Tensor, config: DefenceStudyConfig) -> dict[str, Any]:
