@@ -207,3 +207,26 @@ def test_serving_rows_take_q95_over_the_attackers_q90_is_taken_over():
     rows = serving_rows({"headline": headline, "serving": serving})
     assert [(r.serving, r.q90, r.q95) for r in rows] == [("probabilities", 100, 200), ("top-1 label", 200, 200),
                                                          ("probabilities through noise:sigma=0.05", None, None)]
+
+
+def test_array_data_is_a_frozen_copy_named_by_its_content_and_survives_pickling():
+    """The spec an array becomes: a copy (later changes to the caller's array do not reach it), named by its
+    content (equal arrays, equal names; any change, another name), pickled with its arrays (an audit's worker
+    processes read them) and read through the checks a file's go through."""
+    import pickle
+
+    from stealkit.data.own import ArrayData, read_images
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((6, 64)).astype(np.float32), np.arange(6) % 3
+    a = ArrayData(x, y, what="test")
+    assert a == ArrayData(x.copy(), y.copy()) and str(a).startswith("array:") and len(str(a)) == 22
+    x[0, 0] = 0.5
+    assert not np.array_equal(a.x, x) and a != ArrayData(x, y)
+    with pytest.raises(ValueError):
+        a.x[0, 0] = 1.0  # read-only
+    b = pickle.loads(pickle.dumps(a))
+    assert isinstance(b, ArrayData) and b == a and np.array_equal(b.x, a.x) and b.what == "test"
+    got = read_images(b, input_shape=(1, 8, 8), with_labels=True, num_classes=3)
+    assert got.source == "array" and got.y.tolist() == y.tolist() and got.x.shape == (6, 1, 8, 8)
+    assert got.record() == {"source": "array", "size": 6, "sha256": got.digest, "pixel_scale": "float [0, 1]"}

@@ -238,6 +238,7 @@ class ArrayData(str):
 
     x: np.ndarray
     y: np.ndarray | None
+    what: str  # how the caller named it (``test``, ``pool``): the start of its error lines
 
     def __new__(cls, x: Any, y: Any = None, *, what: str = "data") -> ArrayData:
         xs = _to_numpy(x, "x", what)
@@ -246,11 +247,15 @@ class ArrayData(str):
         if ys is not None:
             _labels(ys, len(xs), what, None)
         self = super().__new__(cls, _array_name(xs, ys))
-        self.x, self.y = xs, ys
+        self.x, self.y, self.what = xs, ys, what
         return self
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (ArrayData, (self.x, self.y))
+        return (_rebuild, (self.x, self.y, self.what))
+
+
+def _rebuild(x: np.ndarray, y: np.ndarray | None, what: str) -> ArrayData:
+    return ArrayData(x, y, what=what)
 
 
 def own_spec(value: Any, what: str = "data") -> str:
@@ -347,7 +352,7 @@ def read_images(path: str | os.PathLike[str] | ArrayData, *, input_shape: Shape3
     starts each error line (e.g. ``--test-data``). Reads are cached per file state and shape."""
     shape = check_shape(input_shape)
     if isinstance(path, ArrayData):
-        return _read_in_memory(path, shape, with_labels, num_classes, what)
+        return _read_in_memory(path, shape, with_labels, num_classes)
     p = check_own_path(path, what)
     key = (os.fspath(p.resolve()), _stamp(p), shape, with_labels, num_classes)
     if key in _CACHE:
@@ -375,14 +380,15 @@ def _own(x: torch.Tensor, y: torch.Tensor | None, source: str, scale: str,
     return OwnData(x=x, y=y, source=source, size=len(x), digest=_digest(x), pixel_scale=scale, class_names=names)
 
 
-def _read_in_memory(data: ArrayData, shape: Shape3, with_labels: bool, num_classes: int | None,
-                    what: str) -> OwnData:
-    """In-memory arrays through the checks a file's go through; source ``"array"``."""
+def _read_in_memory(data: ArrayData, shape: Shape3, with_labels: bool, num_classes: int | None) -> OwnData:
+    """In-memory arrays through the checks a file's go through; source ``"array"``; errors start with the name
+    the caller gave them (``test``, ``pool``)."""
     if with_labels and data.y is None:
-        raise InputError(f"{what}: labels are needed but only images were given; pass (x, y), images and labels")
+        raise InputError(f"{data.what}: labels are needed but only images were given; pass (x, y), images and "
+                         "labels")
     key = (str(data), shape, with_labels, num_classes)
     if key not in _CACHE:
-        arr, scale, y = _from_arrays(data.x, data.y, shape, num_classes, f"{what} (arrays)")
+        arr, scale, y = _from_arrays(data.x, data.y, shape, num_classes, data.what)
         if len(_CACHE) > 8:
             _CACHE.clear()
         _CACHE[key] = _own(torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)), y, "array", scale)
