@@ -185,9 +185,11 @@ def test_audit_with_arrays_is_the_npz_audit_and_its_result_is_typed(digits_victi
     # the rows read back from the audit's own summary.json are the same
     assert serving_rows(json.loads((tmp_path / "arrays" / "summary.json").read_text())) == arrays.serving
     # the same arrays resume the audit (their name is their content's): nothing is run again
+    stamps = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "arrays" / "parts").glob("*.json")}
     again = audit(root / "victim", pool=pool.copy(), test=(x.copy(), y.copy()), out=tmp_path / "arrays",
                   **AUDIT_TINY)
     assert again.summary["queries"] == 40 and again.serving == arrays.serving
+    assert stamps and {p.name: p.stat().st_mtime_ns for p in (tmp_path / "arrays" / "parts").glob("*.json")} == stamps
 
 
 def test_serving_rows_take_q95_over_the_attackers_q90_is_taken_over():
