@@ -232,3 +232,20 @@ def test_array_data_is_a_frozen_copy_named_by_its_content_and_survives_pickling(
     got = read_images(b, input_shape=(1, 8, 8), with_labels=True, num_classes=3)
     assert got.source == "array" and got.y.tolist() == y.tolist() and got.x.shape == (6, 1, 8, 8)
     assert got.record() == {"source": "array", "size": 6, "sha256": got.digest, "pixel_scale": "float [0, 1]"}
+
+
+def test_an_attack_parts_rerun_command_names_a_file_for_test_arrays(tmp_path):
+    """The report's command that reruns an attack part cannot carry arrays: it names the .npz to save them in."""
+    from types import SimpleNamespace
+
+    from stealkit.audit.kinds.attacks import _command
+    from stealkit.audit.parts import Part
+    from stealkit.data.own import ArrayData
+
+    test = ArrayData(np.zeros((2, 64), np.float32), np.array([0, 1]), what="test")
+    part = Part("label", "copy", "", 20, 1.0, kind="transfer", n=10)
+    for given, want in ((test, f"--test-data TEST.npz (the {test} arrays, saved with numpy.savez)"),
+                        ("my/test.npz", "--test-data my/test.npz")):
+        options = SimpleNamespace(seed=0, device="cpu", dataset=None, data_dir=None, test_data=given)
+        ctx = SimpleNamespace(options=options, target=SimpleNamespace(location="v.pt"))
+        assert _command(["pgd"], part, ctx, tmp_path).endswith(want)

@@ -28,13 +28,18 @@ def _figures(run: Any, copy: Copy) -> dict[str, Any]:
 
 
 def _command(head: list[str], part: Part, ctx: RunContext, out: Path) -> str:
-    """The separate ``stealkit attack`` command that reruns a part (the API key is left out)."""
+    """The separate ``stealkit attack`` command that reruns a part (the API key is left out; test data given as
+    arrays from Python is named as the .npz file to save them in)."""
+    from stealkit.data.own import ArrayData
+
     o = ctx.options
+    test_data = f"TEST.npz (the {o.test_data} arrays, saved with numpy.savez)" if isinstance(
+        o.test_data, ArrayData) else o.test_data
     return " ".join(["stealkit attack", *head, "--victim", ctx.target.location, "--n", str(part.n), "--budget",
                      str(part.budget), "--seed", str(o.seed), "--out", str(out), "--device", o.device,
                      *(["--dataset", o.dataset] if o.dataset else []),
                      *(["--data-dir", o.data_dir] if o.data_dir else []),
-                     *(["--test-data", o.test_data] if o.test_data else [])])
+                     *(["--test-data", test_data] if test_data else [])])
 
 
 def _no_copy(part_id: str) -> Exception:
