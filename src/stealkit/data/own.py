@@ -344,12 +344,13 @@ def _stamp(p: Path) -> tuple[Any, ...]:
     return tuple(sorted((os.fspath(f), f.stat().st_mtime_ns, f.stat().st_size) for f in p.rglob("*") if f.is_file()))
 
 
-def read_images(path: str | os.PathLike[str] | ArrayData, *, input_shape: Shape3 | tuple[int, ...], with_labels: bool,
-                num_classes: int | None = None, what: str = "data") -> OwnData:
-    """The owner's images at ``path`` (a ``.npy`` / ``.npz`` file, a folder of images, see the module
-    docstring, or an :class:`ArrayData`: source ``"array"``) as the victim's input ``input_shape``; ``with_labels``: labels are required (an ``.npz``'s ``y``
-    or a folder's class folders), else read where present. ``num_classes``: labels must be below it. ``what``
-    starts each error line (e.g. ``--test-data``). Reads are cached per file state and shape."""
+def read_images(path: str | os.PathLike[str] | ArrayData, *, input_shape: Shape3 | tuple[int, ...],
+                with_labels: bool, num_classes: int | None = None, what: str = "data") -> OwnData:
+    """The owner's images at ``path`` (a ``.npy`` / ``.npz`` file or a folder of images, see the module
+    docstring, or an :class:`ArrayData`: source ``"array"``) as the victim's input ``input_shape``;
+    ``with_labels``: labels are required (an ``.npz``'s ``y`` or a folder's class folders), else read where
+    present. ``num_classes``: labels must be below it. ``what`` starts each error line (e.g. ``--test-data``; an
+    :class:`ArrayData`'s start with its own name). Reads are cached per file state (or content) and shape."""
     shape = check_shape(input_shape)
     if isinstance(path, ArrayData):
         return _read_in_memory(path, shape, with_labels, num_classes)
