@@ -249,3 +249,31 @@ def test_an_attack_parts_rerun_command_names_a_file_for_test_arrays(tmp_path):
         options = SimpleNamespace(seed=0, device="cpu", dataset=None, data_dir=None, test_data=given)
         ctx = SimpleNamespace(options=options, target=SimpleNamespace(location="v.pt"))
         assert _command(["pgd"], part, ctx, tmp_path).endswith(want)
+
+
+def test_arrays_and_their_npz_files_give_one_record_and_one_test_split(digits_victim):
+    """At the runners' level (no training): the owner's arrays, as tensors too, and the .npz files holding them
+    give the same test split and the same config.json records but the source; the overlap warning alike."""
+    from stealkit.data.own import own_spec
+    from stealkit.oracle.victim import Target, own_data, victim_test
+
+    root = digits_victim
+    pool, x, y = _arrays(root)
+    given = {"files": (str(root / "pool.npz"), str(root / "test.npz")),
+             "arrays": (own_spec(pool, "pool"), own_spec((x, y), "test")),
+             "tensors": (own_spec(torch.from_numpy(pool), "pool"),
+                         own_spec((torch.from_numpy(x), torch.from_numpy(y)), "test"))}
+    seen = {}
+    for name, (p, t) in given.items():
+        v = Target(str(root / "victim"), test_data=t).open(mode="label", budget=0)
+        test = victim_test(v)
+        records, notes = own_data(v, {"--pool": p})
+        seen[name] = (test.x, test.y, records, notes)
+    fx, fy, frecords, fnotes = seen["files"]
+    for name in ("arrays", "tensors"):
+        ax, ay, records, notes = seen[name]
+        assert torch.equal(ax, fx) and torch.equal(ay, fy)
+        for which in ("pool", "test_data"):
+            assert records[which]["source"] == "array"
+            assert {**records[which], "source": "-"} == {**frecords[which], "source": "-"}
+        assert len(notes) == len(fnotes) and any(n.startswith("5 of the 150 test items") for n in notes)
