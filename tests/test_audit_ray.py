@@ -4,8 +4,9 @@ on this machine, one CPU and one custom resource per node).
 - The figures of ``audit.json`` are those of ``--jobs 1`` at the same seed, with the workers acting as if they saw
   none of the driver's files (``STEALKIT_RAY_SHIP=1``: the victim from the object store, each part's folder shipped
   back); the two extraction parts, one CPU each, ran on both nodes at once (``ray.jsonl``).
-- A driver SIGKILLed after its first part and run again keeps the finished parts, runs the rest, and the server of
-  an HTTP victim (queried from the workers with the audit's key) counts each planned query once.
+- A driver SIGKILLed while an extraction part is midway (its answers paid for and journalled) and run again keeps the
+  finished parts, gives the stopped part its answers back from its journal, and the server of an HTTP victim
+  (queried from the workers with the audit's key) counts each query of the ledgers once.
 - Without Ray, or with ``--address`` and no ``--backend ray``, the command refuses in one line (not slow).
 """
 
@@ -124,25 +125,34 @@ def used(url: str) -> int:
 
 
 def driver(url: str, address: str, out: Path, log: Path) -> subprocess.Popen[bytes]:
+    # 3,000 training steps after its queries (a few seconds): time to be killed between its answers and its end
     cmd = [sys.executable, "-m", "stealkit.cli", "-q", "audit", "--victim", url, "--key", KEY, "--dataset", "digits",
-           *SMALL, "--backend", "ray", "--address", address, "--out", str(out)]
+           *SMALL, "--set", "min_steps=3000", "--backend", "ray", "--address", address, "--out", str(out)]
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
     with open(log, "ab") as fh:
         return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
 
 
-@pytest.mark.slow
-def test_a_killed_driver_run_again_pays_for_nothing_twice(cluster: Any, tmp_path: Path) -> None:
-    from tests.test_serve_support import live_server, make_victim, write_keys
+EXTRACTIONS = ("extract-label-like-20", "extract-label-unrelated-20")
 
-    victim = make_victim(tmp_path / "victim")
+
+@pytest.mark.slow
+def test_a_killed_driver_run_again_pays_for_nothing_twice(cluster: Any, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # the standard victims' cache
+    from stealkit.victims import standard_victim
+    from tests.test_serve_support import live_server, write_keys
+
+    victim = standard_victim("digits-mlp2").path
     keys = write_keys(tmp_path / "keys.toml", [{"key": KEY, "name": "audit", "mode": "probs", "budget": 5000}])
     out, log = tmp_path / "audit", tmp_path / "audit.log"
-    with live_server(victim, keys, tmp_path / "db.sqlite", log=tmp_path / "server.log") as url:
+    journals = [out / "parts" / f"{p}.answers" for p in EXTRACTIONS]
+    with live_server(Path(victim), keys, tmp_path / "db.sqlite", log=tmp_path / "server.log") as url:
         start = used(url)
         proc = driver(url, cluster.address, out, log)
-        try:  # killed as soon as its first part is written
-            while not (out / "parts").is_dir() or not list((out / "parts").glob("*.json")):
+        try:  # killed once both extraction parts' answers are counted by the server and kept in their journals
+            while not (all(j.exists() and j.stat().st_size > 0 for j in journals)
+                       and used(url) - start >= EVALUATION + 40):
                 assert proc.poll() is None, log.read_text()[-3000:]
                 time.sleep(0.05)
             os.killpg(proc.pid, signal.SIGKILL)
@@ -151,7 +161,8 @@ def test_a_killed_driver_run_again_pays_for_nothing_twice(cluster: Any, tmp_path
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
         first = sorted(p.stem for p in (out / "parts").glob("*.json"))
-        assert 1 <= len(first) < 3 and not (out / "summary.json").exists(), first
+        killed = [p for p in EXTRACTIONS if p not in first]
+        assert killed and not (out / "summary.json").exists(), first  # an extraction part was stopped midway
         stamps = {p: (out / "parts" / f"{p}.json").stat().st_mtime_ns for p in first}
         again = driver(url, cluster.address, out, log)
         assert again.wait() == 0, log.read_text()[-3000:]
@@ -160,8 +171,31 @@ def test_a_killed_driver_run_again_pays_for_nothing_twice(cluster: Any, tmp_path
     assert {p: (out / "parts" / f"{p}.json").stat().st_mtime_ns for p in first} == stamps  # not run again
     records = [json.loads(line)["id"] for line in (out / "records.jsonl").read_text().splitlines()]
     assert sorted(records) == sorted(r["id"] for r in summary["parts"]) and len(records) == 3  # each once
-    assert summary["queries"] == summary["planned_queries"] == 50
-    assert server == EVALUATION + 50  # the server answered each planned query once, over both drivers
+    rerun = {r["id"]: r for r in summary["parts"]}
+    assert all(rerun[p]["replayed"] == rerun[p]["total_queries"] == 20 for p in killed)  # answers given back
+    assert 0 < summary["queries"] <= summary["planned_queries"] == 50
+    assert server == EVALUATION + summary["queries"]  # each query the ledgers count answered once, over both drivers
     assert summary["reconciliation"]["equal"] is True
     where = [json.loads(line) for line in (out / "ray.jsonl").read_text().splitlines()]
     assert all(w["shared_fs"] for w in where)  # one machine: the workers wrote into --out themselves
+
+
+@pytest.mark.slow
+def test_reproduce_on_ray_runs_each_study_as_a_task_with_the_local_results(cluster: Any, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from stealkit.experiments import reproduce as rp
+    from tests.test_experiments import TINY as TINY_STUDY
+
+    paths = []
+    for name in ("tiny", "second"):
+        paths.append(tmp_path / f"{name}.toml")
+        paths[-1].write_text(TINY_STUDY.replace('name = "tiny"', f'name = "{name}"'))
+    monkeypatch.setattr(rp, "config_paths", lambda scale: paths)
+    local = rp.reproduce("small", tmp_path / "local", jobs=1)
+    ray = rp.reproduce("small", tmp_path / "ray", jobs=2, backend="ray", address=cluster.address)
+    assert ray["backend"] == "ray" and [s["name"] for s in ray["studies"]] == ["tiny", "second"] and not ray["failed"]
+    for a, b in zip(local["studies"], ray["studies"], strict=True):
+        sa, sb = (json.loads((Path(s["final_step"]) / "summary.json").read_text()) for s in (a, b))
+        assert sa["queries"] == sb["queries"] and sa["accuracy"] == sb["accuracy"] and a["queries"] == b["queries"]
+    again = rp.reproduce("small", tmp_path / "ray", jobs=2, backend="ray", address=cluster.address)
+    assert all(s["skipped_steps"] == ["victim", "steal"] for s in again["studies"])  # finished steps kept
