@@ -125,9 +125,9 @@ def used(url: str) -> int:
 
 
 def driver(url: str, address: str, out: Path, log: Path) -> subprocess.Popen[bytes]:
-    # 3,000 training steps after its queries (a few seconds): time to be killed between its answers and its end
+    # 600 training steps after its queries (a second or more): time to be killed between its answers and its end
     cmd = [sys.executable, "-m", "stealkit.cli", "-q", "audit", "--victim", url, "--key", KEY, "--dataset", "digits",
-           *SMALL, "--set", "min_steps=3000", "--backend", "ray", "--address", address, "--out", str(out)]
+           *SMALL, "--set", "min_steps=600", "--backend", "ray", "--address", address, "--out", str(out)]
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
     with open(log, "ab") as fh:
         return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
