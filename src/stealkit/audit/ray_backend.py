@@ -79,6 +79,8 @@ def run_on_ray(parts: Sequence[Part], todo: Sequence[Part], ctx: RunContext, rec
     from stealkit.raytasks import gpu_fraction, remote, session
     from stealkit.threads import resolve_threads
 
+    if not todo:
+        return
     opts = ctx.options
     ship = os.environ.get(SHIP_ENV) == "1"
     parts_dir = ctx.parts_dir
@@ -201,13 +203,20 @@ def _digest(files: dict[str, bytes]) -> str:
     return h.hexdigest()
 
 
+#: the victim string each digest was given in this worker process (read or written once per process)
+_HERE: dict[tuple[str, bool], str] = {}
+
+
 def _victim_here(v: VictimFiles, *, trust_path: bool) -> str:
     """The victim string a worker opens: the driver's path where this node reads the same files there, else the
     files from the object store written once per node (under the system's temporary folder, by digest)."""
     import ray
 
     root = Path(v.path)
+    if (v.digest, trust_path) in _HERE:
+        return _HERE[v.digest, trust_path]
     if trust_path and root.exists() and _digest(_files_of(root)) == v.digest:
+        _HERE[v.digest, trust_path] = v.path + v.suffix
         return v.path + v.suffix
     home = _made(Path(tempfile.gettempdir()) / "stealkit-ray-victims" / v.digest[:32])
     dest = home / root.name
@@ -224,7 +233,8 @@ def _victim_here(v: VictimFiles, *, trust_path: bool) -> str:
             if not dest.exists():
                 raise
         shutil.rmtree(staging, ignore_errors=True)
-    return str(dest) + v.suffix
+    _HERE[v.digest, trust_path] = str(dest) + v.suffix
+    return _HERE[v.digest, trust_path]
 
 
 def _made(path: Path) -> Path:
