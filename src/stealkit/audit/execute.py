@@ -102,7 +102,7 @@ def execute(parts: Sequence[Part], run: RunDir, ctx: RunContext, *, on_part: Par
     if ctx.options.backend == "ray":  # each part a Ray task, recorded here as it finishes
         from stealkit.audit.ray_backend import run_on_ray
 
-        run_on_ray(parts, todo, ctx, record, results)
+        run_on_ray(parts, todo, ctx, record, results, watched_part)
         return [results[part_id(p)] for p in parts]
     free = [p for p in todo if not KINDS[p.kind].needs_copy]
     jobs = ctx.options.jobs

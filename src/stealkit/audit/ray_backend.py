@@ -5,8 +5,8 @@ Dispatch follows ``--jobs``: the parts that need no stolen copy go first, all at
 as many as the cluster's resources allow); when all of them have finished, the best copy is chosen from their
 records as in one process, and the parts that start from it go. Each task asks for ``num_cpus`` = its torch threads
 (one, or ``$STEALKIT_THREADS``) and, where the audit runs on cuda, ``1/--jobs`` of a GPU. On its worker a part runs
-exactly as :func:`stealkit.audit.execute.watched_part` runs it in process: its own metered oracle and ledger, PRADA
-watching its queries, its answer journal. Its record comes back to the driver, which writes it as ``--jobs`` does
+exactly as :func:`stealkit.audit.execute.watched_part` (which the executor hands over) runs it in process: its own
+metered oracle and ledger, PRADA watching its queries, its answer journal. Its record comes back to the driver, which writes it as ``--jobs`` does
 (``parts/<id>.json``, ``records.jsonl``): ``audit.json`` holds the figures of ``--jobs 1`` at the same seed, and a
 driver killed mid-audit and run again keeps the finished parts.
 
@@ -46,6 +46,7 @@ SHIP_ENV = "STEALKIT_RAY_SHIP"
 TEXT_SUFFIXES = (".json", ".jsonl", ".html", ".txt", ".md")
 
 Record = Callable[[Part, dict[str, Any]], None]
+RunPart = Callable[[Part, RunContext, "copies.Copy | None"], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,9 @@ class Job:
 
 
 def run_on_ray(parts: Sequence[Part], todo: Sequence[Part], ctx: RunContext, record: Record,
-               results: dict[str, dict[str, Any]]) -> None:
-    """Run ``todo`` (of the plan ``parts``) as Ray tasks, calling ``record`` for each as it finishes (in the driver)."""
+               results: dict[str, dict[str, Any]], run: RunPart) -> None:
+    """Run ``todo`` (of the plan ``parts``) as Ray tasks, each ``run(part, ctx, copy)`` on its worker (the executor's
+    :func:`~stealkit.audit.execute.watched_part`), calling ``record`` for each as it finishes (in the driver)."""
     from stealkit.fsutil import atomic_write_text
     from stealkit.raytasks import gpu_fraction, remote, session
     from stealkit.threads import resolve_threads
@@ -101,7 +103,7 @@ def run_on_ray(parts: Sequence[Part], todo: Sequence[Part], ctx: RunContext, rec
                 return
             box = [ray.put(_pack(parts_dir, copy.id))] if copy is not None else []
             job = Job(str(parts_dir.resolve()), token, victim, copy, box)
-            refs = [task.remote(p, ctx_ref, job, threads) for p in group]
+            refs = [task.remote(run, p, ctx_ref, job, threads) for p in group]
             from stealkit.raytasks import as_completed
 
             for i, (result, files, where) in as_completed(refs):
@@ -121,7 +123,8 @@ def run_on_ray(parts: Sequence[Part], todo: Sequence[Part], ctx: RunContext, rec
             wave(rest, copy)
 
 
-def _part_task(part: Part, ctx: RunContext, job: Job, threads: int) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+def _part_task(run: RunPart, part: Part, ctx: RunContext, job: Job, threads: int
+               ) -> tuple[dict[str, Any], Any, dict[str, Any]]:
     """On a worker: the part through its own metered oracle, as in one process; its record (the driver's paths),
     its folder where the driver cannot see it, and where it ran."""
     import socket
@@ -129,7 +132,6 @@ def _part_task(part: Part, ctx: RunContext, job: Job, threads: int) -> tuple[dic
     import ray
 
     os.environ["STEALKIT_QUIET"] = "1"
-    from stealkit.audit.execute import watched_part
     from stealkit.threads import apply_threads
 
     apply_threads(threads)
@@ -150,7 +152,7 @@ def _part_task(part: Part, ctx: RunContext, job: Job, threads: int) -> tuple[dic
             if scratch is not None:
                 _unpack(ray.get(job.copy_box[0]), work)
             copy = dataclasses.replace(copy, dir=str(work / copy.id))
-        result = _rename(watched_part(part, RunContext(target, ctx.options, work), copy), names)
+        result = _rename(run(part, RunContext(target, ctx.options, work), copy), names)
         files = None if scratch is None else _renamed_files(_pack(work, part_id(part)), names)
     finally:
         if scratch is not None:
