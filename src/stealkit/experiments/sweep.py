@@ -1,7 +1,7 @@
 """Sweeps: every point of a grid is an independent trial, run in local processes or as Ray tasks.
 
-Ray is the distributed engine (:mod:`stealkit.raytasks`, shared with ``reproduce`` and the audit; ``--backend ray``, optionally ``--address`` of an existing cluster); the local
-backend uses a process pool. Each trial runs single-threaded (``torch.set_num_threads(1)``) with its own
+Ray is the distributed engine (:mod:`stealkit.raytasks`, shared with ``reproduce`` and the audit; ``--backend
+ray``, optionally ``--address`` of an existing cluster); the local backend uses a process pool. Each trial runs single-threaded (``torch.set_num_threads(1)``) with its own
 seed, so both backends give identical records for the same grid. Trials are ordinary experiment runs, so a
 restarted sweep skips what is finished.
 """
