@@ -57,6 +57,6 @@ def test_small_audits_stay_in_this_process(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(fsutil, "atomic_write_json", lambda *_a, **_k: None)
     from types import SimpleNamespace
 
-    ctx = SimpleNamespace(options=SimpleNamespace(jobs=2), parts_dir=Path("/nonexistent-audit/parts"))
+    ctx = SimpleNamespace(options=SimpleNamespace(jobs=2, backend="local"), parts_dir=Path("/nonexistent-audit/parts"))
     audit_mod.execute(todo, Run(), ctx)  # type: ignore[arg-type]
     assert ran == [part_id(p) for p in todo]

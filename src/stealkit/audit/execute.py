@@ -4,7 +4,8 @@ Each part writes ``parts/<id>.json`` atomically when it finishes: an interrupted
 ``--out`` and plan skips the finished parts and pays for no query twice (an extraction part stopped midway
 replays its answer journal; a data-free part resumes from its checkpoint). PRADA watches every part's own
 queries as the oracle answers them. With ``jobs`` > 1, the parts that need no stolen copy run in worker
-processes of one torch thread each; the figures and the queries are those of a run with ``jobs`` = 1.
+processes of one torch thread each; the figures and the queries are those of a run with ``jobs`` = 1. With
+``backend`` ``ray`` every part is a Ray task instead (:mod:`stealkit.audit.ray_backend`), recorded the same way.
 """
 
 from __future__ import annotations
@@ -98,6 +99,11 @@ def execute(parts: Sequence[Part], run: RunDir, ctx: RunContext, *, on_part: Par
             on_part(part, result)
 
     todo = [p for p in parts if part_id(p) not in done]
+    if ctx.options.backend == "ray":  # each part a Ray task, recorded here as it finishes
+        from stealkit.audit.ray_backend import run_on_ray
+
+        run_on_ray(parts, todo, ctx, record, results, watched_part)
+        return [results[part_id(p)] for p in parts]
     free = [p for p in todo if not KINDS[p.kind].needs_copy]
     jobs = ctx.options.jobs
     if jobs > 1 and len(free) > 1 and sum(p.estimate_s for p in free) >= PARALLEL_MIN_SECONDS:

@@ -83,6 +83,10 @@ class AuditOptions:
     seed: int = 0
     jobs: int = 1
     device: str = "cpu"
+    #: ``ray``: each part a Ray task (:mod:`stealkit.audit.ray_backend`) on the cluster at ``address`` (``None``:
+    #: a local Ray of ``jobs`` CPUs)
+    backend: str = "local"
+    address: str | None = None
 
     @property
     def ladder(self) -> tuple[int, ...]:
@@ -104,6 +108,9 @@ class AuditOptions:
     def check(self) -> Sizes:
         """Refuse, before any heavy import, every option that is wrong on its face; the resolved sizes."""
         parse_answers(",".join(self.answers))
+        from stealkit.raytasks import check_backend
+
+        check_backend(self.backend, self.address)
         for gate in self.fail_if:
             parse_fail_if(gate)
         if self.max_queries < 1:

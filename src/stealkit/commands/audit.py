@@ -95,6 +95,12 @@ def _ladder(ladder: tuple[int, ...]) -> str:
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="Parts run at once, each a process of one torch thread (default: the CPU cores on the CPU, 1 on "
                    "a GPU); the figures do not depend on it.")
+@click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: parts in processes here (--jobs); ray: each part a Ray task on a cluster (the `ray` "
+                   "extra); the figures do not depend on it.")
+@click.option("--address", default=None,
+              help="Address of an existing Ray cluster (auto, HOST:PORT or ray://HOST:10001; with --backend ray; "
+                   "default: start a local Ray of --jobs CPUs).")
 @device_option
 def audit_cmd(victim: str, key: str | None, answers: str, top_k: int, pool: str, unrelated: str,
               defences: tuple[str, ...], fail_if: tuple[str, ...], budgets: str | None, max_queries: int,
@@ -102,7 +108,7 @@ def audit_cmd(victim: str, key: str | None, answers: str, top_k: int, pool: str,
               datafree_budget: int | None, gradmatch_budgets: str | None, exact_budget: int | None,
               seeds: int | None, plan_only: bool, quick: bool, settings: tuple[str, ...], recipe: tuple[str, ...],
               dataset: str | None, data_dir: str | None, test_data: str | None, seed: int, out: str, jobs: int | None,
-              device: str) -> None:
+              backend: str, address: str | None, device: str) -> None:
     """Audit a victim's exposure to model extraction: the default surrogate recipe at a ladder of budgets, per
     answer kind and attacker, and a data-free attacker; fidelity against queries and Q90/Q95 (with their spread
     over seeds where the plan has room); what the stolen copy enables (transfer PGD, HopSkipJump with and without
@@ -112,6 +118,7 @@ def audit_cmd(victim: str, key: str | None, answers: str, top_k: int, pool: str,
         victim=victim, key=key, answers=answers, top_k=top_k, pool=pool, unrelated=unrelated, defences=defences,
         fail_if=fail_if, budgets=budgets, max_queries=max_queries, quick=quick, settings=settings, recipe=recipe,
         dataset=dataset, data_dir=data_dir, test_data=test_data, seed=seed, out=out, device=device,
+        backend=backend, address=address,
         jobs=jobs or (os.cpu_count() or 1 if device == "cpu" else 1),
         sizes={"transfer_images": transfer_images, "decision_images": decision_images,
                "decision_queries": decision_queries, "datafree_budget": datafree_budget,

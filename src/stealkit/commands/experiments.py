@@ -32,7 +32,8 @@ def run_cmd(config: str, out: str | None, force: bool, device: str) -> None:
 @click.option("--grid", "grid", multiple=True, required=True, metavar="KEY=V1,V2",
               help="A swept value: seed or STEP.ARG (repeat for a product grid).")
 @click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True)
-@click.option("--address", default=None, help="Address of an existing Ray cluster (default: start a local one).")
+@click.option("--address", default=None,
+              help="Address of an existing Ray cluster (with --backend ray; default: start a local one).")
 @click.option("--jobs", "--workers", "workers", type=click.IntRange(min=1), default=None,
               help="Concurrent trials, each a process with its own thread budget (local processes or CPUs of a "
                    "local Ray instance; default: the number of CPU cores).")
@@ -43,7 +44,9 @@ def sweep_cmd(config: str, grid: tuple[str, ...], backend: str, address: str | N
     """Run CONFIG at every point of a grid, as local processes or Ray tasks."""
     from stealkit.experiments.config import load_config
     from stealkit.experiments.sweep import parse_grid, run_sweep
+    from stealkit.raytasks import check_backend
 
+    check_backend(backend, address)
     trials = run_sweep(load_config(config), parse_grid(grid), out, backend=backend,  # type: ignore[arg-type]
                        address=address, workers=workers or os.cpu_count() or 1, device=device)
     for t in trials:

@@ -16,13 +16,19 @@ from stealkit.commands.common import device_option
 @click.option("--force", is_flag=True, help="Re-run finished steps.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="Studies run at once, each in its own process (default: the number of CPU cores).")
+@click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: studies in processes here; ray: each study a Ray task (the `ray` extra).")
+@click.option("--address", default=None,
+              help="Address of an existing Ray cluster (with --backend ray; default: start a local Ray).")
 @device_option
 def reproduce_cmd(scale: str, out: str, only: tuple[str, ...], list_only: bool, force: bool, jobs: int | None,
-                  device: str) -> None:
+                  backend: str, address: str | None, device: str) -> None:
     """Run every study that reproduces a paper result and write OUT/report.html (papers beside ours)."""
     from stealkit.experiments.config import load_config
     from stealkit.experiments.reproduce import config_paths, reproduce, study_aliases
+    from stealkit.raytasks import check_backend
 
+    check_backend(backend, address)
     if list_only:
         configs = [load_config(p) for p in config_paths(scale)]
         aliases = study_aliases(configs)
@@ -33,7 +39,7 @@ def reproduce_cmd(scale: str, out: str, only: tuple[str, ...], list_only: bool, 
     import os
 
     summary = reproduce(scale, out, only=only, force=force, jobs=jobs or os.cpu_count() or 1,
-                        device=device)
+                        device=device, backend=backend, address=address)
     for s in summary["studies"]:
         click.echo(f"{s['name']:<28} {s['seconds']:>8.1f} s")
     click.echo(f"total {summary['compute_seconds']} s of study time ({summary['wall_seconds']} s in this run); "

@@ -104,10 +104,16 @@ def resolve_only(configs: list[Any], only: tuple[str, ...]) -> set[str]:
 
 
 def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force: bool = False,
-              jobs: int = 1, device: str | None = None) -> dict[str, Any]:
+              jobs: int = 1, device: str | None = None, backend: str = "local",
+              address: str | None = None) -> dict[str, Any]:
     """Run every study of ``scale`` (or ``only`` these) into ``out``; ``jobs`` studies at a time, each in its own
     process with its own thread budget (see :mod:`stealkit.threads`). Finished steps are skipped on restart and
-    the output is one report whatever ``jobs`` is. ``device`` goes to every step that takes ``--device``."""
+    the output is one report whatever ``jobs`` is. ``device`` goes to every step that takes ``--device``.
+    ``backend="ray"``: each study a Ray task of one CPU (:mod:`stealkit.raytasks`, the sweeps' engine) on the
+    cluster at ``address`` (default: a local Ray of ``jobs`` CPUs); ``out`` must be a folder every node sees."""
+    from stealkit.raytasks import check_backend
+
+    check_backend(backend, address)
     out = Path(out)
     configs = [load_config(p) for p in config_paths(scale)]
     if only:
@@ -121,7 +127,19 @@ def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force:
     from stealkit.progress import progress
 
     bar = progress(total=n, desc="reproduce", unit="study")
-    if jobs == 1 or n == 1:
+    if backend == "ray":
+        from stealkit.raytasks import gpu_fraction, run_all
+
+        finished: list[int] = []
+
+        def done_one(_i: int, study: dict[str, Any]) -> None:
+            finished.append(_i)
+            bar.update(1)
+            _progress(study, len(finished), n, t0, jobs)
+
+        studies = run_all(run_study, [(cfg, out.resolve(), force, device) for cfg in configs], address=address,
+                          workers=jobs, gpus=gpu_fraction(device, jobs), on_done=done_one)
+    elif jobs == 1 or n == 1:
         studies = []
         for cfg in configs:
             studies.append(run_study(cfg, out, force, device))
@@ -143,7 +161,7 @@ def reproduce(scale: str, out: str | Path, *, only: tuple[str, ...] = (), force:
     bar.close()
     summary = {"scale": scale, "wall_seconds": round(time.perf_counter() - t0, 1), **env,
                "compute_seconds": round(sum(s["seconds"] for s in studies), 1), "jobs": jobs,
-               "failed": [s["name"] for s in studies if s.get("error")], "studies": studies,
+               "failed": [s["name"] for s in studies if s.get("error")], "studies": studies, "backend": backend,
                "stealkit_version": __version__, "device": device}
     atomic_write_json(out / "summary.json", summary)
     atomic_write_text(out / "report.html", render(summary, configs))

@@ -1,7 +1,7 @@
 """Sweeps: every point of a grid is an independent trial, run in local processes or as Ray tasks.
 
-Ray is the distributed engine (``--backend ray``, optionally ``--address`` of an existing cluster); the local
-backend uses a process pool. Each trial runs single-threaded (``torch.set_num_threads(1)``) with its own
+Ray is the distributed engine (:mod:`stealkit.raytasks`, shared with ``reproduce`` and the audit; ``--backend
+ray``, optionally ``--address`` of an existing cluster); the local backend uses a process pool. Each trial runs single-threaded (``torch.set_num_threads(1)``) with its own
 seed, so both backends give identical records for the same grid. Trials are ordinary experiment runs, so a
 restarted sweep skips what is finished.
 """
@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
-from stealkit.errors import InputError, StealkitError
+from stealkit.errors import InputError
 from stealkit.experiments.config import ExperimentConfig, parse_config
 from stealkit.fsutil import atomic_write_json, atomic_write_text
 
@@ -73,6 +73,9 @@ def run_sweep(config: ExperimentConfig, grid: dict[str, list[Any]], out: str | P
 
     ``device`` goes to every step that takes ``--device`` (a GPU is shared by the trials; on Ray each trial
     asks for ``1/workers`` of a GPU, so Ray makes it visible to the task)."""
+    from stealkit.raytasks import check_backend
+
+    check_backend(backend, address)
     if not grid:
         raise InputError("a sweep needs at least one --grid KEY=V1,V2")
     points = expand_grid(grid)
@@ -87,8 +90,9 @@ def run_sweep(config: ExperimentConfig, grid: dict[str, list[Any]], out: str | P
         with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=ctx) as pool:
             results = list(pool.map(run_trial, *zip(*jobs, strict=True)))
     elif backend == "ray":
-        gpus = 1 / max(1, workers) if device and device.startswith("cuda") else 0
-        results = _run_on_ray(jobs, address=address, workers=workers, gpus=gpus)
+        from stealkit.raytasks import gpu_fraction, run_all
+
+        results = run_all(run_trial, jobs, address=address, workers=workers, gpus=gpu_fraction(device, workers))
     else:
         raise InputError(f"unknown backend {backend!r}; expected local or ray")
     atomic_write_json(out / "sweep.json", {"config": config.to_dict(), "grid": grid, "backend": backend,
@@ -121,25 +125,3 @@ def sweep_report(config: ExperimentConfig, grid: dict[str, list[Any]], trials: l
             sections.append(Section(f"Every trial's {key}", figures=[Figure(uri, f"{key}, one line per trial")]))
     return render_report(f"stealkit sweep {config.name}", {"trials": len(trials), "grid": grid}, sections,
                          config={"config": {"grid": grid, "experiment": config.to_dict()}})
-
-
-def _run_on_ray(jobs: list[tuple[Any, ...]], *, address: str | None, workers: int,
-                gpus: float = 0) -> list[dict[str, Any]]:
-    try:
-        import ray
-    except ImportError:
-        raise StealkitError("the ray backend needs Ray: pip install 'stealkit[ray]'") from None
-    started = False
-    if not ray.is_initialized():
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=max(1, workers), include_dashboard=False, log_to_driver=False,
-                     configure_logging=False)
-        started = True
-    try:
-        remote = ray.remote(num_cpus=1, num_gpus=gpus, max_retries=0)(run_trial)
-        return ray.get([remote.remote(*job) for job in jobs])
-    finally:
-        if started:
-            ray.shutdown()
