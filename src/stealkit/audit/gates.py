@@ -97,8 +97,8 @@ def decide_gates(results: Sequence[dict[str, Any]], gates: Sequence[str],
         elif unsure:
             out.append(Gate(gate, "undecided", f"--fail-if {gate}: cannot decide: " + "; ".join(unsure)))
         else:
-            out.append(Gate(gate, "pass", f"--fail-if {gate}: passed (measured: "
-                                          + "; ".join(w for _, w in verdicts.values()) + ")"))
+            out.append(Gate(gate, "pass", f"--fail-if {gate}: passed (measured): "
+                                          + "; ".join(w for _, w in verdicts.values())))
     return out
 
 
