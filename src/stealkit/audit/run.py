@@ -141,7 +141,7 @@ def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHo
     """Audit ``options.victim``: plan every part within ``max_queries``, run them (resuming finished ones in
     ``options.out``), and write ``summary.json``, ``audit.json`` and ``report.html`` there. Every query count comes
     from an oracle's ledger; the total never exceeds ``max_queries``. ``echo`` gets the plan, ``progress`` a line
-    per finished part; ``plan_only`` stops after the plan (no query)."""
+    per finished part and the status line every ``STEALKIT_PROGRESS_INTERVAL`` seconds; ``plan_only`` stops after the plan (no query)."""
     from stealkit.audit.defences import resolve_defences, serving_costs
     from stealkit.audit.execute import check_resume, execute
     from stealkit.audit.gates import decide_gates, extend
@@ -214,10 +214,13 @@ def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHo
         bought = evaluation.buy(target, run.path, evaluation_queries)
         target = dataclasses.replace(target, reference_labels=torch.tensor(bought.labels))
     run_ctx = RunContext(target, options, run.path / "parts")
-    results = execute(plan.parts, run, run_ctx, on_part=on_part, echo=progress)
-    results, result.extended = extend(plan.extension, results, options.fail_if,
-                                      lambda rungs: execute(rungs, run, run_ctx, on_part=on_part, echo=progress),
-                                      echo=progress)
+    from stealkit.audit.status import AuditClock
+
+    with AuditClock([*plan.parts, *plan.extension], run_ctx.parts_dir, progress):  # the status line
+        results = execute(plan.parts, run, run_ctx, on_part=on_part, echo=progress)
+        results, result.extended = extend(plan.extension, results, options.fail_if,
+                                          lambda rungs: execute(rungs, run, run_ctx, on_part=on_part, echo=progress),
+                                          echo=progress)
     costs = serving_costs(target, answers=options.answers, defences=[*defences, *default_defences])
     summary = summarise([*plan.parts, *result.extended], results, options.max_queries, plan.notes, costs,
                         options.top_k, bought)
