@@ -228,7 +228,7 @@ def extend(extension: Sequence[Part], results: list[dict[str, Any]], gates: Sequ
 
     ran: list[Part] = []
     while nxt := next_rungs(extension, results, gates):
-        echo(f"--fail-if undecided by the ladder: extension rung {', '.join(part_id(p) for p in nxt)}")
+        echo(f"ladder extended for an undecided --fail-if: {', '.join(part_id(p) for p in nxt)}")
         results = [*results, *run_rungs(nxt)]
         ran += nxt
     return results, ran
