@@ -160,3 +160,15 @@ def test_a_gate_the_ladder_decides_adds_no_rung(tmp_path: Path) -> None:
     summary = _summary(out)  # not reached within 20 >= 9: decided by the ladder; the planned rung 9 never ran
     assert summary["extension"] == {"planned": ["extract-label-like-9"], "ran": [], "stops": {}}
     assert summary["queries"] == 40
+
+
+def test_the_spread_over_seeds_compares_the_rungs_every_seed_has() -> None:
+    from stealkit.audit.copies import seed_spread
+
+    def at(seed: int, budget: int, fidelity: float) -> dict[str, Any]:
+        return {**_point("label", budget, fidelity), "part": {**Part("label", "like", "pool", budget).as_dict(),
+                                                              "seed_offset": seed}}
+
+    # the audit's seed has an extension rung (100, reached); the repeat has the ladder's 50 only
+    rows = seed_spread([at(0, 50, 0.5), at(0, 100, 0.95), at(1, 50, 0.6)])
+    assert rows[0]["Q90 per seed"] == "–, –" and rows[0]["Q90 median"] == "not reached within 50"
