@@ -172,3 +172,10 @@ def test_the_spread_over_seeds_compares_the_rungs_every_seed_has() -> None:
     # the audit's seed has an extension rung (100, reached); the repeat has the ladder's 50 only
     rows = seed_spread([at(0, 50, 0.5), at(0, 100, 0.95), at(1, 50, 0.6)])
     assert rows[0]["Q90 per seed"] == "–, –" and rows[0]["Q90 median"] == "not reached within 50"
+
+
+def test_a_gate_on_an_answer_kind_not_audited_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*BASE, "--fail-if", "probs:q90<100", "--plan", "--out", str(tmp_path / "a")]) == 2
+    assert "--fail-if probs:q90<100: probs answers are not audited (--answers label)" in capsys.readouterr().err
+    assert main([*BASE, "--fail-if", "q90<1", "--plan", "--out", str(tmp_path / "a")]) == 2  # fewer than 1: none
+    assert main([*BASE, "--fail-if", "q90>=5", "--plan", "--out", str(tmp_path / "a")]) == 2

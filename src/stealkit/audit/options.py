@@ -105,7 +105,10 @@ class AuditOptions:
         """Refuse, before any heavy import, every option that is wrong on its face; the resolved sizes."""
         parse_answers(",".join(self.answers))
         for gate in self.fail_if:
-            parse_gate(gate)
+            spec = parse_gate(gate)
+            if spec.answers is not None and spec.answers not in self.answers:
+                raise InputError(f"--fail-if {gate}: {spec.answers} answers are not audited (--answers "
+                                 f"{','.join(self.answers)}); add {spec.answers} to --answers or drop the prefix")
         if self.max_queries < 1:
             raise InputError(f"--max-queries must be a positive number of queries, got {self.max_queries}")
         if min(self.ladder) < 1:
