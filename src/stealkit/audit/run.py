@@ -15,8 +15,8 @@ from stealkit.errors import InputError
 
 if TYPE_CHECKING:
     from stealkit.audit.execute import PartHook
-    from stealkit.audit.gates import Gate
     from stealkit.audit.parts import Part
+    from stealkit.audit.report import Gate
     from stealkit.oracle.victim import Target
 
 
