@@ -219,7 +219,8 @@ def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHo
     with AuditClock([*plan.parts, *plan.extension], run_ctx.parts_dir, progress):  # the status line
         results = execute(plan.parts, run, run_ctx, on_part=on_part, echo=progress)
         results, result.extended = extend(plan.extension, results, options.fail_if,
-                                          lambda rungs: execute(rungs, run, run_ctx, on_part=on_part, echo=progress),
+                                          lambda rungs: execute(rungs, run, run_ctx, on_part=on_part,
+                                                                echo=lambda s: progress(f"extension {s}")),
                                           echo=progress)
     costs = serving_costs(target, answers=options.answers, defences=[*defences, *default_defences])
     summary = summarise([*plan.parts, *result.extended], results, options.max_queries, plan.notes, costs,
