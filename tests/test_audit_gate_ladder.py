@@ -179,3 +179,26 @@ def test_a_gate_on_an_answer_kind_not_audited_is_bad_input(tmp_path: Path, capsy
     assert "--fail-if probs:q90<100: probs answers are not audited (--answers label)" in capsys.readouterr().err
     assert main([*BASE, "--fail-if", "q90<1", "--plan", "--out", str(tmp_path / "a")]) == 2  # fewer than 1: none
     assert main([*BASE, "--fail-if", "q90>=5", "--plan", "--out", str(tmp_path / "a")]) == 2
+
+
+@pytest.mark.slow
+def test_over_http_the_extension_is_decided_and_reconciled_with_the_server(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.test_serve_support import live_server, make_victim, write_keys
+
+    key = "gate-key-Qw81ZpLx6RtV3mNb7Yc4"
+    victim = make_victim(tmp_path / "victim")
+    keys = write_keys(tmp_path / "keys.toml", [{"key": key, "name": "gate", "mode": "probs", "budget": 5000}])
+    out = tmp_path / "a"
+    with live_server(victim, keys, tmp_path / "db.sqlite", log=tmp_path / "server.log") as url:
+        code = main(["-q", "audit", "--victim", url, "--key", key, "--dataset", "digits", "--answers", "label",
+                     "--budgets", "20", *TINY, "--transfer-images", "0", "--decision-images", "0",
+                     "--datafree-budget", "0", "--fail-if", "q90<60", "--out", str(out)])
+    summary = _summary(out)
+    fid = {r["part"]["budget"]: r["fidelity"] for r in summary["parts"] if r["part"]["attacker"] == "like"}
+    assert summary["extension"]["ran"] == ["extract-label-like-40", "extract-label-like-59"][:len(fid) - 1]
+    assert code == (1 if max(fid.values()) >= 0.9 else 0), (fid, capsys.readouterr().err)  # measured over HTTP
+    rec = summary["reconciliation"]
+    assert rec["equal"] is True  # the server counted the extension's queries as the ledgers did
+    assert rec["server"]["predict"] == summary["queries"] + summary["evaluation"]["queries"]["predict"]
+    assert summary["queries"] == 2 * 20 + sum(b for b in fid if b > 20)
