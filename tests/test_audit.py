@@ -169,17 +169,25 @@ def test_fail_if_decides_or_says_it_cannot() -> None:
     assert status("q90<60") == ["fail"]  # probabilities reach 90 % with 50 queries
     (g,) = decide_gates(results, ["q90<60"])
     assert g.line == "--fail-if q90<60: probs answers reach 90 % fidelity with 50 queries"
-    assert status("label:q90<100", "label:q95<150") == ["pass", "pass"]  # measured, and at or above N
+    # a gate is decided by one rung, N - 1 for q90<N: not reached with 50, reached with 100, so Q90 lies in 51..100
+    assert status("label:q90<51", "label:q90<101", "label:q95<101") == ["pass", "fail", "pass"]
+    (g,) = decide_gates(results, ["label:q90<100"])  # 99 was not measured: an attacker may need only 60
+    assert g.status == "undecided" and "no rung at 99 measured" in g.line and "add a rung of 99" in g.line
     assert status("label:q90<20") == ["pass"]  # the unrelated attacker (20 queries) is not gated
-    # probabilities never reached 95 % and their ladder stops at 50: below the gate's 1,000, so undecided
-    (g,) = decide_gates(results, ["probs:q95<1000"])
-    assert g.status == "undecided" and "cannot decide" in g.line and "stops below 1,000" in g.line
+    # probabilities never reached 95 % and their ladder stops at 50: below the gate's 999, so undecided
+    (g,) = decide_gates(results, ["probs:q95<1000"], {"probs": "the query source pool holds 50 images"})
+    assert g.status == "undecided" and g.line == ("--fail-if probs:q95<1000: cannot decide: probs answers: not "
+                                                  "reached within 50 queries; the ladder stops at 50, below 999 "
+                                                  "(the query source pool holds 50 images)")
     assert status("probs:q95<51") == ["pass"]  # not reached within 50: Q95 is 51 or more
+    # q90>N: reached within N passes, not reached at N or beyond fails, a gap around N is undecided
+    assert status("label:q90>100", "label:q95>100", "label:q90>99", "probs:q95>50") == [
+        "pass", "fail", "undecided", "fail"]
     assert status("topk:q90<10") == ["undecided"]  # no such cell was audited
     remote = _cell("label", "like", (50, None), (100, None))  # a remote victim: fidelity not measured
     assert [g.status for g in decide_gates(remote, ["q90<10"])] == ["undecided"]
-    assert exit_code(decide_gates(results, ["label:q90<100"])) == EXIT_PASS
-    assert exit_code(decide_gates(results, ["label:q90<100", "probs:q95<1000"])) == EXIT_UNDECIDED
+    assert exit_code(decide_gates(results, ["label:q90<51"])) == EXIT_PASS
+    assert exit_code(decide_gates(results, ["label:q90<51", "probs:q95<1000"])) == EXIT_UNDECIDED
     assert exit_code(decide_gates(results, ["probs:q95<1000", "q90<60"])) == EXIT_FAIL
     with pytest.raises(InputError, match="--fail-if"):
         parse_fail_if("q80<5")
@@ -194,13 +202,15 @@ def test_fail_if_exit_codes_after_the_report(tmp_path: Path, capsys: pytest.Capt
     assert "passed (measured)" in capsys.readouterr().err
     assert main([*args, "--fail-if", "q90<10", "--fail-if", "bad"]) == 2
     assert "--fail-if" in capsys.readouterr().err
-    assert main([*args, "--fail-if", "q90<1000"]) == 3  # resumed; the ladder stops at 20, unreached: undecided
-    assert "cannot decide" in capsys.readouterr().err
-    import stealkit.audit.report as report
-    from stealkit.audit.report import Gate
+    # resumed; unreached at 20, the ladder extends to the pool's 449 images, below the decisive 999: undecided
+    assert main([*args, "--fail-if", "q90<1000"]) == 3
+    err = capsys.readouterr().err
+    assert "cannot decide" in err and "the ladder stops at 449, below 999 (the query source pool holds 449" in err
+    import stealkit.audit.gates as gates
+    from stealkit.audit.gates import Gate
 
-    monkeypatch.setattr(report, "decide_gates", lambda results, gates: [Gate(g, "fail", f"--fail-if {g}: tripped")
-                                                                         for g in gates])
+    monkeypatch.setattr(gates, "decide_gates", lambda results, specs, *_a: [Gate(g, "fail", f"--fail-if {g}: tripped")
+                                                                            for g in specs])
     assert main([*args, "--fail-if", "q90<10"]) == 1  # resumed: every part done, no query; the gate trips
     assert "--fail-if q90<10: tripped" in capsys.readouterr().err
     assert (out / "report.html").exists()

@@ -9,14 +9,20 @@
 
 Extraction commands keep a bar of the victim's queries against the budget (:func:`ledger_progress`); an
 accuracy measured on the way (:func:`measured`, called by :class:`stealkit.metrics.Evaluator`) is shown on it.
+
+A caller that reports progress its own way (the audit's status line) listens to every bar opened meanwhile
+(:func:`listening`): each update hands it a :class:`Tick`, whether or not the bar prints (``--quiet``, a worker).
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tqdm.auto import tqdm
@@ -32,12 +38,45 @@ def quiet() -> bool:
     return os.environ.get("STEALKIT_QUIET", "") not in ("", "0")
 
 
-def interval() -> float:
-    """Seconds between status lines (``STEALKIT_PROGRESS_INTERVAL``; default 10)."""
+def interval(default: float = DEFAULT_INTERVAL) -> float:
+    """Seconds between status lines (``STEALKIT_PROGRESS_INTERVAL``; ``default`` where it is unset or not a
+    number)."""
     try:
-        return max(0.0, float(os.environ.get(INTERVAL_ENV, DEFAULT_INTERVAL)))
+        return max(0.0, float(os.environ.get(INTERVAL_ENV, default)))
     except ValueError:
-        return DEFAULT_INTERVAL
+        return default
+
+
+@dataclass(frozen=True)
+class Tick:
+    """One bar's count as a listener gets it: ``desc`` (e.g. ``train``, ``victim queries``), ``n`` of ``total``
+    ``unit`` (``total`` ``None``: unknown), and the figures shown after it (``epoch 3/20``)."""
+
+    desc: str
+    n: float
+    total: float | None
+    unit: str
+    postfix: dict[str, str] = field(default_factory=dict)
+
+    def words(self) -> str:
+        count = f"{_count(self.n)}/{_count(self.total)}" if self.total else _count(self.n)
+        extra = ", ".join(f"{k} {v}".strip() for k, v in self.postfix.items())
+        return f"{self.desc} {count} {self.unit}" + (f" ({extra})" if extra else "")
+
+
+#: a listener of bars' progress (:func:`listening`)
+Listener = Callable[[Tick], None]
+_LISTENERS: list[Listener] = []
+
+
+@contextlib.contextmanager
+def listening(listener: Listener) -> Iterator[None]:
+    """Hand ``listener`` a :class:`Tick` at every update of every bar opened inside the block."""
+    _LISTENERS.append(listener)
+    try:
+        yield
+    finally:
+        _LISTENERS.remove(listener)
 
 
 def _on_terminal() -> bool:
@@ -79,10 +118,15 @@ class StatusLines:
         self.postfix: dict[str, str] = {}
         self.lines = 0
         self.closed = False
+        self.listeners: list[Listener] = list(_LISTENERS)
 
     # the tqdm interface
     def update(self, n: float = 1) -> None:
         self.n += n
+        if self.listeners:
+            tick = Tick(self.desc, self.n, self.total, self.unit, dict(self.postfix))
+            for listener in self.listeners:
+                listener(tick)
         self._maybe_print()
 
     def set_postfix(self, ordered_dict: Mapping[str, Any] | None = None, refresh: bool = True,
@@ -158,13 +202,21 @@ class StatusLines:
 
 def progress(iterable: Iterable[T] | None = None, **kwargs: Any) -> Any:
     """A progress indicator (tqdm's interface: ``update``, ``set_postfix``, ``close``, iteration): a tqdm bar on
-    a terminal, :class:`StatusLines` elsewhere, a silent pass-through under ``--quiet``."""
+    a terminal, :class:`StatusLines` elsewhere, a silent pass-through under ``--quiet``. While someone is
+    :func:`listening`, always :class:`StatusLines` (silent on a terminal or under ``--quiet``: the listener
+    reports)."""
+    if _LISTENERS:
+        silent = quiet() or kwargs.get("disable") is True or _on_terminal()
+        kwargs.pop("disable", None)
+        bar: Any = StatusLines(iterable, **{**kwargs, **({"every": math.inf} if silent else {})})
+        _OPEN[:] = [*_live(_OPEN), bar]
+        return bar
     if quiet() or kwargs.get("disable") is True:
         kwargs["disable"] = True
         return tqdm(iterable, **kwargs)
     kwargs.pop("disable", None)
     if not _on_terminal():
-        bar: Any = StatusLines(iterable, **kwargs)
+        bar = StatusLines(iterable, **kwargs)
     else:
         kwargs.setdefault("leave", False)
         if _columns() > 0:

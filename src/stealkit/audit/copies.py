@@ -77,8 +77,9 @@ def _median(values: Sequence[float]) -> float:
 
 def seed_spread(results: Sequence[dict[str, Any]], kind: str = "extract") -> list[dict[str, Any]]:
     """Q90/Q95 over seeds, per answer kind, of the attacker with data like the victim's (the undefended ladder
-    at the seed and its repeats): every seed's value, the median and the range. A seed that did not reach the
-    level counts as more than its top rung: the median is "not reached" when it falls there."""
+    at the seed and its repeats): every seed's value, the median and the range, on the rungs every seed has (a
+    gate's extension rungs run at the audit's seed only). A seed that did not reach the level counts as more than
+    its top rung: the median is "not reached" when it falls there."""
     seeds: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for r in results:
         p = r["part"]
@@ -88,6 +89,8 @@ def seed_spread(results: Sequence[dict[str, Any]], kind: str = "extract") -> lis
     for answers, by_seed in seeds.items():
         if len(by_seed) < 2 or not all(measured(points) for points in by_seed.values()):
             continue
+        common = set.intersection(*({int(p["part"]["budget"]) for p in pts} for pts in by_seed.values()))
+        by_seed = {k: [p for p in pts if int(p["part"]["budget"]) in common] for k, pts in by_seed.items()}
         row: dict[str, Any] = {"answers": answers, "attacker": "like", "seeds": len(by_seed)}
         for t in THRESHOLDS:
             level = f"Q{round(t * 100)}"

@@ -3,7 +3,8 @@
 Each part writes ``parts/<id>.json`` atomically when it finishes: an interrupted audit run again with the same
 ``--out`` and plan skips the finished parts and pays for no query twice (an extraction part stopped midway
 replays its answer journal; a data-free part resumes from its checkpoint). PRADA watches every part's own
-queries as the oracle answers them. With ``jobs`` > 1, the parts that need no stolen copy run in worker
+queries as the oracle answers them; each part's progress goes to the audit's status line
+(:mod:`stealkit.audit.status`). With ``jobs`` > 1, the parts that need no stolen copy run in worker
 processes of one torch thread each; the figures and the queries are those of a run with ``jobs`` = 1. With
 ``backend`` ``ray`` every part is a Ray task instead (:mod:`stealkit.audit.ray_backend`), recorded the same way.
 """
@@ -40,7 +41,10 @@ def run_part(part: Part, ctx: RunContext, copy: copies.Copy | None = None) -> di
     checkpointed = (out / "checkpoint" / "checkpoint.json").exists()
     if out.exists() and not checkpointed:  # a part stopped midway runs again from its start (its journal replays)
         shutil.rmtree(out)
-    result = kind.run(part, ctx, out, copy)
+    from stealkit.audit.status import reporting
+
+    with reporting(ctx.parts_dir, part_id(part)):  # its bars' progress, for the audit's status line
+        result = kind.run(part, ctx, out, copy)
     return {"part": part.as_dict(), "id": part_id(part), **result,
             "elapsed_s": round(time.perf_counter() - started, 2)}
 

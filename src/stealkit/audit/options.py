@@ -112,7 +112,10 @@ class AuditOptions:
 
         check_backend(self.backend, self.address)
         for gate in self.fail_if:
-            parse_fail_if(gate)
+            spec = parse_gate(gate)
+            if spec.answers is not None and spec.answers not in self.answers:
+                raise InputError(f"--fail-if {gate}: {spec.answers} answers are not audited (--answers "
+                                 f"{','.join(self.answers)}); add {spec.answers} to --answers or drop the prefix")
         if self.max_queries < 1:
             raise InputError(f"--max-queries must be a positive number of queries, got {self.max_queries}")
         if min(self.ladder) < 1:
@@ -160,12 +163,41 @@ def parse_gradmatch(text: str) -> tuple[int, ...]:
     return () if ladder == (0,) else tuple(ladder)
 
 
+@dataclass(frozen=True)
+class GateSpec:
+    """One ``--fail-if`` gate: ``q90<N`` fails when an attacker reaches 90 % fidelity with fewer than N queries,
+    ``q90>N`` when it does not within N; ``answers``: one answer kind, or ``None`` for every kind audited."""
+
+    answers: str | None
+    level: int
+    op: str
+    n: int
+
+    @property
+    def target(self) -> int:
+        """The rung that decides the gate whatever its fidelity: the most queries an attacker may have, N - 1
+        for ``<`` (fewer than N), N for ``>`` (within N)."""
+        return self.n - 1 if self.op == "<" else self.n
+
+    @property
+    def text(self) -> str:
+        return f"{self.answers + ':' if self.answers else ''}q{self.level}{self.op}{self.n}"
+
+
+def parse_gate(text: str) -> GateSpec:
+    """``"q90<1000"``, ``"label:q95<5000"`` or ``"q90>200"`` as a :class:`GateSpec`."""
+    m = re.fullmatch(r"(?:(label|topk|probs):)?q(90|95)([<>])(\d+)", text.strip().lower().replace(" ", ""))
+    if m is None or int(m.group(4)) < (2 if m.group(3) == "<" else 1):
+        raise InputError(f"--fail-if takes q90<N, q90>N, q95<N or q95>N (N a number of queries, at least 2 after "
+                         f"<), optionally after an answer kind (label:q90<N); got {text!r}")
+    return GateSpec(m.group(1), int(m.group(2)), m.group(3), int(m.group(4)))
+
+
 def parse_fail_if(text: str) -> tuple[str | None, int, int]:
-    """``"q90<1000"`` or ``"label:q95<5000"`` -> (answer kind or ``None`` for every kind, 90, 1000)."""
-    m = re.fullmatch(r"(?:(label|topk|probs):)?q(90|95)<(\d+)", text.strip().lower().replace(" ", ""))
-    if m is None:
-        raise InputError(f"--fail-if takes q90<N or q95<N, optionally after an answer kind (label:q90<N); got {text!r}")
-    return m.group(1), int(m.group(2)), int(m.group(3))
+    """``"q90<1000"`` or ``"label:q95<5000"`` -> (answer kind or ``None`` for every kind, 90, 1000); the
+    direction is :func:`parse_gate`'s."""
+    gate = parse_gate(text)
+    return gate.answers, gate.level, gate.n
 
 
 def recipe_from_args(args: Sequence[str]) -> dict[str, Any]:

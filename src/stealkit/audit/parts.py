@@ -78,6 +78,9 @@ class PlanContext:
     #: the images each attacker's query source holds (``None``: a synthetic source, unbounded): a query is one
     #: distinct image, so no rung can spend more
     pool_sizes: Mapping[str, int | None] = dataclasses.field(default_factory=dict)
+    #: whether the audit measures fidelity (a remote victim whose test-split labels it cannot buy: no gate can
+    #: be decided, so the ladder is not extended for one)
+    fidelity_measured: bool = True
 
 
 @dataclass(frozen=True)

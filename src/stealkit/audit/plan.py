@@ -3,13 +3,15 @@
 The extraction ladder and the ``fixed`` kinds (the attacks from the stolen copy) come first: to fit, rungs are
 dropped from the top of the ladder (down to one), then the fixed kinds' parts, the last kind first. The ``room``
 kinds (the explanation attacks) take what is left, in table order; the ``rest`` kinds (the data-free attacker)
-what they leave; the repeats of the ladder at other seeds (the spread of Q90/Q95) whatever remains.
+what they leave; the repeats of the ladder at other seeds (the spread of Q90/Q95) whatever remains. A
+``--fail-if`` gate's extension rungs (:mod:`stealkit.audit.gates`) are reserved right after the fixed parts: they
+run after every other part, only while a gate is undecided.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from stealkit.audit.kinds import KINDS, LADDER_KIND, part_id
 from stealkit.audit.parts import Part, PlanContext
@@ -18,12 +20,18 @@ from stealkit.errors import InputError
 
 @dataclass(frozen=True)
 class Plan:
+    """``parts``: what runs, in order; ``extension``: the gates' extension rungs, run after them only while a
+    gate is undecided; ``stops``: why an answer kind's extension stops below a gate's decisive rung."""
+
     parts: list[Part]
     notes: list[str]
+    extension: list[Part] = field(default_factory=list)
+    stops: dict[str, str] = field(default_factory=dict)
 
     @property
     def queries(self) -> int:
-        return sum(p.budget for p in self.parts)
+        """The most the plan can spend: its parts and every extension rung."""
+        return sum(p.budget for p in self.parts) + sum(p.budget for p in self.extension)
 
 
 def make_plan(ctx: PlanContext) -> Plan:
@@ -67,7 +75,10 @@ def make_plan(ctx: PlanContext) -> Plan:
                      "the label recipe on their argmax on every rung")
     for kind_parts, _ in fixed.values():
         parts += kind_parts
-    room = max_queries - spend()
+    from stealkit.audit.gates import plan_extension
+
+    gated = plan_extension(ctx, lambda cell: ext.cell_rungs(ctx, cell, rungs), max_queries - spend())  # type: ignore[attr-defined]
+    room = max_queries - spend() - sum(p.budget for p in gated.parts)
     room_parts: list[Part] = []
     room_notes: list[str] = []
     for kind in (k for k in KINDS.values() if k.claim == "room"):
@@ -82,21 +93,29 @@ def make_plan(ctx: PlanContext) -> Plan:
         room -= sum(p.budget for p in got)
     parts += room_parts
     notes += room_notes
-    repeats, why = ext.repeats(parts, ctx.sizes.seeds, max_queries - sum(p.budget for p in parts))  # type: ignore[attr-defined]
-    return Plan(parts + repeats, notes + why)
+    left = max_queries - sum(p.budget for p in [*parts, *gated.parts])
+    repeats, why = ext.repeats(parts, ctx.sizes.seeds, left)  # type: ignore[attr-defined]
+    return Plan(parts + repeats, notes + why + gated.notes, gated.parts, gated.stops)
 
 
-def format_plan(parts: Sequence[Part], max_queries: int, done: set[str], evaluation: int = 0) -> str:
+def format_plan(parts: Sequence[Part], max_queries: int, done: set[str], evaluation: int = 0,
+                extension: Sequence[Part] = ()) -> str:
     """The plan as the terminal prints it; ``evaluation``: the evaluation queries bought first (a remote
-    victim's labels of the test split), on a line of their own."""
+    victim's labels of the test split), on a line of their own; ``extension``: the gates' extension rungs, after
+    the parts, under a line of their own (the total counts them: the most the audit can spend)."""
     lines = [f"{'part':<42} {'queries':>8} {'est. time':>10}"]
     if evaluation:
         lines.append(f"{'evaluation: the test split labels':<42} {evaluation:>8,} {'':>10}")
     for p in parts:
         mark = "  (done: resumed)" if part_id(p) in done else ""
         lines.append(f"{part_id(p):<42} {p.budget:>8,} {p.estimate_s:>9.0f}s{mark}")
-    total = sum(p.budget for p in parts) + evaluation
-    est = sum(p.estimate_s for p in parts)
+    if extension:
+        lines.append("extension rungs for --fail-if (each runs only while a gate is undecided):")
+    for p in extension:
+        mark = "  (done: resumed)" if part_id(p) in done else ""
+        lines.append(f"{'+ ' + part_id(p):<42} {p.budget:>8,} {p.estimate_s:>9.0f}s{mark}")
+    total = sum(p.budget for p in [*parts, *extension]) + evaluation
+    est = sum(p.estimate_s for p in [*parts, *extension])
     lines.append(f"{'total':<42} {total:>8,} {est:>9.0f}s  (of --max-queries {max_queries:,}; "
                  "times are rough, one CPU thread)")
     return "\n".join(lines)

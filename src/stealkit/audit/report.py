@@ -8,12 +8,19 @@ from that summary alone (kind ``audit`` in :data:`stealkit.report.kinds.BUILDERS
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from stealkit.audit.defences import add_serving, flagged_text, serving_sections
+from stealkit.audit.gates import (  # noqa: F401  (the gates' verdicts and exit codes, as they were named here)
+    EXIT_FAIL,
+    EXIT_INPUT,
+    EXIT_PASS,
+    EXIT_UNDECIDED,
+    Gate,
+    decide_gates,
+    exit_code,
+)
 from stealkit.audit.kinds import KINDS
-from stealkit.audit.options import parse_fail_if
 from stealkit.audit.parts import Part, stolen_copies
 from stealkit.audit.reconcile import reconciliation_line
 
@@ -54,65 +61,6 @@ def summarise(parts: Sequence[Part], results: Sequence[dict[str, Any]], max_quer
 
     out["verdict"] = verdict(out)
     return out
-
-
-@dataclass(frozen=True)
-class Gate:
-    """One ``--fail-if`` gate's verdict: ``fail`` (a measured cell reached the level with fewer than N queries),
-    ``pass`` (every cell it covers was measured, and reached the level with N or more, or not within N - 1), or
-    ``undecided`` (a cell was not measured, or its ladder topped out below N without reaching the level)."""
-
-    gate: str
-    status: str
-    line: str
-
-
-#: the command's exit codes: the gates passed (or none), a gate failed, bad input, a gate could not be decided
-EXIT_PASS, EXIT_FAIL, EXIT_INPUT, EXIT_UNDECIDED = 0, 1, 2, 3
-
-
-def decide_gates(results: Sequence[dict[str, Any]], gates: Sequence[str]) -> list[Gate]:
-    """Each gate over the undefended cells of the attacker with data like the victim's (its answer kind, or all)."""
-    from stealkit.audit.copies import measured
-    from stealkit.audit.parts import q_at
-
-    cells: dict[str, list[dict[str, Any]]] = {}
-    for r in stolen_copies(results, KINDS):
-        p = r["part"]
-        if p["attacker"] == "like" and not p.get("defence"):
-            cells.setdefault(p["answers"], []).append(r)
-    out = []
-    for gate in gates:
-        answers, level, n = parse_fail_if(gate)
-        mine = {a: pts for a, pts in cells.items() if answers in (None, a)}
-        fails, unsure = [], []
-        if not mine:
-            unsure.append(f"no undefended cell of {answers or 'any'} answers was audited")
-        for a, points in mine.items():
-            if not measured(points):
-                unsure.append(f"{a} answers: fidelity not measured (the victim's labels of the test split are unknown)")
-                continue
-            q = q_at(points, level / 100)
-            top = max(int(p["total_queries"]) for p in points)
-            if q is not None and q < n:
-                fails.append(f"{a} answers reach {level} % fidelity with {q:,} queries")
-            elif q is None and top + 1 < n:
-                unsure.append(f"{a} answers: not reached within {top:,} queries, and the ladder stops below {n:,} "
-                              f"(add a rung of {n:,} to --budgets)")
-        if fails:
-            out.append(Gate(gate, "fail", f"--fail-if {gate}: " + "; ".join(fails)))
-        elif unsure:
-            out.append(Gate(gate, "undecided", f"--fail-if {gate}: cannot decide: " + "; ".join(unsure)))
-        else:
-            out.append(Gate(gate, "pass", f"--fail-if {gate}: passed (measured)"))
-    return out
-
-
-def exit_code(gates: Sequence[Gate]) -> int:
-    """1 when a gate failed, else 3 when one could not be decided, else 0."""
-    if any(g.status == "fail" for g in gates):
-        return EXIT_FAIL
-    return EXIT_UNDECIDED if any(g.status == "undecided" for g in gates) else EXIT_PASS
 
 
 def _columns(rows: Sequence[dict[str, Any]]) -> list[str]:

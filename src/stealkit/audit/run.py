@@ -31,6 +31,9 @@ class AuditResult:
     notes: list[str]
     summary: dict[str, Any] = field(default_factory=dict, repr=False)
     gates: list[Gate] = field(default_factory=list)
+    #: the gates' extension rungs: planned (``extension``), and those that ran (``extended``)
+    extension: list[Part] = field(default_factory=list)
+    extended: list[Part] = field(default_factory=list)
 
     @property
     def failed(self) -> list[str]:
@@ -39,7 +42,7 @@ class AuditResult:
     @property
     def exit_code(self) -> int:
         """0: every gate passed (or none was asked), 1: a gate failed, 3: a gate could not be decided."""
-        from stealkit.audit.report import exit_code
+        from stealkit.audit.gates import exit_code
 
         return exit_code(self.gates)
 
@@ -161,34 +164,19 @@ def _check_answers(target: Target, kinds: Sequence[str]) -> None:
                              "answer kinds it serves") from None
 
 
-def gate_notes(gates: Sequence[str], parts: Sequence[Part]) -> list[str]:
-    """A note for each ``--fail-if`` gate whose N is above the ladder's top rung: unless the level is reached by
-    then, the gate cannot be decided."""
-    from stealkit.audit.options import parse_fail_if
-
-    rungs = [p.budget for p in parts if p.kind == "extract" and not p.defence and p.attacker == "like"]
-    notes = []
-    for gate in gates:
-        _, level, n = parse_fail_if(gate)
-        if rungs and max(rungs) + 1 < n:
-            notes.append(f"--fail-if {gate}: the ladder stops at {max(rungs):,} queries, below {n:,}: if {level} % "
-                         f"fidelity is not reached by then, the gate cannot be decided (exit 3); add {n:,} to "
-                         "--budgets to decide it")
-    return notes
-
-
 def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHook | None = None,
               echo: Callable[[str], None] = lambda s: None,
               progress: Callable[[str], None] = lambda s: None) -> AuditResult:
     """Audit ``options.victim``: plan every part within ``max_queries``, run them (resuming finished ones in
     ``options.out``), and write ``summary.json``, ``audit.json`` and ``report.html`` there. Every query count comes
     from an oracle's ledger; the total never exceeds ``max_queries``. ``echo`` gets the plan, ``progress`` a line
-    per finished part; ``plan_only`` stops after the plan (no query)."""
+    per finished part and the status line every ``STEALKIT_PROGRESS_INTERVAL`` seconds; ``plan_only`` stops after the plan (no query)."""
     from stealkit.audit.defences import resolve_defences, serving_costs
     from stealkit.audit.execute import check_resume, execute
+    from stealkit.audit.gates import decide_gates, extend
     from stealkit.audit.parts import PlanContext, RunContext, VictimShape
     from stealkit.audit.plan import format_plan, make_plan
-    from stealkit.audit.report import decide_gates, summarise
+    from stealkit.audit.report import summarise
     from stealkit.rundir import RunDir
     from stealkit.serve.defences import parse_defence
 
@@ -215,7 +203,8 @@ def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHo
                          f"{evaluation_queries:,} evaluation queries (the victim's labels of the test split)")
     plan_options = dataclasses.replace(options, max_queries=options.max_queries - evaluation_queries)
     ctx = PlanContext(plan_options, sizes, VictimShape(num_classes, pixels), target,
-                      tuple(dict.fromkeys(defences)), tuple(default_defences), pool_sizes=pool_sizes(target, options))
+                      tuple(dict.fromkeys(defences)), tuple(default_defences), pool_sizes=pool_sizes(target, options),
+                      fidelity_measured=not unmeasured)
     plan = make_plan(ctx)
     own_records, own_notes = own_data_of(target, options)
     plan.notes[:0] = own_notes
@@ -224,7 +213,6 @@ def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHo
                              "test images (evaluation queries, within --max-queries), the reference of every fidelity")
     if unmeasured:
         plan.notes.insert(0, unmeasured)
-    plan.notes.extend(gate_notes(options.fail_if, plan.parts))
     from stealkit.audit.kinds import part_id
 
     run = RunDir(options.out)
@@ -235,10 +223,10 @@ def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHo
               "evaluation_queries": evaluation_queries, **({"model_file": model_file} if model_file else {}),
               **({"own_data": own_records} if own_records else {})}
     done = check_resume(run, config, options.seed)
-    echo(format_plan(plan.parts, options.max_queries, done, evaluation_queries))
+    echo(format_plan(plan.parts, options.max_queries, done, evaluation_queries, plan.extension))
     for n in plan.notes:
         echo(f"note: {n}")
-    result = AuditResult(run.path, plan.parts, plan.notes)
+    result = AuditResult(run.path, plan.parts, plan.notes, extension=plan.extension)
     if plan_only:
         return result
     from stealkit.audit.reconcile import RESUMED_USAGE, reconcile_audit, record_server_count, server_count
@@ -247,17 +235,28 @@ def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHo
     run.create(command="audit", seed=options.seed, config=config)
     usage_path = run.path / "server_usage_before.json"
     if remote:  # the server's count at the first start (kept on resume), and at this start
-        record_server_count(run.path, plan.parts, target.location, options.key)
+        record_server_count(run.path, [*plan.parts, *plan.extension], target.location, options.key)
     bought = None
     if evaluation_queries:
         import torch
 
         bought = evaluation.buy(target, run.path, evaluation_queries)
         target = dataclasses.replace(target, reference_labels=torch.tensor(bought.labels))
-    results = execute(plan.parts, run, RunContext(target, options, run.path / "parts"), on_part=on_part,
-                      echo=progress)
+    run_ctx = RunContext(target, options, run.path / "parts")
+    from stealkit.audit.status import AuditClock
+
+    with AuditClock([*plan.parts, *plan.extension], run_ctx.parts_dir, progress):  # the status line
+        results = execute(plan.parts, run, run_ctx, on_part=on_part, echo=progress)
+        results, result.extended = extend(plan.extension, results, options.fail_if,
+                                          lambda rungs: execute(rungs, run, run_ctx, on_part=on_part,
+                                                                echo=lambda s: progress(f"extension {s}")),
+                                          echo=progress)
     costs = serving_costs(target, answers=options.answers, defences=[*defences, *default_defences])
-    summary = summarise(plan.parts, results, options.max_queries, plan.notes, costs, options.top_k, bought)
+    summary = summarise([*plan.parts, *result.extended], results, options.max_queries, plan.notes, costs,
+                        options.top_k, bought)
+    if plan.extension:
+        summary["extension"] = {"planned": [part_id(p) for p in plan.extension],
+                                "ran": [part_id(p) for p in result.extended], "stops": plan.stops}
     if usage_path.exists():
         resumed = run.path / RESUMED_USAGE
         summary["reconciliation"] = reconcile_audit(
@@ -270,7 +269,7 @@ def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHo
 
     write_report(run)
     result.summary = summary
-    result.gates = decide_gates(results, options.fail_if)
+    result.gates = decide_gates(results, options.fail_if, plan.stops)
     if result.gates:
         summary["gates"] = [{"gate": g.gate, "status": g.status, "line": g.line} for g in result.gates]
         run.write_summary(summary)

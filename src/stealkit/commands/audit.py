@@ -50,9 +50,10 @@ def _ladder(ladder: tuple[int, ...]) -> str:
                    "--defence none turns them off.")
 @click.option("--fail-if", "fail_if", multiple=True, metavar="q90<N",
               help="A deployment gate: exit 1 when an attacker with data like the victim's reaches 90 % (q90) or 95 % "
-                   "(q95) fidelity with fewer than N queries, 3 when that cannot be decided (not measured, or the "
-                   "ladder stops below N unreached), 0 only when measured and held (repeat; label:q90<N checks one "
-                   "answer kind).")
+                   "(q95) fidelity with fewer than N queries (q90>N: when N queries do not), 0 only when measured "
+                   "and held, 3 when it cannot be decided (not measured, or the pool or --max-queries stops the "
+                   "ladder below N); where the ladder leaves it open, rungs are added up to N (repeat; label:q90<N "
+                   "checks one answer kind).")
 @click.option("--budgets", default=None,
               help=f"The ladder of query budgets per cell (default {_ladder(LADDER)}; --quick {_ladder(QUICK_LADDER)}).")
 @click.option("--max-queries", type=int, default=DEFAULT_MAX_QUERIES, show_default=True,
