@@ -131,7 +131,7 @@ def _shaped(arr: np.ndarray, shape: Shape3, where: str) -> np.ndarray:
                      "reshape the array to one of them")
 
 
-def _labels(y: Any, n: int, where: str, num_classes: int | None) -> torch.Tensor:
+def labels_of(y: Any, n: int, where: str, num_classes: int | None) -> torch.Tensor:
     y = np.asarray(y)
     if y.ndim != 1 or len(y) != n:
         raise InputError(f"{where}: y must be one label per image ([{n}]), got shape {list(y.shape)}")
@@ -147,8 +147,9 @@ def _labels(y: Any, n: int, where: str, num_classes: int | None) -> torch.Tensor
     return labels
 
 
-def _read_array(path: Path, shape: Shape3, with_labels: bool,
-                num_classes: int | None) -> tuple[np.ndarray, str, torch.Tensor | None]:
+def load_arrays(path: Path, with_labels: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """``x`` and ``y`` (or ``None``) of a ``.npy`` / ``.npz`` file, read with ``allow_pickle=False``; one
+    ``InputError`` line for a pickle, an unreadable file, an archive without ``x``, missing labels or no items."""
     where = os.fspath(path)
     try:
         loaded = np.load(path, allow_pickle=False)
@@ -163,14 +164,14 @@ def _read_array(path: Path, shape: Shape3, with_labels: bool,
             raise InputError(f"{where}: not an .npz archive; save it with numpy.savez(PATH, x=..., y=...)")
         x = loaded
         if with_labels:
-            raise InputError(f"{where}: labels are needed but a .npy file holds images only; save "
-                             "numpy.savez(PATH.npz, x=images, y=labels)")
+            raise InputError(f"{where}: labels are needed but a .npy file holds images (inputs) only; save "
+                             "numpy.savez(PATH.npz, x=inputs, y=labels)")
     else:
         with loaded as archive:
             keys = list(archive.keys())
             if "x" not in keys:
                 raise InputError(f"{where}: the .npz holds {keys or 'nothing'} but no 'x'; save "
-                                 "numpy.savez(PATH, x=images, y=labels)")
+                                 "numpy.savez(PATH, x=inputs, y=labels)")
             try:
                 x = archive["x"]
                 y = archive["y"] if "y" in keys else None
@@ -179,12 +180,19 @@ def _read_array(path: Path, shape: Shape3, with_labels: bool,
                                  "objects") from None
         if with_labels and y is None:
             raise InputError(f"{where}: labels are needed but the .npz holds no 'y'; save "
-                             "numpy.savez(PATH, x=images, y=labels)")
+                             "numpy.savez(PATH, x=inputs, y=labels)")
     if x.ndim < 2 or len(x) == 0:
-        raise InputError(f"{where}: no images (x has shape {list(x.shape)}); give at least one image")
+        raise InputError(f"{where}: no items (x has shape {list(x.shape)}); give at least one")
+    return x, y
+
+
+def _read_array(path: Path, shape: Shape3, with_labels: bool,
+                num_classes: int | None) -> tuple[np.ndarray, str, torch.Tensor | None]:
+    where = os.fspath(path)
+    x, y = load_arrays(path, with_labels)
     values, scale = _scale(x, where)
     values = _shaped(values, shape, where)
-    labels = _labels(y, len(values), where, num_classes) if y is not None else None
+    labels = labels_of(y, len(values), where, num_classes) if y is not None else None
     return values, scale, labels
 
 
@@ -243,7 +251,7 @@ def _read_folder(folder: Path, shape: Shape3, with_labels: bool,
         files = _images_in(d)
         images += [_read_image(p, shape) for p in files]
         labels += [k] * len(files)
-    y = _labels(np.asarray(labels, dtype=np.int64), len(labels), where, num_classes)
+    y = labels_of(np.asarray(labels, dtype=np.int64), len(labels), where, num_classes)
     return np.stack(images), "bytes 0..255", y, tuple(names)
 
 
