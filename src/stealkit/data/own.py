@@ -164,7 +164,7 @@ def load_arrays(path: Path, with_labels: bool) -> tuple[np.ndarray, np.ndarray |
             raise InputError(f"{where}: not an .npz archive; save it with numpy.savez(PATH, x=..., y=...)")
         x = loaded
         if with_labels:
-            raise InputError(f"{where}: labels are needed but a .npy file holds images (inputs) only; save "
+            raise InputError(f"{where}: labels are needed but a .npy file holds x (images only, or features only); save "
                              "numpy.savez(PATH.npz, x=inputs, y=labels)")
     else:
         with loaded as archive:
