@@ -70,10 +70,15 @@ def mlp2(input_shape: tuple[int, int, int], num_classes: int, *, hidden: int = 1
 
 
 def mlp(input_shape: tuple[int, ...], num_classes: int, *, hidden: Sequence[int] | int = (64, 64)) -> nn.Module:
-    """A dense ReLU network with the hidden widths ``hidden`` (one int per layer, e.g. ``(64, 64)``; ``()``
-    is logistic regression): the student family of feature-vector victims (and usable on flattened images)."""
+    """A dense ReLU network with the hidden widths ``hidden`` (one int per layer, e.g. ``(64, 64)`` or
+    ``"64,64"``; ``()`` is logistic regression): the student family of feature-vector victims (and usable on flattened images)."""
+    if isinstance(hidden, str):  # the command line's "32,16"
+        try:
+            hidden = [int(t) for t in hidden.strip("[]() ").split(",") if t.strip()]
+        except ValueError:
+            raise InputError(f"mlp: hidden must be layer widths such as 64,64, got {hidden!r}") from None
     widths = [hidden] if isinstance(hidden, int) else list(hidden) if isinstance(hidden, Sequence) else None
-    if widths is None or isinstance(hidden, str):
+    if widths is None:
         raise InputError(f"mlp: hidden must be a list of layer widths (e.g. [64, 64]), got {hidden!r}")
     widths = [positive_int("mlp", "hidden", w) for w in widths]
     layers: list[nn.Module] = [nn.Flatten()]
