@@ -174,6 +174,7 @@ def test_the_zipmap_output_reads_the_same_answers(bc):
     assert torch.allclose(plain.oracle.query(x), zipped.oracle.query(x), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_surrogate_extraction_reports_the_owner_s_accuracy_and_fidelity(bc, tmp_path):
     from stealkit.extract.surrogate_data.run import SurrogateOptions, run_surrogate
 
@@ -238,16 +239,19 @@ def test_the_audit_of_an_skl2onnx_pipeline_from_the_owner_s_arrays(bc, tmp_path)
     assert audit["audit"]["feature_ranges"]["features"] == D
     assert audit["audit"]["unrelated"] == "uniform"
     assert any("data-free attacker not measured" in n for n in audit["notes"])
-    assert any(p.get("fidelity") is not None for p in audit["parts"] if str(p.get("part", "")).startswith("extract"))
+    extractions = [p for p in audit["parts"] if str(p.get("id", "")).startswith("extract-probs-like")]
+    assert extractions and all(0 <= p["fidelity"] <= 1 for p in extractions)
+    assert all(p["victim_accuracy"] == pytest.approx(bc["accuracy"], abs=1e-6) for p in extractions)
 
 
-def test_a_test_split_of_the_wrong_width_stops_the_audit_with_one_line_and_writes_nothing(bc, tmp_path):
-    from stealkit.cli import cli
+def test_a_test_split_of_the_wrong_width_stops_the_audit_with_one_line_and_writes_nothing(bc, tmp_path, capsys):
+    from stealkit.cli import main
 
     np.savez(tmp_path / "wide.npz", x=np.zeros((5, D + 2), dtype=np.float32), y=np.zeros(5, dtype=np.int64))
     out = tmp_path / "audit"
-    res = CliRunner().invoke(cli, ["audit", "--victim", bc["onnx"], "--test-data", str(tmp_path / "wide.npz"),
-                                   "--pool", bc["pool"], "--quick", "--out", str(out)])
-    assert res.exit_code != 0
-    assert "fits neither" in res.output and f"[N, {D}]" in res.output
+    code = main(["-q", "audit", "--victim", bc["onnx"], "--test-data", str(tmp_path / "wide.npz"), "--pool", bc["pool"],
+                 "--quick", "--out", str(out)])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert code == 2
+    assert len(err) == 1 and "fits neither" in err[0] and f"[N, {D}]" in err[0]
     assert not out.exists()

@@ -81,6 +81,8 @@ def run_transfer(target: Target, method: str, substitute: str | Path | nn.Module
     else:
         sub, where = load_substitute(substitute, device=target.device), os.fspath(substitute)
     v = target.open(mode="label", budget=budget)
+    if not isinstance(substitute, nn.Module):
+        check_ranges(substitute, v)
     x, y = sample_test_images(v, target.data_dir, n, target.seed)
     spec = ATTACKS[method]
     cfg = spec.config(method=method, eps=eps, steps=steps, step=step, norm=norm, targeted=targeted,
@@ -118,6 +120,8 @@ def run_decision(target: Target, method: str, *, max_queries: int = 5000, n: int
     sub_path = os.fspath(substitute) if substitute is not None else None
     v = target.open(mode="label", budget=budget)
     sub = load_model_substitute(sub_path, v, target.device) if sub_path is not None else None
+    if sub_path is not None:
+        check_ranges(sub_path, v)
     x, y = sample_test_images(v, target.data_dir, n, target.seed)
     pool = load_start_pool(start_pool, v, target.data_dir) if start_pool is not None else None
     spec = ATTACKS[method]
@@ -186,6 +190,26 @@ def sample_test_images(v: Victim, data_dir: str | None, n: int, seed: int) -> tu
     test = victim_test(v, data_dir)
     idx = torch.randperm(len(test.y), generator=torch.Generator().manual_seed(seed))[:n]
     return test.x[idx], test.y[idx]
+
+
+def check_ranges(substitute: str | Path, v: Victim) -> None:
+    """Warn when a feature-vector victim's substitute (an extraction run) was trained under other feature ranges:
+    its points of [0, 1]^d then mean other features."""
+    import json
+    import logging
+
+    if v.features is None:
+        return
+    config = Path(substitute) / "config.json"
+    try:
+        recorded = json.loads(config.read_text())["config"]["feature_ranges"]["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if recorded != v.features.digest:
+        logging.getLogger(__name__).warning(
+            "the substitute %s was trained under other feature ranges (sha256 %s...) than the victim is opened under "
+            "(%s...): its points of [0, 1]^d mean other features; give both the same --test-data or ranges file",
+            substitute, recorded[:12], v.features.digest[:12])
 
 
 def space_of(v: Victim) -> dict[str, str]:
