@@ -188,6 +188,11 @@ def test_surrogate_extraction_reports_the_owner_s_accuracy_and_fidelity(bc, tmp_
     assert config["student"] == "mlp"
     assert config["feature_ranges"]["features"] == D and len(config["feature_ranges"]["sha256"]) == 64
     assert run.queries["predict"] <= 60
+    copy = Target(str(tmp_path / "s" / "student"), test_data=bc["test"]).open(mode="label")  # no map in front
+    ranges = t.open(mode="label").features
+    assert (copy.features.lo, copy.features.hi) == (ranges.lo, ranges.hi)  # the ranges kept in its model.json
+    test = victim_test(copy)
+    assert float((copy.oracle.query(test.x) == test.y).float().mean()) == pytest.approx(run.accuracy, abs=1e-6)
 
 
 @pytest.mark.slow
@@ -244,6 +249,7 @@ def test_the_audit_of_an_skl2onnx_pipeline_from_the_owner_s_arrays(bc, tmp_path)
     assert all(p["victim_accuracy"] == pytest.approx(bc["accuracy"], abs=1e-6) for p in extractions)
 
 
+@pytest.mark.slow
 def test_a_test_split_of_the_wrong_width_stops_the_audit_with_one_line_and_writes_nothing(bc, tmp_path, capsys):
     from stealkit.cli import main
 
@@ -255,3 +261,29 @@ def test_a_test_split_of_the_wrong_width_stops_the_audit_with_one_line_and_write
     assert code == 2
     assert len(err) == 1 and "fits neither" in err[0] and f"[N, {D}]" in err[0]
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_torchscript_model_of_d_features_opens_and_plans_gradient_matching_on_the_owner_s_rows(tmp_path, capsys):
+    from stealkit.audit.options import AuditOptions
+    from stealkit.audit.run import run_audit
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
+    torch.jit.save(torch.jit.trace(net, torch.zeros(1, 4)), str(tmp_path / "m.pt"))
+    rng = np.random.default_rng(0)
+    x = rng.normal(50.0, 10.0, size=(60, 4)).astype(np.float32)
+    np.savez(tmp_path / "test.npz", x=x[:40], y=net(torch.from_numpy(x[:40])).argmax(1).numpy())
+    np.savez(tmp_path / "pool.npz", x=x[40:])
+    victim = f"{tmp_path / 'm.pt'}?input_shape=4"
+    v = Target(victim, test_data=str(tmp_path / "test.npz")).open(mode="probs")
+    assert v.input_shape == (4,) and v.num_classes == 3
+    test = victim_test(v)
+    assert (v.oracle.query(test.x).argmax(1) == test.y).all()  # the map undoes itself: the model's own labels
+    result = run_audit(AuditOptions(victim=victim, pool=str(tmp_path / "pool.npz"),
+                                    test_data=str(tmp_path / "test.npz"), quick=True, out=str(tmp_path / "a")),
+                       plan_only=True)
+    gradmatch = [p for p in result.parts if p.kind == "gradmatch"]
+    assert gradmatch and gradmatch[0].pool == str(tmp_path / "pool.npz")
+    assert any("data-free attacker not measured" in n for n in result.notes)
+    assert any("uniform" in n for n in result.notes)

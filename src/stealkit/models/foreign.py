@@ -244,7 +244,8 @@ def _resolve_meta(path: Path, fmt: str, file_meta: dict[str, Any], flags: dict[s
     if shape is None:
         raise InputError(
             f"{path}: its input shape is unknown: neither the file's metadata (input_shape) nor a flag says; "
-            "pass --input-shape C,H,W (e.g. 1,28,28), or append ?input_shape=C,H,W to the file name"
+            "pass --input-shape C,H,W (e.g. 1,28,28; D for a vector of D features), or append "
+            "?input_shape=C,H,W to the file name"
         )
     if graph_shape is not None and tuple(shape) != graph_shape:
         raise InputError(f"{path}: the graph takes images of shape {list(graph_shape)} but input_shape says "

@@ -55,3 +55,11 @@ def map_features(model: nn.Module, input_shape: tuple[int, ...], declared: Any,
         return model, None
     ranges = feature_ranges(int(input_shape[0]), declared, data)
     return FeatureMapped(model, ranges), ranges
+
+
+def saved_ranges(d: int, declared: Any, saved: Any, data: Sequence[str | None]) -> FeatureRange:
+    """The ranges of a stealkit model of ``d`` features (it takes points of ``[0, 1]^d`` itself): ``declared``,
+    else those its ``model.json`` keeps (``saved``: ``{"lo", "hi", "source"}``), else from ``data``."""
+    if declared is None and isinstance(saved, dict) and "lo" in saved and "hi" in saved:
+        return FeatureRange(tuple(saved["lo"]), tuple(saved["hi"]), source=str(saved.get("source", "model.json")))
+    return feature_ranges(d, declared, data)

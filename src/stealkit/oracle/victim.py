@@ -187,9 +187,17 @@ def open_victim(
                              "explanations; use a TorchScript (.pt) or stealkit model directory for explanation modes")
     else:
         model, spec = load_model(victim, device=device)
-    if features is None:  # a file's declared ranges (FILE.onnx?feature_ranges=r.json)
-        features = ((getattr(spec, "extra", None) or {}).get("feature_ranges")) or None
-    model, ranges = map_features(model, tuple(spec.input_shape), features, feature_data)
+    declared = (getattr(spec, "extra", None) or {}).get("feature_ranges")
+    if features is None and isinstance(declared, str):  # a file's declared ranges (FILE.onnx?feature_ranges=r.json)
+        features = declared
+    if not is_foreign(victim) and len(spec.input_shape) == 1:
+        # a stealkit model of d features (a stolen copy) already takes points of [0, 1]^d: no map in front of it;
+        # its ranges (kept in its model.json) read the owner's rows
+        from stealkit.oracle.tabular import saved_ranges
+
+        ranges = saved_ranges(spec.input_shape[0], features, declared, feature_data)
+    else:
+        model, ranges = map_features(model, tuple(spec.input_shape), features, feature_data)
     return _local(model, spec, tuple(spec.input_shape), spec.num_classes, features=ranges, location=victim,
                   mode=mode, budget=budget,
                   temperature=temperature, top_k=top_k, explain=explain, dataset=dataset, device=device, seed=seed,
