@@ -5,6 +5,7 @@ by skl2onnx and attacked from the owner's own arrays."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -249,7 +250,6 @@ def test_the_audit_of_an_skl2onnx_pipeline_from_the_owner_s_arrays(bc, tmp_path)
     assert all(p["victim_accuracy"] == pytest.approx(bc["accuracy"], abs=1e-6) for p in extractions)
 
 
-@pytest.mark.slow
 def test_a_test_split_of_the_wrong_width_stops_the_audit_with_one_line_and_writes_nothing(bc, tmp_path, capsys):
     from stealkit.cli import main
 
@@ -263,14 +263,15 @@ def test_a_test_split_of_the_wrong_width_stops_the_audit_with_one_line_and_write
     assert not out.exists()
 
 
-@pytest.mark.slow
 def test_a_torchscript_model_of_d_features_opens_and_plans_gradient_matching_on_the_owner_s_rows(tmp_path, capsys):
     from stealkit.audit.options import AuditOptions
     from stealkit.audit.run import run_audit
 
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
-    torch.jit.save(torch.jit.trace(net, torch.zeros(1, 4)), str(tmp_path / "m.pt"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit's notices
+        torch.jit.save(torch.jit.trace(net, torch.zeros(1, 4)), str(tmp_path / "m.pt"))
     rng = np.random.default_rng(0)
     x = rng.normal(50.0, 10.0, size=(60, 4)).astype(np.float32)
     np.savez(tmp_path / "test.npz", x=x[:40], y=net(torch.from_numpy(x[:40])).argmax(1).numpy())
@@ -287,3 +288,14 @@ def test_a_torchscript_model_of_d_features_opens_and_plans_gradient_matching_on_
     assert gradmatch and gradmatch[0].pool == str(tmp_path / "pool.npz")
     assert any("data-free attacker not measured" in n for n in result.notes)
     assert any("uniform" in n for n in result.notes)
+
+
+def test_data_free_extraction_refuses_a_feature_vector_victim_in_one_line_and_writes_nothing(tmp_path):
+    from stealkit.extract.datafree.run import run_datafree
+
+    ranges = FeatureRange((0.0,) * 3, (1.0,) * 3)
+    with pytest.raises(InputError) as exc:
+        run_datafree("codfe", Target(nn.Linear(3, 2), input_shape=(3,), features=ranges), 100, mode="label",
+                     out=tmp_path / "df")
+    assert "generators make images" in _one_line(exc)
+    assert not (tmp_path / "df").exists()
