@@ -109,7 +109,7 @@ def test_bad_arrays_are_one_line_before_any_work(digits_victim, tmp_path, case, 
 def test_a_bad_pool_array_is_refused_too(digits_victim, tmp_path):
     root = digits_victim
     _, x, y = _arrays(root)
-    with pytest.raises(InputError, match=r"^pool: the images hold NaN"):
+    with pytest.raises(InputError, match=r"^pool: .*NaN"):
         steal(root / "victim", budget=30, pool=np.full((5, 64), np.nan, dtype=np.float32), test=(x, y),
               out=tmp_path / "o", **TINY)
     with pytest.raises(InputError, match="labels are needed but only images were given"):

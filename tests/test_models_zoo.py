@@ -38,7 +38,7 @@ def small(arch: str, shape: tuple[int, int, int], num_classes: int = 10, **kw) -
 
 
 def test_registry_lists_the_documented_architectures():
-    assert set(ARCHITECTURES) == {"logistic", "mlp2", "conv2", "cnn3", "cnn4", "lenet5", "resnet", "vgg11"}
+    assert set(ARCHITECTURES) == {"logistic", "mlp", "mlp2", "conv2", "cnn3", "cnn4", "lenet5", "resnet", "vgg11"}
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))

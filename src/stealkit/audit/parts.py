@@ -57,10 +57,12 @@ class Part:
 
 @dataclass(frozen=True)
 class VictimShape:
-    """What the plan knows of the victim without a query: its classes and input size."""
+    """What the plan knows of the victim without a query: its classes and input size (``features``: a
+    feature-vector victim's ``d``, else ``None``)."""
 
     num_classes: int
     pixels: int
+    features: int | None = None
 
 
 @dataclass(frozen=True)

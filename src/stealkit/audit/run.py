@@ -88,8 +88,11 @@ def target_of(options: AuditOptions) -> Target:
         from stealkit.victims import standard_victim
 
         victim = str(standard_victim(victim.split(":", 1)[1]).path)
+    from stealkit.audit.tabular import own_files
+
     how = {"key": options.key, "top_k": options.top_k, "dataset": options.dataset, "data_dir": options.data_dir,
-           "device": options.device, "seed": options.seed, "test_data": options.test_data}
+           "device": options.device, "seed": options.seed, "test_data": options.test_data,
+           "feature_data": own_files(options)}  # a feature-vector victim's ranges: the owner's files' min/max
     if isinstance(victim, Target):  # an nn.Module with its input shape (stealkit.api.audit)
         return dataclasses.replace(victim, **how)
     return Target(victim, **how)
@@ -130,7 +133,7 @@ def pool_sizes(target: Target, options: AuditOptions) -> dict[str, int | None]:
                 continue
             sizes[spec] = len(load_query_source(spec, input_shape=v.input_shape, n=None, seed=0,
                                                 data_dir=options.data_dir, victim_dataset=v.dataset,
-                                                split_seed=v.split_seed))
+                                                split_seed=v.split_seed, features=v.features))
         except InputError as exc:
             raise InputError(f"{flag} {spec}: {exc}") from None
     return sizes
@@ -146,10 +149,17 @@ def own_data_of(target: Target, options: AuditOptions) -> tuple[dict[str, Any], 
     v = target.open(mode="label", budget=0)
     close(v)
     records, warnings = own_data(v, {"--pool": options.pool, "--unrelated": options.unrelated}, options.data_dir)
-    notes = [f"your data, --{flag.replace('_', '-')} {r['source']}: {r['size']:,} items, pixels read as {r['pixel_scale']}, sha256 "
+    notes = [f"your data, --{flag.replace('_', '-')} {r['source']}: {r['size']:,} items, {_scale(r)}, sha256 "
              f"{r['sha256'][:12]}..." + (" (every fidelity and accuracy is scored on it)" if flag == "test_data" else "")
              for flag, r in records.items()]
     return records, notes + warnings
+
+
+def _scale(record: dict[str, Any]) -> str:
+    from stealkit.data.features import FEATURE_SCALE
+
+    return "read as " + FEATURE_SCALE if record["pixel_scale"] == FEATURE_SCALE else \
+        f"pixels read as {record['pixel_scale']}"
 
 
 def _check_answers(target: Target, kinds: Sequence[str]) -> None:
@@ -193,6 +203,9 @@ def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHo
     if defences and remote:
         raise InputError("--defence audits a local victim; a remote victim's defences are its server's")
     num_classes, pixels, model_file = _shape(target)
+    from stealkit.audit.tabular import tabular_options
+
+    options, tabular_notes, ranges = tabular_options(target, options)  # a feature-vector victim, else unchanged
     if remote:
         _check_answers(target, options.answers)
     from stealkit.audit import evaluation
@@ -202,12 +215,12 @@ def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHo
         raise InputError(f"--max-queries {options.max_queries:,} leaves no query for the attacks after the "
                          f"{evaluation_queries:,} evaluation queries (the victim's labels of the test split)")
     plan_options = dataclasses.replace(options, max_queries=options.max_queries - evaluation_queries)
-    ctx = PlanContext(plan_options, sizes, VictimShape(num_classes, pixels), target,
+    ctx = PlanContext(plan_options, sizes, VictimShape(num_classes, pixels, ranges.d if ranges else None), target,
                       tuple(dict.fromkeys(defences)), tuple(default_defences), pool_sizes=pool_sizes(target, options),
                       fidelity_measured=not unmeasured)
     plan = make_plan(ctx)
     own_records, own_notes = own_data_of(target, options)
-    plan.notes[:0] = own_notes
+    plan.notes[:0] = [*tabular_notes, *own_notes]
     if evaluation_queries:
         plan.notes.insert(0, f"a remote victim: the audit first buys its top-1 labels of the {evaluation_queries:,} "
                              "test images (evaluation queries, within --max-queries), the reference of every fidelity")
@@ -221,7 +234,8 @@ def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHo
               "ladder": sorted({p.budget for p in plan.parts}), "max_queries": options.max_queries,
               "recipe": dict(options.recipe), "dataset": options.dataset, "parts": [part_id(p) for p in plan.parts],
               "evaluation_queries": evaluation_queries, **({"model_file": model_file} if model_file else {}),
-              **({"own_data": own_records} if own_records else {})}
+              **({"own_data": own_records} if own_records else {}),
+              **({"feature_ranges": ranges.record(), "unrelated": options.unrelated} if ranges else {})}
     done = check_resume(run, config, options.seed)
     echo(format_plan(plan.parts, options.max_queries, done, evaluation_queries, plan.extension))
     for n in plan.notes:

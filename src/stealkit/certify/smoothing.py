@@ -280,8 +280,9 @@ def _num_classes(model: nn.Module, forward: Forward, x: torch.Tensor, device: to
 
 
 def _check_x(x: torch.Tensor) -> None:
-    if not isinstance(x, torch.Tensor) or x.dim() != 4 or not x.is_floating_point():
-        raise InputError("x must be a float tensor of images [B, C, H, W] with pixels in [0, 1]")
+    if not isinstance(x, torch.Tensor) or x.dim() not in (2, 4) or not x.is_floating_point():
+        raise InputError("x must be a float tensor of images [B, C, H, W] with pixels in [0, 1], or of feature "
+                         "vectors [B, d] mapped to [0, 1] (stealkit.data.features)")
 
 
 #: images whose certificates are computed together (:func:`certify_block`): the counts of that many images stay on the

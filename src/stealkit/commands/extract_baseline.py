@@ -50,11 +50,14 @@ def baseline_cmd(victim: str, key: str | None, mode: str, temperature: float, to
     cps = parse_int_list(checkpoints) if checkpoints else (budget,)
     kwargs = parse_kv(student_args)
     v = open_victim(victim, mode=mode, budget=budget, temperature=temperature, top_k=top_k, key=key,
-                    dataset=dataset, device=device, seed=seed)
+                    dataset=dataset, device=device, seed=seed, feature_data=(test_data,))
     v.test_data = test_data
     test = victim_test(v, data_dir)
     x_pool = load_query_source(pool, input_shape=v.input_shape, n=max(cps), seed=seed, data_dir=data_dir,
-                               victim_dataset=v.dataset, split_seed=v.split_seed)
+                               victim_dataset=v.dataset, split_seed=v.split_seed, features=v.features)
+    from stealkit.models.zoo import student_for
+
+    student = student_for(student, v.input_shape)  # a feature-vector victim: mlp in place of an image network
     method = METHODS["baseline"]
     config = method.config(checkpoints=cps, seed=seed,  # type: ignore[misc]
                            train=TrainConfig(epochs=epochs, batch_size=batch_size, seed=seed))

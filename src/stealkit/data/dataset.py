@@ -20,7 +20,8 @@ class Dataset:
     """Labelled images.
 
     Attributes:
-        x: float32 ``[N, C, H, W]`` with every pixel in ``[0, 1]``.
+        x: float32 ``[N, C, H, W]`` with every pixel in ``[0, 1]`` (or ``[N, d]``: feature vectors mapped to
+            ``[0, 1]`` by their ranges, :mod:`stealkit.data.features`).
         y: int64 ``[N]``, each label an index into ``classes``.
         classes: the class names; ``len(classes)`` is the size of the label space, which can be larger than
             the set of labels present (after ``keep_classes`` for example).
@@ -49,8 +50,9 @@ class Dataset:
             raise InputError(
                 f"{where}: x and y must be torch tensors, got {type(x).__name__}, {type(y).__name__}"
             )
-        if x.dim() != 4:
-            raise InputError(f"{where}: x must have shape [N, C, H, W], got {tuple(x.shape)}")
+        if x.dim() not in (2, 4):
+            raise InputError(f"{where}: x must have shape [N, C, H, W] (images) or [N, d] (features in [0, 1]), "
+                             f"got {tuple(x.shape)}")
         if x.dtype != torch.float32:
             raise InputError(f"{where}: x must be float32 with pixels in [0, 1], got {x.dtype}")
         if y.dim() != 1 or y.dtype != torch.int64:
@@ -75,10 +77,9 @@ class Dataset:
             )
 
     @property
-    def input_shape(self) -> Shape3:
-        """``(C, H, W)`` of one image."""
-        c, h, w = self.x.shape[1:]
-        return (int(c), int(h), int(w))
+    def input_shape(self) -> Shape3 | tuple[int]:
+        """``(C, H, W)`` of one image, or ``(d,)`` of one feature vector."""
+        return tuple(int(s) for s in self.x.shape[1:])  # type: ignore[return-value]
 
     @property
     def num_classes(self) -> int:

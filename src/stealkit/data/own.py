@@ -132,7 +132,7 @@ def _shaped(arr: np.ndarray, shape: Shape3, where: str) -> np.ndarray:
                      "reshape the array to one of them")
 
 
-def _labels(y: Any, n: int, where: str, num_classes: int | None) -> torch.Tensor:
+def labels_of(y: Any, n: int, where: str, num_classes: int | None) -> torch.Tensor:
     y = np.asarray(y)
     if y.ndim != 1 or len(y) != n:
         raise InputError(f"{where}: y must be one label per image ([{n}]), got shape {list(y.shape)}")
@@ -148,8 +148,9 @@ def _labels(y: Any, n: int, where: str, num_classes: int | None) -> torch.Tensor
     return labels
 
 
-def _load_arrays(path: Path, with_labels: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    """``x`` (and ``y``, where the file holds it) of a ``.npy`` / ``.npz`` file, read without pickles."""
+def load_arrays(path: Path, with_labels: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """``x`` and ``y`` (or ``None``) of a ``.npy`` / ``.npz`` file, read with ``allow_pickle=False``; one
+    ``InputError`` line for a pickle, an unreadable file, an archive without ``x``, missing labels or no items."""
     where = os.fspath(path)
     try:
         loaded = np.load(path, allow_pickle=False)
@@ -164,14 +165,14 @@ def _load_arrays(path: Path, with_labels: bool) -> tuple[np.ndarray, np.ndarray 
             raise InputError(f"{where}: not an .npz archive; save it with numpy.savez(PATH, x=..., y=...)")
         x = loaded
         if with_labels:
-            raise InputError(f"{where}: labels are needed but a .npy file holds images only; save "
-                             "numpy.savez(PATH.npz, x=images, y=labels)")
+            raise InputError(f"{where}: labels are needed but a .npy file holds x (images only, or features only); save "
+                             "numpy.savez(PATH.npz, x=inputs, y=labels)")
     else:
         with loaded as archive:
             keys = list(archive.keys())
             if "x" not in keys:
                 raise InputError(f"{where}: the .npz holds {keys or 'nothing'} but no 'x'; save "
-                                 "numpy.savez(PATH, x=images, y=labels)")
+                                 "numpy.savez(PATH, x=inputs, y=labels)")
             try:
                 x = archive["x"]
                 y = archive["y"] if "y" in keys else None
@@ -180,14 +181,27 @@ def _load_arrays(path: Path, with_labels: bool) -> tuple[np.ndarray, np.ndarray 
                                  "objects") from None
         if with_labels and y is None:
             raise InputError(f"{where}: labels are needed but the .npz holds no 'y'; save "
-                             "numpy.savez(PATH, x=images, y=labels)")
+                             "numpy.savez(PATH, x=inputs, y=labels)")
+    if x.ndim < 2 or len(x) == 0:
+        raise InputError(f"{where}: no items (x has shape {list(x.shape)}); give at least one")
     return x, y
+
+
+def _check_numeric(x: np.ndarray, where: str) -> None:
+    """At least one item of at least one finite number (the checks that hold for images and feature vectors
+    alike; the pixel scale is checked when the items are read as images)."""
+    if x.ndim < 2 or len(x) == 0:
+        raise InputError(f"{where}: no items (x has shape {list(x.shape)}); give at least one")
+    if x.dtype.kind not in "fiub":
+        raise InputError(f"{where}: expected numbers, got dtype {x.dtype}; give a float or integer array")
+    if x.dtype.kind == "f" and not np.isfinite(x).all():
+        raise InputError(f"{where}: the items hold NaN or infinite values; give finite values")
 
 
 def _check_items(x: np.ndarray, where: str) -> tuple[np.ndarray, str]:
     """``x``'s values as float32 in [0, 1] and how they were read; at least one item of at least one value."""
     if x.ndim < 2 or len(x) == 0:
-        raise InputError(f"{where}: no images (x has shape {list(x.shape)}); give at least one image")
+        raise InputError(f"{where}: no items (x has shape {list(x.shape)}); give at least one")
     return _scale(x, where)
 
 
@@ -197,7 +211,7 @@ def _from_arrays(x: np.ndarray, y: np.ndarray | None, shape: Shape3, num_classes
     array's alike)."""
     values, scale = _check_items(x, where)
     values = _shaped(values, shape, where)
-    labels = _labels(y, len(values), where, num_classes) if y is not None else None
+    labels = labels_of(y, len(values), where, num_classes) if y is not None else None
     return values, scale, labels
 
 
@@ -233,8 +247,8 @@ class ArrayData(str):
     or test-data spec. It is a ``str`` whose text, ``array:<16 hex digits of the arrays' sha256>``, is what
     config.json, part ids and resume checks see, so it goes wherever a path spec goes, and it carries read-only
     copies of the arrays to :func:`read_images` (pickled with them, e.g. into an audit's worker processes). Built,
-    it has passed every check the victim's shape is not needed for (numeric, finite, in [0, 1] or 0..255, at least
-    one item, one integer label >= 0 per item)."""
+    it has passed every check the victim is not needed for (numeric, finite, at least one item, one integer label >=
+    0 per item); the pixel scale is checked when it is read as images."""
 
     x: np.ndarray
     y: np.ndarray | None
@@ -243,9 +257,9 @@ class ArrayData(str):
     def __new__(cls, x: Any, y: Any = None, *, what: str = "data") -> ArrayData:
         xs = _to_numpy(x, "x", what)
         ys = _to_numpy(y, "y", what) if y is not None else None
-        _check_items(xs, what)
+        _check_numeric(xs, what)
         if ys is not None:
-            _labels(ys, len(xs), what, None)
+            labels_of(ys, len(xs), what, None)
         self = super().__new__(cls, _array_name(xs, ys))
         self.x, self.y, self.what = xs, ys, what
         return self
@@ -330,7 +344,7 @@ def _read_folder(folder: Path, shape: Shape3, with_labels: bool,
         files = _images_in(d)
         images += [_read_image(p, shape) for p in files]
         labels += [k] * len(files)
-    y = _labels(np.asarray(labels, dtype=np.int64), len(labels), where, num_classes)
+    y = labels_of(np.asarray(labels, dtype=np.int64), len(labels), where, num_classes)
     return np.stack(images), "bytes 0..255", y, tuple(names)
 
 
@@ -362,7 +376,7 @@ def read_images(path: str | os.PathLike[str] | ArrayData, *, input_shape: Shape3
         if p.is_dir():
             arr, scale, y, names = _read_folder(p, shape, with_labels, num_classes)
         else:
-            arr, scale, y = _from_arrays(*_load_arrays(p, with_labels), shape, num_classes, os.fspath(p))
+            arr, scale, y = _from_arrays(*load_arrays(p, with_labels), shape, num_classes, os.fspath(p))
             names = None
     except InputError as exc:
         raise InputError(f"{what} {exc}") from None

@@ -12,6 +12,10 @@ Grammar: ``NAME[:key=value]...`` (case-insensitive name, no spaces needed), for 
                            (:mod:`stealkit.data.own`), adapted to the victim's input; from Python, also
                            arrays (an :class:`~stealkit.data.own.ArrayData`, whose text is array:HASH)
 
+A feature-vector victim (input shape ``(d,)``, :mod:`stealkit.data.features`) takes its owner's ``.npy``/``.npz``
+of ``x [N, d]`` (mapped into ``[0, 1]^d`` by the victim's feature ranges), ``uniform`` (uniform over the ranges'
+box) or ``gaussian`` (one ``mean`` and ``std``, in ``[0, 1]`` units); image sources are refused.
+
 Options of data set sources (``pool`` and every name in ``DATASETS``): ``classes=0-4`` or ``classes=0,2,5``
 (or mixed, ``0-2,7``) keeps those classes; ``imbalance=R`` with R in (0, 1] applies a long-tail profile.
 Options of ``gaussian``: ``mean`` and ``std``, each one number or one per channel (``mean=0.49,0.48,0.45``).
@@ -26,6 +30,7 @@ import torch
 
 from stealkit.data._checks import Shape3, check_count, check_seed, check_shape
 from stealkit.data.adapt import adapt_images, imbalance, keep_classes
+from stealkit.data.features import FeatureRange, is_tabular, read_own
 from stealkit.data.own import ArrayData, check_own_path, is_own_path, read_images
 from stealkit.data.sources import DATASETS, canonical_dataset, load_split
 from stealkit.data.synthetic import gaussian, natural_patches, uniform
@@ -173,8 +178,10 @@ def load_query_source(
     data_dir: str | Path | None = None,
     victim_dataset: str | None = None,
     split_seed: int = 0,
+    features: FeatureRange | None = None,
 ) -> torch.Tensor:
-    """Images for query source ``spec``, adapted to ``input_shape``: float32 ``[n, C, H, W]`` in [0, 1].
+    """Images for query source ``spec``, adapted to ``input_shape``: float32 ``[n, C, H, W]`` in [0, 1] (for a
+    feature-vector victim, ``input_shape`` ``(d,)``: ``[n, d]`` in [0, 1], files mapped by ``features``).
 
     Data set sources return their attacker pool (after ``classes``/``imbalance``) shuffled with ``seed``.
     ``n=None`` means the whole pool; a pool smaller than ``n`` is returned whole, so the result can be
@@ -184,6 +191,9 @@ def load_query_source(
     overlap the victim's training images. ``seed`` only shuffles and subsamples.
     """
     parsed = parse_source(spec)
+    if is_tabular(input_shape):
+        return _feature_source(parsed, spec, int(tuple(input_shape)[0]), n=n, seed=check_seed(seed),
+                               features=features)
     shape = check_shape(input_shape)
     seed = check_seed(seed)
     if n is not None:
@@ -212,6 +222,29 @@ def load_query_source(
     if n is not None:
         order = order[:n]
     return adapt_images(ds.x[order], shape).contiguous()
+
+
+def _feature_source(parsed: SourceSpec, spec: str, d: int, *, n: int | None, seed: int,
+                    features: FeatureRange | None) -> torch.Tensor:
+    """Query source ``spec`` for a victim of ``d`` features: ``[n, d]`` in [0, 1]."""
+    if n is not None:
+        n = check_count(n)
+    gen = torch.Generator().manual_seed(seed)
+    if parsed.path is not None:
+        x = read_own(parsed.path, input_shape=(d,), features=features, with_labels=False, what="query source").x
+        order = torch.randperm(len(x), generator=gen)
+        return x[order if n is None else order[:n]].contiguous()
+    if parsed.name in ("uniform", "gaussian"):
+        if n is None:
+            raise InputError(f"query source {spec!r} is unbounded; give a number of points n")
+        if parsed.name == "uniform":
+            return torch.rand((n, d), generator=gen)
+        if len(parsed.mean or ()) > 1 or len(parsed.std or ()) > 1:
+            raise InputError(f"query source {spec!r}: a feature-vector victim takes one mean and one std")
+        mean, std = (parsed.mean or (0.5,))[0], (parsed.std or (0.5,))[0]
+        return (torch.randn((n, d), generator=gen) * std + mean).clamp_(0.0, 1.0)
+    raise InputError(f"query source {spec!r} holds images, but the victim takes a vector of {d} features; give "
+                     "your own .npy/.npz of feature vectors, or uniform / gaussian (e.g. --unrelated uniform)")
 
 
 def _ranges(values: tuple[int, ...]) -> str:

@@ -81,6 +81,8 @@ def run_transfer(target: Target, method: str, substitute: str | Path | nn.Module
     else:
         sub, where = load_substitute(substitute, device=target.device), os.fspath(substitute)
     v = target.open(mode="label", budget=budget)
+    if not isinstance(substitute, nn.Module):
+        check_ranges(substitute, v)
     x, y = sample_test_images(v, target.data_dir, n, target.seed)
     spec = ATTACKS[method]
     cfg = spec.config(method=method, eps=eps, steps=steps, step=step, norm=norm, targeted=targeted,
@@ -90,8 +92,9 @@ def run_transfer(target: Target, method: str, substitute: str | Path | nn.Module
         "substitute": where, "victim": target.location, "dataset": v.dataset, "n": n, "attack": cfg,
         **own_data_config(v, data_dir=target.data_dir)})
     res = spec.run(sub, v.oracle, x.to(target.device), y.to(target.device), cfg)
-    save_npz(run.path / "adversarial.npz", res.arrays())
-    summary = res.summary() | {"substitute": where, "victim": target.location, "seed": target.seed}
+    arrays = res.arrays()
+    save_npz(run.path / "adversarial.npz", arrays | feature_arrays(v, arrays))
+    summary = res.summary() | {"substitute": where, "victim": target.location, "seed": target.seed} | space_of(v)
     finish(run, summary)
     return _written(run)
 
@@ -117,6 +120,8 @@ def run_decision(target: Target, method: str, *, max_queries: int = 5000, n: int
     sub_path = os.fspath(substitute) if substitute is not None else None
     v = target.open(mode="label", budget=budget)
     sub = load_model_substitute(sub_path, v, target.device) if sub_path is not None else None
+    if sub_path is not None:
+        check_ranges(sub_path, v)
     x, y = sample_test_images(v, target.data_dir, n, target.seed)
     pool = load_start_pool(start_pool, v, target.data_dir) if start_pool is not None else None
     spec = ATTACKS[method]
@@ -158,14 +163,15 @@ def run_decision(target: Target, method: str, *, max_queries: int = 5000, n: int
     attempted[ok] = True
     success = torch.zeros(len(y), dtype=torch.bool)
     success[ok] = res.success
-    save_npz(run.path / "adversarial.npz", {"x": x.numpy(), "x_adv": x_adv.numpy(), "y": y.numpy(),
-                                            "attempted": attempted.numpy(), "success": success.numpy()})
+    arrays = {"x": x.numpy(), "x_adv": x_adv.numpy(), "y": y.numpy(), "attempted": attempted.numpy(),
+              "success": success.numpy()}
+    save_npz(run.path / "adversarial.npz", arrays | feature_arrays(v, arrays))
     per = res.extra["queries_per_example"].float()
     summary = {"method": method, "asr": res.success_rate if ok.numel() else None, "attempts": int(ok.numel()),
                "successes": int(res.success.sum()), "victim_queries": v.oracle.ledger.as_dict(),
                "median_norm_successful": res.summary()["median_norm_successful"],
                "median_queries_per_image": float(per.median()) if per.numel() else None,
-               "victim": target.location, "seed": target.seed}
+               "victim": target.location, "seed": target.seed} | space_of(v)
     finish(run, summary)
     return _written(run)
 
@@ -184,6 +190,43 @@ def sample_test_images(v: Victim, data_dir: str | None, n: int, seed: int) -> tu
     test = victim_test(v, data_dir)
     idx = torch.randperm(len(test.y), generator=torch.Generator().manual_seed(seed))[:n]
     return test.x[idx], test.y[idx]
+
+
+def check_ranges(substitute: str | Path, v: Victim) -> None:
+    """Warn when a feature-vector victim's substitute (an extraction run) was trained under other feature ranges:
+    its points of [0, 1]^d then mean other features."""
+    import json
+    import logging
+
+    if v.features is None:
+        return
+    config = Path(substitute) / "config.json"
+    try:
+        recorded = json.loads(config.read_text())["config"]["feature_ranges"]["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if recorded != v.features.digest:
+        logging.getLogger(__name__).warning(
+            "the substitute %s was trained under other feature ranges (sha256 %s...) than the victim is opened under "
+            "(%s...): its points of [0, 1]^d mean other features; give both the same --test-data or ranges file",
+            substitute, recorded[:12], v.features.digest[:12])
+
+
+def space_of(v: Victim) -> dict[str, str]:
+    """For a feature-vector victim, the space its norms and eps are measured in (the summary says it)."""
+    if v.features is None:
+        return {}
+    return {"space": f"[0, 1]^{v.features.d}: each feature's range ({v.features.source}) mapped onto [0, 1]; eps "
+                     "and norms are in these units"}
+
+
+def feature_arrays(v: Victim, arrays: Mapping[str, Any]) -> dict[str, Any]:
+    """For a feature-vector victim, the clean and adversarial points as the model's raw features
+    (``x_features``, ``x_adv_features``: ``FeatureRange.to_model`` of ``x`` and ``x_adv``), else nothing."""
+    if v.features is None:
+        return {}
+    return {f"{k}_features": v.features.to_model(torch.as_tensor(arrays[k]).double()).numpy()
+            for k in ("x", "x_adv")}
 
 
 def save_npz(path: Path, arrays: dict[str, Any]) -> None:

@@ -130,7 +130,10 @@ def save_extraction(
         class_names=list(getattr(victim.spec, "class_names", []) or [str(i) for i in range(victim.num_classes)]),
         metrics={"accuracy": result.accuracy, "fidelity": result.fidelity},
         stealkit_version=__version__,
-        extra={"dataset": victim.dataset, "stolen_from": victim.location, "method": result.method, "seed": seed},
+        extra={"dataset": victim.dataset, "stolen_from": victim.location, "method": result.method, "seed": seed,
+               # a feature-vector copy takes points of [0, 1]^d: the ranges that map them onto features
+               **({"feature_ranges": {"lo": list(victim.features.lo), "hi": list(victim.features.hi),
+                                      "source": victim.features.source}} if victim.features is not None else {})},
     )
     student_dir = run.path / "student"
     save_model(result.student, spec, student_dir)

@@ -3,7 +3,9 @@
 Each loads as a :class:`ForeignClassifier`, an ``nn.Module`` that takes stealkit's pixels (float32 NCHW in
 [0, 1]) and returns logits ``[B, K]``, so :class:`~stealkit.oracle.LocalOracle` answers it unchanged and the
 ledger counts exactly as for a zoo model. What the file's metadata or the flags say about the input (shape,
-value range, normalisation; see :mod:`stealkit.models.foreign_meta`) is applied inside the module.
+value range, normalisation; see :mod:`stealkit.models.foreign_meta`) is applied inside the module. A graph whose
+input is flat ``[batch, d]`` with no image shape declared takes a vector of ``d`` features: the module then takes
+the model's raw features, and the victim is opened behind a feature-range map (:mod:`stealkit.oracle.tabular`).
 
 Safety: a ``.pt`` is loaded only if it is a TorchScript archive (a zip holding ``code/`` and
 ``constants.pkl``). ``torch.save`` checkpoints, which need Python's unpickler and can run any code, are refused
@@ -100,6 +102,9 @@ class ForeignClassifier(nn.Module):
         self.meta = meta
         self.input_shape = tuple(meta.input_shape)
         self.num_classes = int(meta.num_classes)
+        if len(self.input_shape) == 1 and (meta.value_range != (0.0, 1.0) or meta.mean is not None):
+            raise InputError(f"{meta.path} takes a vector of {self.input_shape[0]} features: stealkit maps them with "
+                             "feature ranges taken from your data, not --value-range / --normalize; drop those")
         lo, hi = meta.value_range
         self._affine = (float(lo), float(hi - lo)) if (lo, hi) != (0.0, 1.0) else None
         self.mean: torch.Tensor | None
@@ -134,9 +139,9 @@ class ForeignClassifier(nn.Module):
     def raw(self, x: torch.Tensor) -> torch.Tensor:
         """What the file's model returns for stealkit's pixels ``x`` (after the value range and normalisation),
         before any ``probs`` -> logits conversion: one tensor ``[B, K]`` in the model's own dtype."""
-        if x.dim() != 4 or tuple(x.shape[1:]) != self.input_shape:
+        if x.dim() != len(self.input_shape) + 1 or tuple(x.shape[1:]) != self.input_shape:
             raise InputError(f"{self.meta.path} expects input of shape [B, {', '.join(map(str, self.input_shape))}]"
-                             f" (pixels in [0, 1]), got {list(x.shape)}")
+                             f", got {list(x.shape)}")
         out = self.body(self.prepare(x))
         if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != x.shape[0]:
             got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
@@ -232,24 +237,32 @@ def _resolve_meta(path: Path, fmt: str, file_meta: dict[str, Any], flags: dict[s
     given = parse_options(flags, where="--" + "/--".join(k.replace("_", "-") for k in flags) if flags else "")
     merged = {**stored, **given}
     shape = merged.get("input_shape", graph_shape)
+    if shape is None and flat_size is not None:
+        shape = (flat_size,)
+        log.info("%s: the graph takes flat vectors of %d values and nothing gives an image shape: read as a vector "
+                 "of %d features (pass --input-shape C,H,W if they are pixels)", path, flat_size, flat_size)
     if shape is None:
         raise InputError(
             f"{path}: its input shape is unknown: neither the file's metadata (input_shape) nor a flag says; "
-            "pass --input-shape C,H,W (e.g. 1,28,28), or append ?input_shape=C,H,W to the file name"
+            "pass --input-shape C,H,W (e.g. 1,28,28; D for a vector of D features), or append "
+            "?input_shape=C,H,W to the file name"
         )
     if graph_shape is not None and tuple(shape) != graph_shape:
         raise InputError(f"{path}: the graph takes images of shape {list(graph_shape)} but input_shape says "
                          f"{list(shape)}; fix the metadata or --input-shape")
-    if flat_size is not None and shape[0] * shape[1] * shape[2] != flat_size:
+    size = 1
+    for s in shape:
+        size *= int(s)
+    if flat_size is not None and size != flat_size:
         raise InputError(f"{path}: the graph takes flat vectors of {flat_size} values but input_shape {list(shape)} "
-                         f"has {shape[0] * shape[1] * shape[2]}; fix --input-shape")
-    assumed = tuple(k for k in ("value_range", "normalize") if k not in merged)
+                         f"has {size}; fix --input-shape")
+    assumed = tuple(k for k in ("value_range", "normalize") if k not in merged) if len(shape) == 3 else ()
     if assumed:
         log.warning("%s: neither its metadata nor a flag gives %s; assuming pixels in [0, 1] and no normalisation "
                     "outside the model (pass --value-range / --normalize if it expects otherwise)",
                     path, " or ".join(assumed))
     norm = merged.get("normalize")
-    extra = {k: v for k, v in merged.items() if k in ("dataset", "split_seed")}
+    extra = {k: v for k, v in merged.items() if k in ("dataset", "split_seed", "feature_ranges")}
     source = "flag" if "output" in given else "metadata" if "output" in stored else "probe"
     return ForeignMeta(
         path=str(path), format=fmt, input_shape=tuple(shape),  # type: ignore[arg-type]
@@ -431,11 +444,11 @@ def load_onnx(path: str | Path, *, device: str | torch.device = "cpu",
     inputs = session.get_inputs()
     if len(inputs) != 1:
         raise InputError(f"{p}: the graph has {len(inputs)} inputs ({', '.join(i.name for i in inputs)}); stealkit "
-                         "expects one image tensor [batch, C, H, W]")
+                         "expects one input: images [batch, C, H, W] or feature vectors [batch, d]")
     inp = inputs[0]
     if inp.type not in _ONNX_DTYPES or len(inp.shape) not in (2, 4):
-        raise InputError(f"{p}: its input {inp.name!r} is {inp.type} of shape {inp.shape}; stealkit expects an "
-                         "image tensor of floats [batch, C, H, W] (or flat [batch, C*H*W] with --input-shape)")
+        raise InputError(f"{p}: its input {inp.name!r} is {inp.type} of shape {inp.shape}; stealkit expects floats: "
+                         "images [batch, C, H, W], or flat [batch, d] (feature vectors, or pixels with --input-shape)")
     file_meta = dict(session.get_modelmeta().custom_metadata_map)
     outputs = session.get_outputs()
     wanted = file_meta.get("output_name")

@@ -8,7 +8,9 @@ as ``FILE?key=value&key=value`` (so ``config.json`` records them and a run can b
 
 Syntax of the values (metadata and flags alike):
 
-- ``input_shape``: ``C,H,W`` (e.g. ``1,28,28``), or a JSON list;
+- ``input_shape``: ``C,H,W`` (e.g. ``1,28,28``), or a JSON list; one number ``D`` for a vector of D features
+  (:mod:`stealkit.data.features`);
+- ``feature_ranges``: a feature-vector model's declared ranges file (JSON ``{"lo": [...], "hi": [...]}``);
 - ``num_classes``: an integer >= 2;
 - ``value_range``: ``LO,HI``, the pixel range the model expects (stealkit's pixels in [0, 1] are mapped
   linearly onto it: ``0,255`` for a model fed bytes);
@@ -52,7 +54,8 @@ META_FILE = "stealkit.json"
 ONNX_SUFFIXES = frozenset({".onnx"})
 TORCHSCRIPT_SUFFIXES = frozenset({".pt", ".pth", ".jit", ".ts", ".torchscript"})
 #: metadata keys stealkit reads (and writes on export)
-KEYS = ("input_shape", "num_classes", "value_range", "normalize", "output", "class_names", "dataset", "split_seed")
+KEYS = ("input_shape", "num_classes", "value_range", "normalize", "output", "class_names", "dataset", "split_seed",
+        "feature_ranges")
 #: the keys a CLI flag can give (``--input-shape`` etc.)
 FLAG_KEYS = ("input_shape", "num_classes", "value_range", "normalize", "output")
 #: where :attr:`ForeignMeta.output` came from
@@ -126,8 +129,10 @@ def _shape(value: Any, where: str) -> tuple[int, int, int]:
             value = [int(t) for t in value.replace(" ", "").split(",") if t]
         except ValueError:
             raise InputError(f"{where}: input_shape must be C,H,W (e.g. 1,28,28), got {value!r}") from None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
     try:
-        return valid_input_shape(value)
+        return valid_input_shape(value, features=True)
     except InputError as exc:
         raise InputError(f"{where}: {exc} (e.g. 1,28,28)") from None
 

@@ -1,7 +1,8 @@
 """Building blocks shared by every architecture of the zoo.
 
 Every zoo model is a :class:`Classifier`: a :class:`Normalize` layer followed by the network body, so
-models take pixels in ``[0, 1]`` (float32, NCHW) and return logits ``[B, num_classes]``. Keeping the
+models take pixels in ``[0, 1]`` (float32, NCHW; or feature vectors ``[B, d]`` mapped to ``[0, 1]``,
+:mod:`stealkit.data.features`) and return logits ``[B, num_classes]``. Keeping the
 normalisation inside the model means attacks, oracles and certifiers all work in pixel space, where
 epsilon budgets and clipping to ``[0, 1]`` have their usual meaning.
 """
@@ -54,8 +55,10 @@ class Normalize(nn.Module):
     std: torch.Tensor
 
     def __init__(
-        self, mean: float | Sequence[float], std: float | Sequence[float], channels: int | None = None
+        self, mean: float | Sequence[float], std: float | Sequence[float], channels: int | None = None,
+        *, flat: bool = False,
     ):
+        """``flat``: the input is ``[B, d]`` feature vectors and ``channels`` is ``d`` (buffers ``[1, d]``)."""
         super().__init__()
         if channels is None:
             channels = 1 if isinstance(mean, int | float) else len(mean)  # type: ignore[arg-type]
@@ -63,8 +66,9 @@ class Normalize(nn.Module):
         std_l = _channel_values(std, channels, "std")
         if any(s <= 0 for s in std_l):
             raise InputError(f"std must be positive in every channel, got {std_l}")
-        self.register_buffer("mean", torch.tensor(mean_l, dtype=torch.float32).view(1, -1, 1, 1))
-        self.register_buffer("std", torch.tensor(std_l, dtype=torch.float32).view(1, -1, 1, 1))
+        view = (1, -1) if flat else (1, -1, 1, 1)
+        self.register_buffer("mean", torch.tensor(mean_l, dtype=torch.float32).view(*view))
+        self.register_buffer("std", torch.tensor(std_l, dtype=torch.float32).view(*view))
 
     @property
     def channels(self) -> int:
@@ -104,7 +108,7 @@ class Classifier(nn.Module):
         self.arch_kwargs = dict(arch_kwargs or {})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 4 or tuple(x.shape[1:]) != self.input_shape:
+        if x.dim() != len(self.input_shape) + 1 or tuple(x.shape[1:]) != self.input_shape:
             raise InputError(
                 f"{self.arch} expects input of shape [B, {', '.join(map(str, self.input_shape))}] "
                 f"(pixels in [0, 1]), got {list(x.shape)}; reshape the batch or build a model for this shape"
@@ -112,15 +116,18 @@ class Classifier(nn.Module):
         return self.net(self.normalize(x))
 
 
-def valid_input_shape(input_shape: Sequence[int]) -> tuple[int, int, int]:
-    """Check ``input_shape`` is ``(C, H, W)`` with positive ints and return it as a tuple."""
+def valid_input_shape(input_shape: Sequence[int], *, features: bool = False) -> tuple[int, int, int]:
+    """Check ``input_shape`` is ``(C, H, W)`` with positive ints (or, with ``features``, also ``(d,)``: a vector
+    of ``d`` features) and return it as a tuple."""
     try:
         shape = tuple(input_shape)
     except TypeError as exc:
         raise InputError(f"input_shape must be (channels, height, width), got {input_shape!r}") from exc
-    if len(shape) != 3 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape):
+    sizes = (1, 3) if features else (3,)
+    if len(shape) not in sizes or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape):
+        also = " or one positive int (d features)" if features else ""
         raise InputError(
-            f"input_shape must be three positive ints (channels, height, width), got {input_shape!r}"
+            f"input_shape must be three positive ints (channels, height, width){also}, got {input_shape!r}"
         )
     return shape  # type: ignore[return-value]
 

@@ -88,7 +88,8 @@ class ModelSpec:
             raise InputError(
                 f"model spec field 'arch' is {self.arch!r}; it must be one of: {', '.join(sorted(ARCHITECTURES))}"
             )
-        shape = valid_input_shape(self.input_shape) if isinstance(self.input_shape, list | tuple) else None
+        shape = (valid_input_shape(self.input_shape, features=True)
+                 if isinstance(self.input_shape, list | tuple) else None)
         if shape is None:
             raise InputError(
                 f"model spec field 'input_shape' must be [channels, height, width], got {self.input_shape!r}"

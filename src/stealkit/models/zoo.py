@@ -7,12 +7,15 @@ maps pixels in ``[0, 1]`` to ``[-1, 1]``. Weights use PyTorch's default initiali
 reproducible given ``torch.manual_seed``.
 
 All builders accept any ``(C, H, W)``; a 2x2 pool that would shrink a map below 1x1 is skipped, which is
-how the pooled networks run on 8x8 inputs.
+how the pooled networks run on 8x8 inputs. A feature-vector input ``(d,)`` (:mod:`stealkit.data.features`) takes
+the dense families only (:data:`FEATURE_ARCHS`); :func:`student_for` picks ``mlp`` for it in place of an image
+network.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Sequence
 
 from torch import nn
@@ -32,9 +35,12 @@ __all__ = [
     "cnn3",
     "cnn4",
     "conv2",
+    "FEATURE_ARCHS",
     "lenet5",
     "logistic",
+    "mlp",
     "mlp2",
+    "student_for",
 ]
 
 DEFAULT_MEAN = 0.5
@@ -43,22 +49,45 @@ DEFAULT_STD = 0.5
 Builder = Callable[..., nn.Module]
 
 
+def _width(input_shape: tuple[int, ...]) -> int:
+    return math.prod(input_shape)
+
+
 def logistic(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     """Multinomial logistic regression: one linear layer on the flattened pixels.
 
     Milli, Schmidt, Dragan & Hardt, "Model Reconstruction from Model Explanations", FAT* 2019, Sec. 4.
     """
-    c, h, w = input_shape
-    return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, num_classes))
+    return nn.Sequential(nn.Flatten(), nn.Linear(_width(input_shape), num_classes))
 
 
 def mlp2(input_shape: tuple[int, int, int], num_classes: int, *, hidden: int = 128) -> nn.Module:
     """Two-layer ReLU network, Linear-ReLU-Linear with biases (Milli et al., FAT* 2019, Sec. 4)."""
     hidden = positive_int("mlp2", "hidden", hidden)
-    c, h, w = input_shape
     return nn.Sequential(
-        nn.Flatten(), nn.Linear(c * h * w, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, num_classes)
+        nn.Flatten(), nn.Linear(_width(input_shape), hidden), nn.ReLU(inplace=True), nn.Linear(hidden, num_classes)
     )
+
+
+def mlp(input_shape: tuple[int, ...], num_classes: int, *, hidden: Sequence[int] | int = (64, 64)) -> nn.Module:
+    """A dense ReLU network with the hidden widths ``hidden`` (one int per layer, e.g. ``(64, 64)`` or
+    ``"64,64"``; ``()`` is logistic regression): the student family of feature-vector victims (and usable on flattened images)."""
+    if isinstance(hidden, str):  # the command line's "32,16"
+        try:
+            hidden = [int(t) for t in hidden.strip("[]() ").split(",") if t.strip()]
+        except ValueError:
+            raise InputError(f"mlp: hidden must be layer widths such as 64,64, got {hidden!r}") from None
+    widths = [hidden] if isinstance(hidden, int) else list(hidden) if isinstance(hidden, Sequence) else None
+    if widths is None:
+        raise InputError(f"mlp: hidden must be a list of layer widths (e.g. [64, 64]), got {hidden!r}")
+    widths = [positive_int("mlp", "hidden", w) for w in widths]
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = _width(input_shape)
+    for w in widths:
+        layers += [nn.Linear(width, w), nn.ReLU(inplace=True)]
+        width = w
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
 
 
 def conv2(
@@ -188,6 +217,7 @@ def lenet5(input_shape: tuple[int, int, int], num_classes: int, *, activation: s
 
 ARCHITECTURES: dict[str, Builder] = {
     "logistic": logistic,
+    "mlp": mlp,
     "mlp2": mlp2,
     "conv2": conv2,
     "cnn3": cnn3,
@@ -196,6 +226,20 @@ ARCHITECTURES: dict[str, Builder] = {
     "resnet": resnet,
     "vgg11": vgg11,
 }
+
+
+#: the families that take a feature vector ``(d,)``
+FEATURE_ARCHS = ("mlp", "mlp2", "logistic")
+#: the student :func:`student_for` gives a feature-vector victim in place of an image network
+FEATURE_STUDENT = "mlp"
+
+
+def student_for(arch: str, input_shape: Sequence[int]) -> str:
+    """The student family that runs for ``arch`` on ``input_shape``: ``arch`` itself, except an image network
+    (e.g. the default ``conv2``) for a feature vector ``(d,)``, which becomes :data:`FEATURE_STUDENT`."""
+    if len(tuple(input_shape)) == 1 and arch in ARCHITECTURES and arch not in FEATURE_ARCHS:
+        return FEATURE_STUDENT
+    return arch
 
 
 def _builder(arch: str) -> Builder:
@@ -232,13 +276,17 @@ def build_model(
         raise InputError(
             f"{arch} does not take {', '.join(unknown)}; its options (with defaults) are: {valid}"
         )
-    shape = valid_input_shape(input_shape)
+    shape = valid_input_shape(input_shape, features=True)
+    if len(shape) == 1 and arch not in FEATURE_ARCHS:
+        raise InputError(f"{arch} is an image network; a vector of {shape[0]} features takes "
+                         f"{', '.join(FEATURE_ARCHS)} (e.g. --student mlp)")
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
         raise InputError(f"num_classes must be an integer >= 2, got {num_classes!r}")
     resolved = {**defaults, **kwargs}
     net = ARCHITECTURES[arch](shape, num_classes, **resolved)
     normalize = Normalize(
-        DEFAULT_MEAN if mean is None else mean, DEFAULT_STD if std is None else std, channels=shape[0]
+        DEFAULT_MEAN if mean is None else mean, DEFAULT_STD if std is None else std, channels=shape[0],
+        flat=len(shape) == 1,
     )
     return Classifier(
         normalize, net, arch=arch, input_shape=shape, num_classes=num_classes, arch_kwargs=resolved

@@ -38,6 +38,8 @@ class Victim:
     reference_labels: torch.Tensor | None = None
     #: the owner's labelled test data (a ``.npy``/``.npz`` file or a folder of images): the test split
     test_data: str | None = None
+    #: a feature-vector victim's feature ranges (its input is ``[0, 1]^d`` mapped onto them), else ``None``
+    features: Any = None
 
     @property
     def is_local(self) -> bool:
@@ -51,7 +53,12 @@ class Target:
     ``victim``: a model directory, an ``.onnx``/``.pt`` file (with ``?k=v`` metadata), an ``http(s)://`` or
     ``v2+http://`` address, or an ``nn.Module`` taking images in [0, 1] (then ``input_shape`` is required and
     ``num_classes`` defaults to one forward of zeros, outside any ledger). ``standard:NAME`` is resolved by the
-    caller (:func:`stealkit.victims.standard_victim`)."""
+    caller (:func:`stealkit.victims.standard_victim`).
+
+    A victim whose input is a vector of ``d`` features (``input_shape=(d,)``, or an ONNX graph input
+    ``[batch, d]``) is opened behind its feature ranges (:mod:`stealkit.oracle.tabular`): ``features`` (a
+    :class:`~stealkit.data.features.FeatureRange` or a ranges file), else the min / max of ``test_data`` and
+    ``feature_data`` (the owner's other data files, e.g. the pool) with a margin."""
 
     victim: Any
     key: str | None = None
@@ -64,14 +71,16 @@ class Target:
     num_classes: int | None = None
     reference_labels: Any = None  # the victim's labels of the test split, for a remote victim (see Victim)
     test_data: str | None = None  # the owner's labelled test data, replacing the data set's test split
-
+    features: Any = None  # a feature-vector victim's declared ranges (FeatureRange or a ranges file)
+    feature_data: tuple[str, ...] = ()  # other owner data files the feature ranges are taken from
 
     def open(self, *, mode: str | OutputMode = "probs", budget: int | None = None, temperature: float = 1.0,
              explain: bool = False, defences: tuple[Any, ...] = ()) -> Victim:
         """The opened victim: :func:`open_victim` with this target's key, top-k, data set, device and seed."""
         v = open_victim(self.victim, mode=mode, budget=budget, temperature=temperature, top_k=self.top_k,
                         key=self.key, explain=explain, dataset=self.dataset, device=self.device, seed=self.seed,
-                        defences=defences, input_shape=self.input_shape, num_classes=self.num_classes)
+                        defences=defences, input_shape=self.input_shape, num_classes=self.num_classes,
+                        features=self.features, feature_data=(self.test_data, *self.feature_data))
         if v.model is None:
             v.reference_labels = self.reference_labels
         v.test_data = self.test_data
@@ -111,6 +120,8 @@ def open_victim(
     defences: tuple[Any, ...] = (),
     input_shape: tuple[int, ...] | None = None,
     num_classes: int | None = None,
+    features: Any = None,
+    feature_data: tuple[str | None, ...] = (),
 ) -> Victim:
     """Open a victim given as a model directory, an ONNX or TorchScript file, an ``http(s)://`` API address, a
     v2 (Open Inference Protocol) endpoint ``v2+http://host:port/v2/models/NAME`` (:mod:`stealkit.oracle.http_v2`),
@@ -123,10 +134,15 @@ def open_victim(
     the same. (The CLI's ``--victim standard:NAME`` is resolved to a directory by the command layer, which may
     build victims; this layer only opens them.) ``defences`` (:func:`stealkit.serve.defences.parse_defence`)
     perturb a local victim's answers, as a ``stealkit serve`` key's ``defences`` do; a remote victim's are its server's.
+    A victim of ``d`` features (input shape ``(d,)``) is answered behind its feature ranges: ``features``
+    declared, else taken from the owner's data files ``feature_data`` (:func:`stealkit.oracle.tabular.map_features`).
     """
+    from stealkit.oracle.tabular import map_features
+
     if isinstance(victim, nn.Module):
         shape, k = _module_shape(victim, input_shape, num_classes)
-        return _local(victim, None, shape, k, location=module_location(victim), mode=mode, budget=budget,
+        mapped, ranges = map_features(victim, shape, features, feature_data)
+        return _local(mapped, None, shape, k, features=ranges, location=module_location(victim), mode=mode, budget=budget,
                       temperature=temperature, top_k=top_k, explain=explain, dataset=dataset, device=device,
                       seed=seed, defences=defences)
     victim = str(victim)
@@ -147,6 +163,10 @@ def open_victim(
             raise InputError("an HTTP victim needs an API key: pass --key KEY")
         else:
             remote = HttpOracle(victim, key=key, mode=mode, budget=budget)
+        if len(remote.input_shape) != 3:
+            remote.close()
+            raise InputError(f"{victim} takes a vector of {remote.input_shape[0]} features: feature-vector victims are "
+                             "audited from their model file (ONNX, TorchScript) or nn.Module, not over HTTP yet")
         return Victim(
             oracle=remote,
             input_shape=remote.input_shape,
@@ -167,7 +187,19 @@ def open_victim(
                              "explanations; use a TorchScript (.pt) or stealkit model directory for explanation modes")
     else:
         model, spec = load_model(victim, device=device)
-    return _local(model, spec, tuple(spec.input_shape), spec.num_classes, location=victim, mode=mode, budget=budget,
+    declared = (getattr(spec, "extra", None) or {}).get("feature_ranges")
+    if features is None and isinstance(declared, str):  # a file's declared ranges (FILE.onnx?feature_ranges=r.json)
+        features = declared
+    if not is_foreign(victim) and len(spec.input_shape) == 1:
+        # a stealkit model of d features (a stolen copy) already takes points of [0, 1]^d: no map in front of it;
+        # its ranges (kept in its model.json) read the owner's rows
+        from stealkit.oracle.tabular import saved_ranges
+
+        ranges = saved_ranges(spec.input_shape[0], features, declared, feature_data)
+    else:
+        model, ranges = map_features(model, tuple(spec.input_shape), features, feature_data)
+    return _local(model, spec, tuple(spec.input_shape), spec.num_classes, features=ranges, location=victim,
+                  mode=mode, budget=budget,
                   temperature=temperature, top_k=top_k, explain=explain, dataset=dataset, device=device, seed=seed,
                   defences=defences)
 
@@ -176,10 +208,10 @@ def _module_shape(module: nn.Module, input_shape: tuple[int, ...] | None,
                   num_classes: int | None) -> tuple[tuple[int, ...], int]:
     """A module victim's ``(input_shape, num_classes)``; the class count from one unmetered forward of zeros."""
     if input_shape is None:
-        raise InputError("an nn.Module victim needs input_shape=(C, H, W)")
+        raise InputError("an nn.Module victim needs input_shape=(C, H, W) (images) or (d,) (a vector of d features)")
     shape = tuple(int(s) for s in input_shape)
-    if len(shape) != 3 or min(shape) < 1:
-        raise InputError(f"input_shape must be (C, H, W) of positive sizes, got {input_shape}")
+    if len(shape) not in (1, 3) or min(shape) < 1:
+        raise InputError(f"input_shape must be (C, H, W) or (d,) of positive sizes, got {input_shape}")
     if num_classes is None:
         was_training = module.training
         module.eval()
@@ -190,6 +222,7 @@ def _module_shape(module: nn.Module, input_shape: tuple[int, ...] | None,
 
 
 def _local(model: nn.Module, spec: Any, input_shape: tuple[int, ...], num_classes: int, *, location: str,
+           features: Any = None,
            mode: str | OutputMode, budget: int | None, temperature: float, top_k: int, explain: bool,
            dataset: str | None, device: str, seed: int, defences: tuple[Any, ...]) -> Victim:
     """A :class:`~stealkit.oracle.LocalOracle` (or its explanation twin) over ``model``, its ledger on the progress bar."""
@@ -221,6 +254,7 @@ def _local(model: nn.Module, spec: Any, input_shape: tuple[int, ...], num_classe
         model=model,
         spec=spec,
         location=location,
+        features=features,
     )
 
 
@@ -255,11 +289,11 @@ def own_test(victim: Victim) -> Any:
     """The owner's test data (``victim.test_data``) as a :class:`~stealkit.data.Dataset` of the victim's input,
     labels checked against its classes."""
     from stealkit.data import Dataset
-    from stealkit.data.own import read_images
+    from stealkit.data.features import read_own
 
     assert victim.test_data
-    own = read_images(victim.test_data, input_shape=victim.input_shape, with_labels=True,
-                      num_classes=victim.num_classes, what="--test-data")
+    own = read_own(victim.test_data, input_shape=victim.input_shape, features=victim.features, with_labels=True,
+                   num_classes=victim.num_classes, what="--test-data")
     assert own.y is not None
     return Dataset(own.x, own.y, tuple(str(k) for k in range(victim.num_classes)), name=f"own:{own.source}")
 
@@ -282,17 +316,18 @@ def own_data(victim: Victim, pools: dict[str, str] | None = None, data_dir: str 
     folder), and the warnings where it can mislead: test items also in a pool (by per-item digest), a test split
     too small for a fidelity's precision (its 95 % interval). Both empty when no own data is given."""
     from stealkit.data import parse_source
-    from stealkit.data.own import SMALL_TEST, interval_half_width, overlap, read_images
+    from stealkit.data.features import read_own
+    from stealkit.data.own import SMALL_TEST, interval_half_width, overlap
 
     records: dict[str, Any] = {}
     notes: list[str] = []
     files = {flag: parse_source(spec).path for flag, spec in (pools or {}).items()}
-    owned = {flag: read_images(path, input_shape=victim.input_shape, with_labels=False, what=flag)
-             for flag, path in files.items() if path is not None}
+    owned = {flag: read_own(path, input_shape=victim.input_shape, features=victim.features, with_labels=False,
+                            what=flag) for flag, path in files.items() if path is not None}
     if victim.test_data:
         test = own_test(victim)
-        records["test_data"] = read_images(victim.test_data, input_shape=victim.input_shape, with_labels=True,
-                                           num_classes=victim.num_classes, what="--test-data").record()
+        records["test_data"] = read_own(victim.test_data, input_shape=victim.input_shape, features=victim.features,
+                                        with_labels=True, num_classes=victim.num_classes, what="--test-data").record()
         n = len(test.y)
         if n < SMALL_TEST:
             notes.append(f"--test-data holds {n:,} items: a fidelity near 0.9 measured on them is known to "
@@ -323,6 +358,8 @@ _WARNED: set[str] = set()
 def own_data_config(victim: Victim, pools: dict[str, str] | None = None,
                     data_dir: str | Path | None = None) -> dict[str, Any]:
     """``{"own_data": records}`` for a runner's config.json (:func:`own_data`, its warnings logged once), or
-    ``{}`` when no own data is given."""
+    ``{}`` when no own data is given; and ``{"feature_ranges": ...}`` (source, digest, the ranges) for a
+    feature-vector victim."""
     records, _ = own_data(victim, pools, data_dir)
-    return {"own_data": records} if records else {}
+    ranges = {"feature_ranges": victim.features.record()} if victim.features is not None else {}
+    return ({"own_data": records} if records else {}) | ranges

@@ -39,6 +39,10 @@ class DataFree:
         cap = ctx.sizes.datafree_budget
         if not cap:
             return [], []
+        if ctx.shape.features is not None:
+            from stealkit.audit.tabular import DATAFREE_NOT_MEASURED
+
+            return [], [DATAFREE_NOT_MEASURED.format(d=ctx.shape.features)]
         budget = min(cap, room)
         if budget < DATAFREE_MIN:
             return [], [f"the data-free attacker left out: the plan leaves it {max(budget, 0):,} queries under "

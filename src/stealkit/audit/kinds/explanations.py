@@ -160,17 +160,19 @@ class GradientMatching:
         if budget > room:
             return [], [f"gradient matching left out: its ladder {','.join(map(str, ladder))} needs {budget:,} "
                         f"queries (one answer and one explanation per input), the plan leaves {max(room, 0):,}"]
-        return [Part("probs", "explanations", "pool", budget, round(gradmatch_seconds(ladder, access.pixels), 1),
+        source = ctx.options.pool if ctx.shape.features else "pool"  # a feature-vector victim: the owner's rows
+        return [Part("probs", "explanations", source, budget, round(gradmatch_seconds(ladder, access.pixels), 1),
                      kind=self.name, ladder=ladder)], []
 
     def part_id(self, part: Part) -> str:
         return "gradient-matching-" + "-".join(map(str, part.ladder))
 
     def run(self, part: Part, ctx: RunContext, out: Path, copy: Copy | None) -> dict[str, Any]:
-        from stealkit.extract.explanations.run import run_gradient_matching
+        from stealkit.extract.explanations.run import GradMatchOptions, run_gradient_matching
         from stealkit.rundir import rounded, to_jsonable
 
-        run = run_gradient_matching(ctx.target, max(part.ladder), checkpoints=part.ladder, out=out)
+        run = run_gradient_matching(ctx.target, max(part.ladder), checkpoints=part.ladder, out=out,
+                                    options=GradMatchOptions(pool=part.pool))
         queries = dict(run.queries)
         # the figures as the run's summary.json keeps them (rounded), the audit's since the first version
         victim_accuracy = rounded(run.victim_accuracy)

@@ -58,6 +58,10 @@ def run_datafree(method: str, target: Target, budget: int, *, mode: str = "label
     seed, device = target.seed, target.device
     recipe = recipe_settings(o.preset, method, mode)
     v = target.open(mode=mode, budget=budget, temperature=o.temperature)
+    if v.features is not None:  # a local victim of d features (a remote one is refused when opened)
+        raise InputError(f"data-free extraction's generators make images, and {target.location} takes a vector of "
+                         f"{v.features.d} features; extract it with your own data: stealkit extract surrogate "
+                         "--pool FILE.npz (or uniform)")
     sizes = recipe_sizes(o.preset, method, tuple(v.input_shape), o.student)  # explicit options override below
     settings = recipe | {k: val for k, val in sizes.items() if k != "student_kwargs"} | dict(o.settings)
     if o.batch_size is not None:

@@ -52,20 +52,24 @@ def run_gradient_matching(target: Target, budget: int, *, checkpoints: Sequence[
         v.oracle.ledger.budget = budget
     test = victim_test(v, target.data_dir)
     x_pool = load_query_source(o.pool, input_shape=v.input_shape, n=max(cps), seed=target.seed,
-                               data_dir=target.data_dir, victim_dataset=v.dataset, split_seed=v.split_seed)
+                               data_dir=target.data_dir, victim_dataset=v.dataset, split_seed=v.split_seed,
+                               features=v.features)
+    from stealkit.models.zoo import student_for
+
+    student = student_for(o.student, v.input_shape)  # a feature-vector victim: mlp in place of an image network
     method = METHODS["gradient-matching"]
     config = method.config(use_gradients=not o.membership_only, explanation=o.explanation,  # type: ignore[misc]
                            lam=o.lam, smooth_sigma=o.smooth_sigma, smooth_samples=o.smooth_samples, steps=o.steps,
                            seed=target.seed)
     config = apply_settings(config, dict(o.settings), who="gradient-matching")
-    cfg = {"victim": target.location, "budget": budget, "pool": o.pool, "student": o.student,
+    cfg = {"victim": target.location, "budget": budget, "pool": o.pool, "student": student,
            "student_kwargs": kwargs, "dataset": v.dataset, "gradmatch": config,
            **own_data_config(v, {"--pool": o.pool}, target.data_dir)}
     run = RunDir(out).create(command="extract gradient-matching", seed=target.seed, config=cfg)
-    result = method.run(v.oracle, x_pool, make_student=student_factory(o.student, v, target.seed, **kwargs),
+    result = method.run(v.oracle, x_pool, make_student=student_factory(student, v, target.seed, **kwargs),
                         evaluator=make_evaluator(v, test.x, test.y, target.device),
                         config=config, checkpoints=cps, device=target.device, on_point=run.append_record)
-    save_extraction(run, result, v, student_arch=o.student, student_kwargs=kwargs, seed=target.seed, config=cfg)
+    save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=target.seed, config=cfg)
     return ExtractionRun(path=run.path, result=result, victim=v, config=cfg)
 
 

@@ -74,10 +74,11 @@ def resolve_surrogate(options: SurrogateOptions, answers: int, num_classes: int,
 
 def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | None, seed: int,
                         data_dir: str | None, victim_dataset: str | None, split_seed: int,
-                        with_labels: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                        with_labels: bool = False, features: Any = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Images of query source ``spec`` (see :mod:`stealkit.data.query_sources`); with ``with_labels``, also
     the source data set's own labels of the same images (Knockoff Nets' actions), or ``None`` where the
-    source has none (synthetic) or they cannot be matched (then the policy clusters the pool instead)."""
+    source has none (synthetic) or they cannot be matched (then the policy clusters the pool instead).
+    ``features``: a feature-vector victim's ranges (the owner's files are mapped by them)."""
     import torch
 
     from stealkit.data import adapt_images, keep_classes, load_query_source, load_splits, parse_source
@@ -86,7 +87,7 @@ def load_surrogate_pool(spec: str, *, input_shape: tuple[int, ...], n: int | Non
     if parsed.is_synthetic and n is None:
         raise InputError(f"query source {spec!r} is synthetic: give a number of images")
     x = load_query_source(spec, input_shape=input_shape, n=n, seed=seed, data_dir=data_dir,
-                          victim_dataset=victim_dataset, split_seed=split_seed)
+                          victim_dataset=victim_dataset, split_seed=split_seed, features=features)
     if not with_labels or parsed.is_synthetic or parsed.is_file or parsed.imbalance is not None:
         return x, None
     name = victim_dataset if parsed.name == "pool" else parsed.name
@@ -113,7 +114,8 @@ def surrogate_pool(pool: str, v: Victim, config: SurrogateConfig, *, cap: int, s
     whole = knockoff or config.select != "random" or config.ssl != "none"
     n_pool = (4 * cap if parse_source(pool).is_synthetic else None) if whole else cap
     return load_surrogate_pool(pool, input_shape=v.input_shape, n=n_pool, seed=seed, data_dir=data_dir,
-                               victim_dataset=v.dataset, split_seed=v.split_seed, with_labels=knockoff)
+                               victim_dataset=v.dataset, split_seed=v.split_seed, with_labels=knockoff,
+                               features=v.features)
 
 
 def _refuse_resume() -> None:
@@ -132,6 +134,7 @@ def run_surrogate(target: Target, budget: int, options: SurrogateOptions = Surro
     rounds checkpointed in ``out/checkpoint``."""
     from stealkit.extract.registry import METHODS
     from stealkit.extract.surrogate_data.surrogate import FLIP_INVARIANT, resolve_loss
+    from stealkit.models.zoo import student_for
 
     o = options
     resolve_loss(o.loss, o.mode)  # type: ignore[arg-type]  # refuse e.g. KL on labels before any work
@@ -149,21 +152,29 @@ def run_surrogate(target: Target, budget: int, options: SurrogateOptions = Surro
         raise InputError(f"{out} holds a checkpoint of an earlier run: pass --resume to continue it, or choose "
                          "another --out")
     v = target.open(mode=o.mode, budget=budget, temperature=o.temperature, defences=defences)
+    student = student_for(o.student, v.input_shape)  # a feature-vector victim: mlp in place of an image network
+    if student != o.student:
+        from stealkit.models.zoo import arch_defaults
+
+        dropped = sorted(set(kwargs) - set(arch_defaults(student)))
+        kwargs = {k: val for k, val in kwargs.items() if k not in dropped}
+        log.info("the victim takes a vector of %d features: the student is %s, not the image network %s%s",
+                 v.input_shape[0], student, o.student, f" (its options {dropped} left out)" if dropped else "")
     resolved, config = resolve_surrogate(o, cap, v.num_classes, flip=v.dataset in FLIP_INVARIANT, seed=target.seed)
     checkpointed = config.select != "random"
     if resume and not checkpointed:
         _refuse_resume()
     test = victim_test(v, target.data_dir)
     x_pool, labels = surrogate_pool(o.pool, v, config, cap=cap, seed=target.seed, data_dir=target.data_dir)
-    cfg = {"victim": target.location, "mode": o.mode, "budget": budget, "pool": o.pool, "student": o.student,
+    cfg = {"victim": target.location, "mode": o.mode, "budget": budget, "pool": o.pool, "student": student,
            "preset": o.preset, "preset_resolved": resolved, "student_kwargs": kwargs, "dataset": v.dataset,
            "surrogate": config} | own_data_config(v, {"--pool": o.pool}, target.data_dir) | dict(config_extra or {})
     run.create(command="extract surrogate", seed=target.seed, config=cfg)
     oracle = wrap_oracle(v.oracle) if wrap_oracle is not None else v.oracle
-    result = method.run(oracle, x_pool, make_student=student_factory(o.student, v, target.seed, **kwargs),
+    result = method.run(oracle, x_pool, make_student=student_factory(student, v, target.seed, **kwargs),
                         config=config, evaluator=make_evaluator(v, test.x, test.y, target.device),
                         pool_labels=labels, on_point=run.append_record, device=target.device,
                         checkpoint_dir=checkpoint if checkpointed else None, resume=resume)
-    save_extraction(run, result, v, student_arch=o.student, student_kwargs=kwargs, seed=target.seed, config=cfg,
+    save_extraction(run, result, v, student_arch=student, student_kwargs=kwargs, seed=target.seed, config=cfg,
                     report=report)
     return ExtractionRun(path=run.path, result=result, victim=v, config=cfg, preset_resolved=resolved)

@@ -387,7 +387,7 @@ def extract_surrogate(
     combined with ``strategy="knockoff"``, whose policy chooses every query. The ledger counts every query either
     way.
     """
-    if pool.dim() != 4 or tuple(pool.shape[1:]) != tuple(oracle.input_shape):
+    if pool.dim() != len(oracle.input_shape) + 1 or tuple(pool.shape[1:]) != tuple(oracle.input_shape):
         raise InputError(f"the surrogate pool must have shape [N, {', '.join(map(str, oracle.input_shape))}], "
                          f"got {list(pool.shape)}; adapt it with stealkit.data.adapt_images")
     if pool.shape[0] == 0:
