@@ -21,6 +21,7 @@ same bytes) and not charged again. The query path itself is :mod:`stealkit.serve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -45,6 +46,7 @@ from stealkit.oracle import OutputMode
 from stealkit.oracle.base import MAX_SMOOTHGRAD_SAMPLES, MAX_SMOOTHGRAD_SIGMA
 from stealkit.serve import metrics as prom
 from stealkit.serve import payloads
+from stealkit.serve.cancel import Cancelled, scope
 from stealkit.serve.conn import ENV, fold_repeated_logs, return_freed_memory, trim_memory
 from stealkit.serve.keys import KeyConfig, ServerConfig, load_keys
 from stealkit.serve.limits import FairScheduler, KeyQuota
@@ -140,29 +142,52 @@ async def read_body(request: Request, limit: int, timeout: float | None = None) 
 class disconnect_watch:  # noqa: N801 - used like a function
     """Started after the body is read: whether the client has disconnected since. A pending ``receive()``
     returns ``http.disconnect`` when the connection drops (and once the answer is complete, so it is asked only
-    before the answer is sent). :meth:`stop` remembers the answer so far and stops listening."""
+    before the answer is sent). :meth:`unless_gone` runs a step of the request (its parse, its wait for a
+    compute slot, its computation) until it ends or the client leaves; :meth:`stop` remembers the answer so far
+    and stops listening."""
 
     def __init__(self, request: Request) -> None:
-        import asyncio
-
         self._task = asyncio.ensure_future(request.receive())
         self._gone: bool | None = None
 
+    def _left(self) -> bool:
+        task = self._task
+        return task.done() and not task.cancelled() and task.exception() is None \
+            and task.result().get("type") == "http.disconnect"
+
     def stop(self) -> None:
         if self._gone is None:
-            task = self._task
-            self._gone = task.done() and not task.cancelled() and task.exception() is None \
-                and task.result().get("type") == "http.disconnect"
-            if not task.done():
-                task.cancel()
+            self._gone = self._left()
+            if not self._task.done():
+                self._task.cancel()
 
     async def __call__(self) -> bool:
-        import asyncio
-
         await asyncio.sleep(0)  # let a disconnect the loop has already seen wake the watcher first
         if self._gone is None:
             self.stop()
         return bool(self._gone)
+
+    async def unless_gone(self, step: Any, cancel: threading.Event | None = None,
+                          undo: Any = None) -> Any:
+        """The result of the awaitable ``step``, or :class:`~stealkit.serve.cancel.Cancelled` once the client
+        has left: then ``cancel`` is set (the thread-pool work stops at its next check and is awaited) or, with
+        no ``cancel``, the step's task is cancelled (``undo(result)`` if it had finished meanwhile)."""
+        work = asyncio.ensure_future(step)
+        if self._gone is None and not self._task.done():
+            await asyncio.wait({work, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        if work.done() or not (self._gone or (self._gone is None and self._left())):
+            return await work
+        if cancel is not None:
+            cancel.set()
+            with contextlib.suppress(Exception):
+                await asyncio.shield(work)
+        else:
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                result = await work
+                if undo is not None:
+                    undo(result)
+        raise Cancelled("the client disconnected")
 
 
 def _respond(result: dict[str, Any], accept: str | None) -> Response:
@@ -259,7 +284,7 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
     app.state.service = service
     inflight = app.state.inflight = threading.BoundedSemaphore(max_inflight)
     quota = app.state.quota = KeyQuota(max(1, max_inflight // 4))  # a few keys never hold the whole bound
-    scheduler = FairScheduler(compute_slots)
+    scheduler = app.state.scheduler = FairScheduler(compute_slots)
 
     def endpoint_of(path: str) -> str:
         return path if path in ENDPOINTS else (protocol == "v2" and v2_routes.endpoint_label(path, name)) or "other"
@@ -287,8 +312,10 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
         return JSONResponse({"error": "bad_input", "detail": str(exc.errors())[:500]}, status_code=400)
 
     async def guarded(request: Request, endpoint: str, handler: Any = None, *, v2: bool = False) -> Response:
-        """The query path of both protocols: key, request rate, in-flight bounds, body size, a fair compute
-        slot, then ``handler(key, body)`` in the thread pool (default: the /v1 query); errors as one answer."""
+        """The query path of both protocols: key, request rate, in-flight bounds, body, then in the thread pool
+        ``handler(key, body)`` (the parse, default: the /v1 query's; it returns the computation), a fair compute
+        slot, the computation in the thread pool; errors as one answer. A client that leaves stops the step it
+        is in (the parse and the computation at their next check, :mod:`stealkit.serve.cancel`)."""
         key: KeyConfig | None = None
         try:
             key = service.authenticate(request.headers.get("authorization"), _client(request))
@@ -304,13 +331,19 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
             try:
                 ctype = request.headers.get("content-type")
                 body = await read_body(request, service.body_limit(ctype), body_timeout)
-                run = handler or (lambda k, b: service.query(
+                prepare = handler or (lambda k, b: service.prepare(
                     k, endpoint, b, ctype, dict(request.query_params), request.headers.get("accept"),
                     request.headers.get("idempotency-key")))
-                gone, response = disconnect_watch(request), None
-                try:
-                    async with scheduler.slot(key.key_id):
-                        response = await run_in_threadpool(run, key, body)
+                gone, response, cancel = disconnect_watch(request), None, threading.Event()
+                try:  # the parse holds no compute slot; each step stops when the client leaves
+                    compute = await gone.unless_gone(run_in_threadpool(scope, cancel, prepare, key, body), cancel)
+                    del body
+                    await gone.unless_gone(scheduler.acquire(key.key_id),
+                                           undo=lambda _: scheduler.release(key.key_id))
+                    try:
+                        response = await gone.unless_gone(run_in_threadpool(scope, cancel, compute), cancel)
+                    finally:
+                        scheduler.release(key.key_id)
                 finally:
                     if isinstance(response, SettleOnSend):
                         response.client_gone = gone  # asked just before the answer is sent
@@ -324,8 +357,8 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
                 if declared.isascii() and declared.isdigit() and len(declared) >= 7 \
                         and int(declared) >= TRIM_AFTER_BYTES:
                     asyncio.get_running_loop().call_later(1.0, trim_memory)
-        except ClientDisconnect:
-            return Response(status_code=400)  # nobody reads it; nothing was charged
+        except (ClientDisconnect, Cancelled):
+            return Response(status_code=400)  # nobody reads it; nothing was charged (or it was refunded)
         except payloads.UnsupportedMedia as exc:
             error = ApiError(415, "unsupported_media_type", str(exc))
         except payloads.TooLarge as exc:

@@ -25,7 +25,8 @@ counts one; a numeric array's numbers count nothing): junk such as ``{"inputs": 
 With ``numeric``, the named members must be numeric arrays and with ``flat`` every member of the document must
 be a scalar or a numeric array (the /v1 schema): such a document is refused at its first wrong token. ``stats``
 (a dict) receives ``values`` (values read) and ``bytes`` (the furthest byte examined), whether or not the body
-was accepted.
+was accepted. A parse whose client has left stops at its next window or value
+(:func:`stealkit.serve.cancel.check`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from stealkit.errors import InputError
+from stealkit.serve.cancel import check as check_cancelled
 
 MAX_DEPTH = 32
 MAX_ITEMS = 4096
@@ -122,6 +124,7 @@ class _Reader:
             raise self.bad("unexpected end", pos)
         self.furthest = max(self.furthest, pos)
         self.values += 1
+        check_cancelled()
         if self.values > MAX_VALUES:
             raise JsonError(f"the JSON body holds more than {MAX_VALUES} values besides its arrays of numbers; a "
                             "request needs a few")
@@ -213,6 +216,7 @@ class _Reader:
         """The index of the ``]`` closing the array opened at ``pos`` (brackets only; strings are refused later)."""
         a, depth, start, window = self.array, 0, pos, 256
         while start < self.n:
+            check_cancelled()
             stop = min(self.n, start + window)
             chunk = a[start:stop]
             steps = (chunk == _OPEN).astype(np.int8) - (chunk == _CLOSE)
@@ -255,6 +259,7 @@ class _Reader:
         temporaries stay a few MB); and whether no number has a fraction or exponent."""
         pieces, integral = [], True
         for lo in range(0, span.size, PIECE):
+            check_cancelled()
             w = span[lo:lo + PIECE]
             allowed = _ALLOWED[w]
             if not allowed.all():
@@ -278,6 +283,7 @@ class _Reader:
         out = np.empty(count, dtype=dtype)
         filled, start = 0, 0
         while start < span.size:
+            check_cancelled()
             stop = start + PIECE
             if stop < span.size:
                 commas = np.flatnonzero(span[stop:stop + 4096] == _COMMA)
@@ -303,6 +309,7 @@ def _levels(skeleton: np.ndarray, pos: int) -> tuple[int, list[int], int]:
     carry, ndim, opens, count = 0, 0, np.zeros(0, dtype=np.int64), 0
     num_lo, num_hi = None, None
     for lo in range(0, skeleton.size, PIECE):
+        check_cancelled()
         w = skeleton[lo:lo + PIECE]
         is_open = w == _OPEN
         level = carry + np.cumsum(is_open.astype(np.int8) - (w == _CLOSE), dtype=np.int32)

@@ -172,9 +172,8 @@ class FairScheduler:
         self._total -= 1
         self._dispatch()
 
-    @contextlib.asynccontextmanager
-    async def slot(self, key: str) -> AsyncIterator[None]:
-        """Hold one computation slot for ``key`` for the duration of the block."""
+    async def acquire(self, key: str) -> None:
+        """Wait for one computation slot for ``key`` (cancelling the wait gives up its place in the queue)."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(key, deque()).append(fut)
         self._dispatch()
@@ -183,7 +182,23 @@ class FairScheduler:
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
                 self._release(key)
+            else:  # its place in the queue is given up now, not when the queue reaches it
+                queue = self._waiting.get(key)
+                if queue is not None:
+                    with contextlib.suppress(ValueError):
+                        queue.remove(fut)
+                    if not queue:
+                        del self._waiting[key]
             raise
+
+    def release(self, key: str) -> None:
+        """Give back a slot :meth:`acquire` granted."""
+        self._release(key)
+
+    @contextlib.asynccontextmanager
+    async def slot(self, key: str) -> AsyncIterator[None]:
+        """Hold one computation slot for ``key`` for the duration of the block."""
+        await self.acquire(key)
         try:
             yield
         finally:

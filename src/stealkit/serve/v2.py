@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -276,7 +277,7 @@ def endpoint_label(path: str, name: str) -> str | None:
 
 def add_routes(app: FastAPI, service: Service, guarded: Any, name: str) -> None:
     """Add the v2 routes; ``guarded(request, endpoint, handler, v2=True)`` is the app's query path (auth,
-    limits, body read, fair compute slot, errors)."""
+    limits, body read, the parse ``handler`` outside any slot, a fair compute slot, the computation, errors)."""
     served = {name: False, name + EXPLAIN_SUFFIX: True}
 
     def unknown(model: str) -> ApiError:
@@ -322,13 +323,14 @@ def add_routes(app: FastAPI, service: Service, guarded: Any, name: str) -> None:
         header_length = request.headers.get(HEADER_LENGTH)
         request_id = request.headers.get("idempotency-key")
 
-        def handle(key: KeyConfig, body: bytes) -> Response:
+        def handle(key: KeyConfig, body: bytes) -> Callable[[], Response]:
+            """The parse (outside any compute slot); returns the computation."""
             check_request_id(request_id)
             if explain and not key.explain:
                 raise ApiError(403, "explain_not_allowed", f"this key may not use {model!r} (explain = false)")
             service.check_blocked(key)
             q, wanted = parse_infer(service, key, explain, body, header_length)
             form = json.dumps(["v2", model, wanted.output, wanted.binary, wanted.id])
-            return service.run(key, q, request_id, lambda out, res: respond(q, wanted, name, out, res), form)
+            return lambda: service.run(key, q, request_id, lambda out, res: respond(q, wanted, name, out, res), form)
 
         return await guarded(request, "explain" if explain else "predict", handle, v2=True)
