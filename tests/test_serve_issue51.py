@@ -7,7 +7,6 @@ or a connection the server closed."""
 from __future__ import annotations
 
 import contextlib
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ from fastapi.testclient import TestClient
 
 from stealkit.serve import limits
 from stealkit.serve.app import create_app
+from tests.test_serve_sockets import answer, closed_by_server, connect, early
 from tests.test_serve_support import live_server, make_victim, write_keys
 
 PAID = "paid-Zx81QpLw6RtV3mNb7Yc4Lk"
@@ -108,7 +108,6 @@ def test_a_known_key_with_another_request_is_still_refused(client):
 
 BROKE = "broke-Lk8jH6gF4dS2aP0oI9uY7q"
 THROTTLED = "throttled-Hj5kL8mN2bV4cX6zQ1w"
-GUARD_S = 30  # a socket's own timeout: only so that a failing test ends; no test asserts a duration
 
 
 @pytest.fixture(scope="module")
@@ -119,49 +118,6 @@ def server(victim: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
     with live_server(victim, keys, tmp / "db.sqlite",
                      extra=("--header-timeout", "1", "--body-timeout", "2")) as url:
         yield url
-
-
-def connect(url: str) -> socket.socket:
-    host, port = url.removeprefix("http://").split(":")
-    return socket.create_connection((host, int(port)), timeout=GUARD_S)
-
-
-def closed_by_server(s: socket.socket) -> bool:
-    """Read until the server closes the connection (True) or the guard timeout passes (False)."""
-    try:
-        while s.recv(65536):
-            pass
-        return True
-    except ConnectionResetError:
-        return True
-    except TimeoutError:
-        return False
-
-
-def early(method: str, path: str, key: str | None = None) -> bytes:
-    """Headers that promise a 6,000-byte body the server answers without reading."""
-    auth_line = b"" if key is None else b"Authorization: Bearer " + key.encode() + b"\r\n"
-    return (f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode() + auth_line
-            + b"Content-Length: 6000\r\n\r\n")
-
-
-def answer(s: socket.socket) -> bytes:
-    """One whole response (head and its Content-Length body), read off the socket."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = s.recv(65536)
-        assert chunk, data
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 "), head[:80]
-    length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
-                  if line.startswith(b"content-length:"))
-    while len(body) < length:
-        chunk = s.recv(65536)
-        assert chunk, data
-        body += chunk
-    assert len(body) == length  # nothing more: the next request's answer is read by the next call
-    return head
 
 
 @pytest.mark.parametrize(("request_head", "status"), [

@@ -49,7 +49,7 @@ from stealkit.serve import payloads
 from stealkit.serve.cancel import Cancelled, scope
 from stealkit.serve.conn import ENV, fold_repeated_logs, return_freed_memory, trim_memory
 from stealkit.serve.keys import KeyConfig, ServerConfig, load_keys
-from stealkit.serve.limits import FairScheduler, KeyQuota
+from stealkit.serve.limits import BodyReads, FairScheduler, KeyQuota
 from stealkit.serve.service import ApiError, Service, SettleOnSend
 from stealkit.serve.store import Store
 
@@ -263,7 +263,8 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
 
     ``max_inflight`` bounds the requests a worker holds at once (body reads included; more are answered 503),
     a quarter of it for one key (more are answered 429, before the body is read), so a few hostile keys cannot
-    fill it; ``body_timeout`` is the seconds a request's body may take to arrive (408 and the connection closed
+    fill it; body reads are bounded apart, at half of it, with a quarter of those kept for keys reading no
+    body (:class:`~stealkit.serve.limits.BodyReads`), so keys that trickle bodies leave room for the others; ``body_timeout`` is the seconds a request's body may take to arrive (408 and the connection closed
     after); ``compute_slots`` bounds the model computations it runs at once, shared fairly between keys.
     """
     from stealkit.models.locate import load_any_model
@@ -284,6 +285,7 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
     app.state.service = service
     inflight = app.state.inflight = threading.BoundedSemaphore(max_inflight)
     quota = app.state.quota = KeyQuota(max(1, max_inflight // 4))  # a few keys never hold the whole bound
+    body_reads = app.state.body_reads = BodyReads(max(1, max_inflight // 2))  # bodies that trickle neither
     scheduler = app.state.scheduler = FairScheduler(compute_slots)
 
     def endpoint_of(path: str) -> str:
@@ -330,7 +332,13 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
                 raise ApiError(503, "busy", "the server is busy; retry shortly", {"Retry-After": "1"})
             try:
                 ctype = request.headers.get("content-type")
-                body = await read_body(request, service.body_limit(ctype), body_timeout)
+                if not body_reads.try_acquire(key.key_id):
+                    raise ApiError(503, "busy", "the server is reading too many request bodies; retry shortly",
+                                   {"Retry-After": "1"})
+                try:
+                    body = await read_body(request, service.body_limit(ctype), body_timeout)
+                finally:
+                    body_reads.release(key.key_id)
                 prepare = handler or (lambda k, b: service.prepare(
                     k, endpoint, b, ctype, dict(request.query_params), request.headers.get("accept"),
                     request.headers.get("idempotency-key")))
