@@ -114,7 +114,8 @@ THROTTLED = "throttled-Hj5kL8mN2bV4cX6zQ1w"
 def server(victim: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("deadlines")
     keys = write_keys(tmp / "keys.toml", [{"key": BROKE, "name": "broke", "budget": 0},
-                                          {"key": THROTTLED, "name": "throttled", "rate": 0.0001}])
+                                          {"key": THROTTLED, "name": "throttled", "rate": 0.0001},
+                                          {"key": OTHER, "name": "other", "mode": "probs", "budget": 100}])
     with live_server(victim, keys, tmp / "db.sqlite",
                      extra=("--header-timeout", "1", "--body-timeout", "2")) as url:
         yield url
@@ -167,6 +168,40 @@ def test_a_body_finished_after_an_early_answer_leaves_the_connection_usable(serv
         s.sendall(b"{}" + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # the body ends; the next request
         assert answer(s).split(b" ")[1] == b"200"
         assert closed_by_server(s)  # then idle: the header deadline closes it
+
+
+# -- item 5: what "delivered" means, and its remedy -------------------------------------------------------------
+
+
+def test_an_answer_reset_after_its_hand_off_is_charged_and_its_retry_is_free(server):
+    """A charge is settled once the whole answer is handed to the transport (docs/guide/serve.md): a client that
+    reads a few bytes and resets pays; its retry with the same Idempotency-Key gets the kept answer, uncharged."""
+    import json
+    import socket
+    import struct
+
+    import httpx
+
+    doc = json.dumps({"inputs": images(16)}).encode()
+    head = (f"POST /v1/predict HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {OTHER}\r\nIdempotency-Key: reset-1\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(doc)}\r\n\r\n").encode()
+    s = connect(server)
+    s.sendall(head + doc)
+    assert s.recv(200).startswith(b"HTTP/1.1 200")
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()  # a reset, having read 200 bytes
+    charges = httpx.get(server + "/v1/charges", headers=auth(OTHER), timeout=30).json()
+    for _ in range(100):  # the settle follows the hand-off in the same request; wait only for it to be recorded
+        if charges["charges"] and charges["charges"][-1]["status"] != "reserved":
+            break
+        time.sleep(0.05)
+        charges = httpx.get(server + "/v1/charges", headers=auth(OTHER), timeout=30).json()
+    assert [(c["status"], c["n"]) for c in charges["charges"]] == [("answered", 16)]  # delivered: charged
+    retry = httpx.post(server + "/v1/predict", content=doc, timeout=30, headers=auth(OTHER) | {
+        "Idempotency-Key": "reset-1", "Content-Type": "application/json"})
+    assert retry.status_code == 200 and retry.headers["x-stealkit-replayed"] == "1"
+    after = httpx.get(server + "/v1/charges", headers=auth(OTHER), timeout=30).json()
+    assert after["charges"] == charges["charges"] and after["queries_used"] == charges["queries_used"]
 
 
 # -- item 6: the smaller points --------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from starlette.concurrency import run_in_threadpool
 from stealkit import __version__
 from stealkit.errors import InputError
 from stealkit.oracle import OutputMode, check_explain_args
-from stealkit.serve import payloads
+from stealkit.serve import jsonscan, payloads
 from stealkit.serve.keys import KeyConfig
 from stealkit.serve.service import ApiError, Query, Service, check_finite, check_request_id, parse_target
 from stealkit.serve.store import Reservation
@@ -50,12 +50,19 @@ from stealkit.serve.store import Reservation
 INPUT, TARGET, EXPLANATION = "input", "target", "explanation"
 EXPLAIN_SUFFIX = "-explain"
 HEADER_LENGTH = "inference-header-content-length"
-REQUEST_FIELDS = frozenset({"id", "parameters", "inputs", "outputs"})
 PREDICT_PARAMETERS = frozenset({"binary_data_output"})
 EXPLAIN_PARAMETERS = frozenset({"binary_data_output", "method", "output", "n_samples", "sigma", "target"})
 NUMPY = {"FP32": "<f4", "FP64": "<f8", "FP16": "<f2", "INT64": "<i8", "INT32": "<i4"}
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 MAX_ID = 128
+#: the request document's shape (:data:`stealkit.serve.jsonscan.SCALAR`): a document without it is refused at its
+#: first wrong token, whatever follows (junk costs what the prefix read weighs)
+_PARAMETERS = {"*": jsonscan.FLAT}
+SCHEMA: dict[str, Any] = {
+    "id": jsonscan.SCALAR, "parameters": _PARAMETERS,
+    "inputs": [{"name": jsonscan.SCALAR, "shape": jsonscan.NUMERIC, "datatype": jsonscan.SCALAR,
+                "parameters": _PARAMETERS, "data": jsonscan.NUMERIC}],
+    "outputs": [{"name": jsonscan.SCALAR, "parameters": _PARAMETERS}]}
 
 
 def model_name(model: str | Path, given: str | None = None) -> str:
@@ -157,7 +164,7 @@ def parse_infer(service: Service, key: KeyConfig, explain: bool, body: bytes,
     """A v2 inference request as a :class:`Query` (checked like /v1: shape, batch bound, pixel range, mode).
     Raises :class:`InputError` / :class:`ApiError`; charges nothing."""
     head, binary = split_body(body, header_length)
-    obj = payloads.parse_json_object(head, REQUEST_FIELDS)
+    obj = payloads.parse_json_object(head, schema=SCHEMA)
     request_id = obj.get("id")
     if request_id is not None and (not isinstance(request_id, str) or len(request_id) > MAX_ID):
         raise InputError(f"id must be a string of at most {MAX_ID} characters")
