@@ -134,3 +134,19 @@ def test_an_honest_v2_document_fits_the_schema():
            "outputs": [{"name": "explanation", "parameters": {"binary_data": True}}]}
     obj = jsonscan.loads(json.dumps(doc).encode(), schema=v2.SCHEMA)
     assert obj["inputs"][0]["data"].shape == (128,) and obj["outputs"][0]["parameters"] == {"binary_data": True}
+
+
+@pytest.mark.parametrize("shape", sorted(set(JUNK) - {"floats_at_the_size_limit", "many_outputs"}))
+def test_the_v2_route_reads_its_body_with_the_schema(shape, monkeypatch):
+    """What /v2/models/NAME/infer runs (``parse_infer``) stops at the first wrong token too."""
+    real, seen = jsonscan.loads, []
+
+    def watched(*args: object, **kwargs: object) -> object:
+        stats: dict[str, int] = {}
+        seen.append(stats)
+        return real(*args, **kwargs, stats=stats)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(jsonscan, "loads", watched)
+    with pytest.raises(InputError):
+        v2.parse_infer(None, None, False, JUNK[shape](), None)  # type: ignore[arg-type]  # refused before either
+    assert len(seen) == 1 and seen[0]["bytes"] < 200
