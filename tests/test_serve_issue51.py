@@ -234,6 +234,18 @@ def test_a_non_ascii_secret_is_refused_when_the_keys_file_is_loaded(where):
     assert "ASCII" in message and "\n" not in message
 
 
+def test_failed_keys_on_one_worker_throttle_another(client, victim, tmp_path):
+    """Two workers on one database (two apps): a guesser's failures on one are throttled on the other, and a
+    tenant known at the address on one is still admitted on the other (tests/test_serve_authshare.py)."""
+    assert client.get("/v1/info", headers=auth(OTHER)).status_code == 200  # a tenant at this address
+    for _ in range(20):
+        assert client.get("/v1/info", headers=auth("guess-0000000000000000000000")).status_code == 401
+    getattr(client.app.state.service.auth_throttle, "flush", lambda: None)()  # its writes have landed
+    other_worker = TestClient(create_app(victim, tmp_path / "keys.toml", tmp_path / "db.sqlite"))
+    assert other_worker.get("/v1/info", headers=auth("guess-1111111111111111111111")).status_code == 429
+    assert other_worker.get("/v1/info", headers=auth(OTHER)).status_code == 200
+
+
 def test_charges_ids_do_not_reveal_other_tenants_volume(client):
     doc = {"inputs": images(1)}
     for key in (OTHER, OTHER, PAID, OTHER, PAID):  # the tenants' requests interleave

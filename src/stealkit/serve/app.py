@@ -44,6 +44,7 @@ from stealkit.oracle.base import MAX_SMOOTHGRAD_SAMPLES, MAX_SMOOTHGRAD_SIGMA
 from stealkit.serve import metrics as prom
 from stealkit.serve import payloads
 from stealkit.serve.asgi import CountResponses, RefuseAmbiguousFraming, disconnect_watch, read_body
+from stealkit.serve.authshare import SharedAuthThrottle
 from stealkit.serve.cancel import Cancelled, scope
 from stealkit.serve.conn import ENV, fold_repeated_logs, return_freed_memory, trim_memory
 from stealkit.serve.keys import KeyConfig, ServerConfig, load_keys
@@ -148,8 +149,9 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
     model.eval()
     config = keys if isinstance(keys, ServerConfig) else load_keys(keys)
     check_explain_keys(spec, config, model_dir)
-    service = Service(model=model, spec=spec, config=config, store=Store(db), workers=max(1, workers),
-                      device=device)
+    store = Store(db)
+    service = Service(model=model, spec=spec, config=config, store=store, workers=max(1, workers), device=device,
+                      auth_throttle=SharedAuthThrottle(store.path))  # failed keys counted across workers
     docs = _schemas(service.input_shape, config.max_batch)
     app = FastAPI(title="stealkit prediction API", version=__version__,
                   description="A classifier behind a pay-per-query API, as in the model-extraction threat model.")
