@@ -184,3 +184,27 @@ def test_the_json_reader_stops_at_its_next_window_once_cancelled():
     with pytest.raises(cancel.Cancelled):
         cancel.scope(stop, lambda: jsonscan.loads(data, stats=stats))
     assert stats["bytes"] < 1024  # stopped at the first check, not at the end of the body
+
+
+def test_an_answer_finished_as_its_client_left_is_refunded(app, monkeypatch):
+    """The computation ends normally (no forward pass to check at) after its client has left: the answer is
+    never sent, and its reservation is refunded, not left reserved."""
+    service, left = app.state.service, threading.Event()
+    real = service.answer
+
+    def answer_after_the_client_left(key: Any, q: Any) -> Any:
+        out = real(key, q)
+        left.wait(GUARD_S)  # the client leaves while this runs; it returns all the same
+        return out
+
+    monkeypatch.setattr(service, "answer", answer_after_the_client_left)
+
+    def leave() -> bool:
+        if service.store.log_rows("tenant"):  # reserved: the computation has begun
+            left.set()
+        return left.is_set()
+
+    sent = drive(app, body(), leave)
+    assert not any(m["type"] == "http.response.body" and m.get("body") for m in sent)
+    [(status, note)] = rows(app, "tenant")
+    assert status == "refunded" and "disconnected" in note

@@ -111,6 +111,13 @@ _ERRORS = {s: {"description": d} for s, d in (
     (500, "the answer could not be produced (not charged)"), (503, "busy; retry"))}
 
 
+def _refund_unsent(response: Any) -> Any:
+    """An answer computed just as its client left (after the stop was asked): its charge is refunded."""
+    if isinstance(response, SettleOnSend):
+        return run_in_threadpool(response.refund, "not delivered: the client disconnected before the answer was sent")
+    return None
+
+
 def _client(request: Request) -> str:
     return request.client.host if request.client is not None else "unknown"
 
@@ -222,7 +229,8 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
                     await gone.unless_gone(scheduler.acquire(key.key_id),
                                            undo=lambda _: scheduler.release(key.key_id))
                     try:
-                        response = await gone.unless_gone(run_in_threadpool(scope, cancel, compute), cancel)
+                        response = await gone.unless_gone(run_in_threadpool(scope, cancel, compute), cancel,
+                                                          undo=_refund_unsent)
                     finally:
                         scheduler.release(key.key_id)
                 finally:

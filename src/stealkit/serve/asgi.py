@@ -4,7 +4,7 @@ size limit and a deadline, and a watch on the client that stops each step of a r
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import inspect
 import threading
 import time
 from typing import Any
@@ -124,7 +124,8 @@ class disconnect_watch:  # noqa: N801 - used like a function
                           undo: Any = None) -> Any:
         """The result of the awaitable ``step``, or :class:`~stealkit.serve.cancel.Cancelled` once the client
         has left: then ``cancel`` is set (the thread-pool work stops at its next check and is awaited) or, with
-        no ``cancel``, the step's task is cancelled (``undo(result)`` if it had finished meanwhile)."""
+        no ``cancel``, the step's task is cancelled; ``undo(result)`` (awaited if it returns an awaitable) if the
+        step finished all the same."""
         work = asyncio.ensure_future(step)
         if self._gone is None and not self._task.done():
             await asyncio.wait({work, self._task}, return_when=asyncio.FIRST_COMPLETED)
@@ -132,12 +133,15 @@ class disconnect_watch:  # noqa: N801 - used like a function
             return await work
         if cancel is not None:
             cancel.set()
-            with contextlib.suppress(Exception):
-                await asyncio.shield(work)
         else:
             work.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                result = await work
-                if undo is not None:
-                    undo(result)
+        try:
+            result = await (asyncio.shield(work) if cancel is not None else work)
+        except (Exception, asyncio.CancelledError):
+            pass  # stopped (or failed): nothing to undo
+        else:
+            if undo is not None:
+                done = undo(result)
+                if inspect.isawaitable(done):
+                    await done
         raise Cancelled("the client disconnected")
