@@ -194,7 +194,10 @@ def test_an_answer_finished_as_its_client_left_is_refunded(app, monkeypatch):
 
     def answer_after_the_client_left(key: Any, q: Any) -> Any:
         out = real(key, q)
-        left.wait(GUARD_S)  # the client leaves while this runs; it returns all the same
+        left.wait(GUARD_S)  # the client leaves while this runs
+        stop = cancel._CURRENT.get()
+        assert stop is not None
+        stop.wait(GUARD_S)  # and the server has asked the work to stop; it returns all the same
         return out
 
     monkeypatch.setattr(service, "answer", answer_after_the_client_left)
