@@ -10,7 +10,17 @@ one-image predictions every ``--gap`` seconds from 127.0.0.1 (latency p50/p95/p9
 - ``slow_bodies``: two hostile keys (from 127.0.0.3) each hold ``--slow-per-key`` requests with ``Content-Length: 6000000``,
   trickling one byte every 2 s (the honest key's 503s are counted, and how the hostile requests ended);
 - ``junk``: ``--junk`` concurrent 6.2 MB JSON bodies (another key, from 127.0.0.4) of the wrong shape (answered 400, free), in 3 rounds;
-- ``json_flood``: another key (from 127.0.0.5) floods valid JSON batches (``--flood`` clients) while the honest key probes.
+- ``json_flood``: another key (from 127.0.0.5) floods valid JSON batches (``--flood`` clients) while the honest key probes;
+- ``junk_shapes`` (issue 51): ``--junk-shapes`` concurrent bodies of each junk shape of the issue (tiny arrays in
+  objects to /v1 and /v2, nested objects, objects where v2 data goes; ``--junk-mb`` each) from two keys;
+- ``early_trickle`` (issue 51): from ``--early`` addresses, 4 connections each whose ``GET /healthz`` declares a
+  body the server answers before reading, then one body byte a second (no key needed);
+- ``cap_fill`` (issue 51): half-open connections from ``--cap-addresses`` addresses, ``--cap-per-address`` each
+  (below the per-address cap, above the total cap together), reopened as they are closed;
+- ``slow_bodies4`` (issue 51): four keys trickle 16 bodies each (their whole in-flight share), the honest key is
+  a fifth.
+
+IPv6 /64 grouping is not attacked here (the loopback has one IPv6 address); tests/test_serve_caps.py checks it.
 
 Per phase: the server's CPU seconds (all its processes), peak and end RSS, and log bytes written. The server's
 open-file limit is set to ``--server-nofile`` (soft = hard) so a few thousand connections reach it on a small
@@ -67,7 +77,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 HONEST = "honest-Zx81QpLw6RtV3mNb7Yc4"
-HOSTILE = ("hostile1-Qw3eR5tY7uI9oP1aS2dF6", "hostile2-Lk8jH6gF4dS2aP0oI9uY7")
+HOSTILE = ("hostile1-Qw3eR5tY7uI9oP1aS2dF6", "hostile2-Lk8jH6gF4dS2aP0oI9uY7", "hostile3-Pq2wE4rT6yU8iO0pA1sD3",
+           "hostile4-Zx9cV7bN5mL3kJ1hG2fD4")
 NOISY = "noisy-Mn7bV5cX3zL1kJ9hG8fD4"
 JUNK_BYTES = 6_200_000
 
@@ -76,7 +87,7 @@ def start(model: Path, tmp: Path, server_src: Path, port: int, nofile: int, log:
           workers: int = 1) -> subprocess.Popen[bytes]:
     keys = tmp / "keys.toml"
     keys.write_text("".join(f'[[key]]\nkey = "{k}"\nname = "{n}"\nmode = "probs"\n\n' for k, n in (
-        (HONEST, "honest"), (HOSTILE[0], "hostile1"), (HOSTILE[1], "hostile2"), (NOISY, "noisy"))))
+        (HONEST, "honest"), *((k, f"hostile{i + 1}") for i, k in enumerate(HOSTILE)), (NOISY, "noisy"))))
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(server_src)}
 
     def limit() -> None:
@@ -84,7 +95,7 @@ def start(model: Path, tmp: Path, server_src: Path, port: int, nofile: int, log:
 
     return subprocess.Popen([sys.executable, "-m", "stealkit.cli", "-q", "serve", "--model", str(model), "--keys",
                              str(keys), "--db", str(tmp / "db.sqlite"), "--port", str(port), "--threads", "1",
-                             "--workers", str(workers)],
+                             "--workers", str(workers), "--protocol", "v2", "--model-name", "digits"],
                             cwd=tmp, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT,
                             start_new_session=True, preexec_fn=limit)  # noqa: PLW1509 - sets the fd limit only
 
@@ -190,9 +201,9 @@ def half_open(port: int, n: int, seconds: float, reopen: float, report: mp.Queue
             s.close()
 
 
-def slow_bodies(port: int, per_key: int, seconds: float, out: dict) -> None:
+def slow_bodies(port: int, per_key: int, seconds: float, out: dict, keys: tuple[str, ...] = HOSTILE[:2]) -> None:
     socks = []
-    for key in HOSTILE:
+    for key in keys:
         for _ in range(per_key):
             s = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.3", 0))
             s.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: "
@@ -246,6 +257,108 @@ def junk(url: str, n: int, rounds: int, out: dict) -> None:
     out.update({"statuses": statuses, "body_mb": round(len(body) / 1e6, 2), "in_flight_mb": round(n * len(body) / 1e6)})
 
 
+def junk_shapes(url: str, n: int, size: int, out: dict) -> None:
+    """Issue 51's junk shapes, ``n`` of each at once from two keys, to /v1 and /v2 (each answered 400, free)."""
+    obj = b'{"a":[{}' + b",[1]" * 4000 + b"]}"
+    shapes = {
+        "v1_tiny_arrays_in_objects": ("/v1/predict", b'{"inputs":[' + b",".join([obj] * (size // len(obj))) + b"]}"),
+        "v2_tiny_arrays_in_objects": ("/v2/models/digits/infer",
+                                      b'{"inputs":[' + b",".join([obj] * (size // len(obj))) + b"]}"),
+        "v2_nested_objects": ("/v2/models/digits/infer", b'{"inputs":[{"name":"input","parameters":{' + b",".join(
+            b'"k%d":{"a":{"b":1}}' % i for i in range(size // 20)) + b"}}]}"),
+        "v2_objects_as_data": ("/v2/models/digits/infer", b'{"inputs":[{"name":"input","shape":[1,1,8,8],'
+                               b'"datatype":"FP32","data":[' + b",".join([b"{}"] * (size // 3)) + b"]}]}"),
+    }
+    statuses: dict[str, dict[str, int]] = {}
+
+    def one(name: str, path: str, body: bytes, key: str) -> None:
+        try:
+            with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.6"), timeout=300) as c:
+                code = str(c.post(url + path, content=body, headers={
+                    "Authorization": f"Bearer {key}", "Content-Type": "application/json"}).status_code)
+        except httpx.HTTPError as exc:
+            code = type(exc).__name__
+        got = statuses.setdefault(name, {})
+        got[code] = got.get(code, 0) + 1
+
+    for name, (path, body) in shapes.items():
+        threads = [threading.Thread(target=one, args=(name, path, body, HOSTILE[i % 2])) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    out.update({"statuses": statuses, "body_mb": round(size / 1e6, 2)})
+
+
+def early_trickle(port: int, addresses: int, per_address: int, seconds: float, out: dict) -> None:
+    """From ``addresses`` loopback addresses, connections whose request (``GET /healthz`` declaring a body) is
+    answered before its body is read, then one body byte each second: the server must cut them."""
+    socks = []
+    for a in range(addresses):
+        for _ in range(per_address):
+            with contextlib.suppress(OSError):
+                s = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(f"127.0.2.{a + 1}", 0))
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+                s.setblocking(False)
+                socks.append(s)
+    end, cut = time.monotonic() + seconds, 0
+    while time.monotonic() < end and socks:
+        for s in list(socks):
+            try:
+                s.send(b" ")
+                with contextlib.suppress(BlockingIOError):
+                    while True:
+                        if s.recv(65536) == b"":
+                            raise ConnectionResetError
+            except OSError:
+                cut += 1
+                socks.remove(s)
+                s.close()
+        time.sleep(1.0)
+    out.update({"connections": cut + len(socks), "cut_by_server": cut, "still_open": len(socks)})
+    for s in socks:
+        s.close()
+
+
+def cap_fill(port: int, addresses: int, per_address: int, seconds: float, out: dict) -> None:
+    """Half-open connections from ``addresses`` loopback addresses (``per_address`` each, below the per-address
+    cap), reopened as they are closed: together more than the total cap."""
+    socks: list[socket.socket | None] = [None] * (addresses * per_address)
+    opened, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        for i, s in enumerate(socks):
+            if s is not None:
+                try:
+                    alive = s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+                except BlockingIOError:
+                    alive = True
+                except OSError:
+                    alive = False
+                if alive:
+                    continue
+                s.close()
+            try:
+                s = socket.socket()
+                s.setblocking(False)
+                s.bind((f"127.0.3.{i // per_address + 1}", 0))
+                with contextlib.suppress(BlockingIOError):
+                    s.connect(("127.0.0.1", port))
+                socks[i] = s
+                opened += 1
+            except OSError:
+                socks[i] = None
+        time.sleep(0.3)
+        for s in socks:
+            if s is not None:
+                with contextlib.suppress(OSError):
+                    s.send(b"GET /healthz HTTP/1.1\r\nX-a: b\r\n")
+        time.sleep(0.7)
+    out.update({"connections_opened": opened, "held_at_end": sum(s is not None for s in socks)})
+    for s in socks:
+        if s is not None:
+            s.close()
+
+
 def flood(url: str, stop: threading.Event, batch: int, sent: dict) -> None:
     body = json.dumps({"inputs": np.random.default_rng(1).random((batch, 1, 8, 8)).tolist()}).encode()
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {NOISY}", "Content-Type": "application/json"},
@@ -295,7 +408,13 @@ def main() -> None:
     ap.add_argument("--gap", type=float, default=0.05, help="seconds between the honest tenant's requests")
     ap.add_argument("--workers", type=int, default=1, help="server worker processes")
     ap.add_argument("--server-nofile", type=int, default=1024, help="the server's open-file limit (soft = hard)")
-    ap.add_argument("--phases", default="baseline,half_open,slow_bodies,junk,json_flood")
+    ap.add_argument("--junk-shapes", type=int, default=4, help="concurrent bodies of each issue-51 junk shape")
+    ap.add_argument("--junk-mb", type=float, default=6.3, help="size of each junk-shape body (MB)")
+    ap.add_argument("--early", type=int, default=70, help="addresses of the early-answer trickle (4 connections each)")
+    ap.add_argument("--cap-addresses", type=int, default=100, help="addresses filling the connection cap")
+    ap.add_argument("--cap-per-address", type=int, default=8, help="half-open connections per address")
+    ap.add_argument("--phases", default="baseline,half_open,slow_bodies,junk,json_flood,junk_shapes,early_trickle,"
+                    "cap_fill,slow_bodies4")
     ap.add_argument("--server-src", type=Path, default=ROOT / "src", help="the src/ directory the server runs from")
     ap.add_argument("--port", type=int, default=8791)
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
@@ -347,6 +466,31 @@ def main() -> None:
                     junk(url, args.junk, 3, out)
                     return {"junk": out}
                 results["junk"] = phase("junk", url, pgid, log, args.seconds, args.gap, attack_junk)
+            if "junk_shapes" in phases:
+                def attack_shapes(seconds: float) -> dict:
+                    out: dict = {}
+                    junk_shapes(url, args.junk_shapes, int(args.junk_mb * 1e6), out)
+                    return {"junk_shapes": out}
+                results["junk_shapes"] = phase("junk_shapes", url, pgid, log, args.seconds, args.gap, attack_shapes)
+            if "early_trickle" in phases:
+                def attack_early(seconds: float) -> dict:
+                    out: dict = {}
+                    early_trickle(args.port, args.early, 4, seconds, out)
+                    return {"early_trickle": out}
+                results["early_trickle"] = phase("early_trickle", url, pgid, log, max(args.seconds, 25.0), args.gap,
+                                                 attack_early)  # past the 10 s deadline of an early answer
+            if "cap_fill" in phases:
+                def attack_cap(seconds: float) -> dict:
+                    out: dict = {}
+                    cap_fill(args.port, args.cap_addresses, args.cap_per_address, seconds, out)
+                    return {"cap_fill": out}
+                results["cap_fill"] = phase("cap_fill", url, pgid, log, args.seconds, args.gap, attack_cap)
+            if "slow_bodies4" in phases:
+                def attack_slow4(seconds: float) -> dict:
+                    out: dict = {}
+                    slow_bodies(args.port, 16, seconds, out, keys=HOSTILE)
+                    return {"hostile_requests": out}
+                results["slow_bodies4"] = phase("slow_bodies4", url, pgid, log, args.seconds, args.gap, attack_slow4)
             if "json_flood" in phases:
                 def attack_flood(seconds: float) -> dict:
                     stop, sent = threading.Event(), {}

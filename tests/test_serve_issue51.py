@@ -7,7 +7,6 @@ or a connection the server closed."""
 from __future__ import annotations
 
 import contextlib
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ from fastapi.testclient import TestClient
 
 from stealkit.serve import limits
 from stealkit.serve.app import create_app
+from tests.test_serve_sockets import answer, closed_by_server, connect, early
 from tests.test_serve_support import live_server, make_victim, write_keys
 
 PAID = "paid-Zx81QpLw6RtV3mNb7Yc4Lk"
@@ -108,60 +108,17 @@ def test_a_known_key_with_another_request_is_still_refused(client):
 
 BROKE = "broke-Lk8jH6gF4dS2aP0oI9uY7q"
 THROTTLED = "throttled-Hj5kL8mN2bV4cX6zQ1w"
-GUARD_S = 30  # a socket's own timeout: only so that a failing test ends; no test asserts a duration
 
 
 @pytest.fixture(scope="module")
 def server(victim: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("deadlines")
     keys = write_keys(tmp / "keys.toml", [{"key": BROKE, "name": "broke", "budget": 0},
-                                          {"key": THROTTLED, "name": "throttled", "rate": 0.0001}])
+                                          {"key": THROTTLED, "name": "throttled", "rate": 0.0001},
+                                          {"key": OTHER, "name": "other", "mode": "probs", "budget": 100}])
     with live_server(victim, keys, tmp / "db.sqlite",
                      extra=("--header-timeout", "1", "--body-timeout", "2")) as url:
         yield url
-
-
-def connect(url: str) -> socket.socket:
-    host, port = url.removeprefix("http://").split(":")
-    return socket.create_connection((host, int(port)), timeout=GUARD_S)
-
-
-def closed_by_server(s: socket.socket) -> bool:
-    """Read until the server closes the connection (True) or the guard timeout passes (False)."""
-    try:
-        while s.recv(65536):
-            pass
-        return True
-    except ConnectionResetError:
-        return True
-    except TimeoutError:
-        return False
-
-
-def early(method: str, path: str, key: str | None = None) -> bytes:
-    """Headers that promise a 6,000-byte body the server answers without reading."""
-    auth_line = b"" if key is None else b"Authorization: Bearer " + key.encode() + b"\r\n"
-    return (f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode() + auth_line
-            + b"Content-Length: 6000\r\n\r\n")
-
-
-def answer(s: socket.socket) -> bytes:
-    """One whole response (head and its Content-Length body), read off the socket."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = s.recv(65536)
-        assert chunk, data
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 "), head[:80]
-    length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
-                  if line.startswith(b"content-length:"))
-    while len(body) < length:
-        chunk = s.recv(65536)
-        assert chunk, data
-        body += chunk
-    assert len(body) == length  # nothing more: the next request's answer is read by the next call
-    return head
 
 
 @pytest.mark.parametrize(("request_head", "status"), [
@@ -213,6 +170,40 @@ def test_a_body_finished_after_an_early_answer_leaves_the_connection_usable(serv
         assert closed_by_server(s)  # then idle: the header deadline closes it
 
 
+# -- item 5: what "delivered" means, and its remedy -------------------------------------------------------------
+
+
+def test_an_answer_reset_after_its_hand_off_is_charged_and_its_retry_is_free(server):
+    """A charge is settled once the whole answer is handed to the transport (docs/guide/serve.md): a client that
+    reads a few bytes and resets pays; its retry with the same Idempotency-Key gets the kept answer, uncharged."""
+    import json
+    import socket
+    import struct
+
+    import httpx
+
+    doc = json.dumps({"inputs": images(16)}).encode()
+    head = (f"POST /v1/predict HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {OTHER}\r\nIdempotency-Key: reset-1\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(doc)}\r\n\r\n").encode()
+    s = connect(server)
+    s.sendall(head + doc)
+    assert s.recv(200).startswith(b"HTTP/1.1 200")
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()  # a reset, having read 200 bytes
+    charges = httpx.get(server + "/v1/charges", headers=auth(OTHER), timeout=30).json()
+    for _ in range(100):  # the settle follows the hand-off in the same request; wait only for it to be recorded
+        if charges["charges"] and charges["charges"][-1]["status"] != "reserved":
+            break
+        time.sleep(0.05)
+        charges = httpx.get(server + "/v1/charges", headers=auth(OTHER), timeout=30).json()
+    assert [(c["status"], c["n"]) for c in charges["charges"]] == [("answered", 16)]  # delivered: charged
+    retry = httpx.post(server + "/v1/predict", content=doc, timeout=30, headers=auth(OTHER) | {
+        "Idempotency-Key": "reset-1", "Content-Type": "application/json"})
+    assert retry.status_code == 200 and retry.headers["x-stealkit-replayed"] == "1"
+    after = httpx.get(server + "/v1/charges", headers=auth(OTHER), timeout=30).json()
+    assert after["charges"] == charges["charges"] and after["queries_used"] == charges["queries_used"]
+
+
 # -- item 6: the smaller points --------------------------------------------------------------------------------
 
 
@@ -241,6 +232,18 @@ def test_a_non_ascii_secret_is_refused_when_the_keys_file_is_loaded(where):
         parse_keys(data)
     message = str(info.value)
     assert "ASCII" in message and "\n" not in message
+
+
+def test_failed_keys_on_one_worker_throttle_another(client, victim, tmp_path):
+    """Two workers on one database (two apps): a guesser's failures on one are throttled on the other, and a
+    tenant known at the address on one is still admitted on the other (tests/test_serve_authshare.py)."""
+    assert client.get("/v1/info", headers=auth(OTHER)).status_code == 200  # a tenant at this address
+    for _ in range(20):
+        assert client.get("/v1/info", headers=auth("guess-0000000000000000000000")).status_code == 401
+    getattr(client.app.state.service.auth_throttle, "flush", lambda: None)()  # its writes have landed
+    other_worker = TestClient(create_app(victim, tmp_path / "keys.toml", tmp_path / "db.sqlite"))
+    assert other_worker.get("/v1/info", headers=auth("guess-1111111111111111111111")).status_code == 429
+    assert other_worker.get("/v1/info", headers=auth(OTHER)).status_code == 200
 
 
 def test_charges_ids_do_not_reveal_other_tenants_volume(client):

@@ -26,11 +26,9 @@ import logging
 import os
 import sqlite3
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
-import anyio
 import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -45,9 +43,12 @@ from stealkit.oracle import OutputMode
 from stealkit.oracle.base import MAX_SMOOTHGRAD_SAMPLES, MAX_SMOOTHGRAD_SIGMA
 from stealkit.serve import metrics as prom
 from stealkit.serve import payloads
+from stealkit.serve.asgi import CountResponses, RefuseAmbiguousFraming, disconnect_watch, read_body
+from stealkit.serve.authshare import SharedAuthThrottle
+from stealkit.serve.cancel import Cancelled, scope
 from stealkit.serve.conn import ENV, fold_repeated_logs, return_freed_memory, trim_memory
 from stealkit.serve.keys import KeyConfig, ServerConfig, load_keys
-from stealkit.serve.limits import FairScheduler, KeyQuota
+from stealkit.serve.limits import BodyReads, FairScheduler, KeyQuota
 from stealkit.serve.service import ApiError, Service, SettleOnSend
 from stealkit.serve.store import Store
 
@@ -59,110 +60,6 @@ MAX_CHARGES_PAGE = 1000
 BODY_TIMEOUT_S = 30.0
 #: after a body this large, the worker hands its freed memory back to the system (at most once a second)
 TRIM_AFTER_BYTES = 1 << 20
-
-
-class CountResponses:
-    """Pure ASGI middleware: every HTTP response, whatever its status, is counted once (an unhandled error as a
-    500). Unlike ``@app.middleware("http")`` it passes ``send`` through untouched, so a route's ``send`` returns
-    once the bytes are handed to the server's transport (what settling after delivery relies on)."""
-
-    def __init__(self, app: Any, observe: Any, endpoint_of: Any) -> None:
-        self.app, self.observe, self.endpoint_of = app, observe, endpoint_of
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        start, status = time.perf_counter(), [500]
-
-        async def counting_send(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, counting_send)
-        finally:
-            self.observe(self.endpoint_of(scope["path"]), status[0], time.perf_counter() - start)
-
-
-class RefuseAmbiguousFraming:
-    """Pure ASGI middleware: a request that frames its body twice (``Transfer-Encoding`` and ``Content-Length``,
-    the raw material of request smuggling; RFC 9112 6.1 lets a server refuse it) is answered 400 and its
-    connection closed, before any route sees it."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            names = {name for name, _ in scope["headers"]}
-            if b"transfer-encoding" in names and b"content-length" in names:
-                await ApiError(400, "bad_framing", "a request may carry Transfer-Encoding or Content-Length, not "
-                               "both", {"Connection": "close"}).response()(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-async def read_body(request: Request, limit: int, timeout: float | None = None) -> bytearray:
-    """The request body, refused (413) past ``limit`` bytes and (408, connection closed) if it has not all
-    arrived ``timeout`` seconds after this call: a client that trickles its body holds only its own request.
-    The body grows in one buffer as bytes arrive (no list of chunks to join, and nothing is allocated for bytes
-    a client only declared)."""
-    length = request.headers.get("content-length")
-    declared: int | None = None
-    if length is not None:
-        if not length.isascii() or not length.isdigit() or len(length) > 18:
-            raise ApiError(400, "bad_input", f"invalid Content-Length {length[:40]!r}")
-        declared = int(length)
-        if declared > limit:
-            raise ApiError(413, "too_large", f"request body of {declared} bytes exceeds the limit of {limit}; "
-                           "send smaller batches")
-    buf = bytearray()
-    total = 0
-    try:
-        with anyio.fail_after(timeout):
-            async for chunk in request.stream():
-                end = total + len(chunk)
-                if end > (declared if declared is not None else limit):
-                    raise ApiError(413, "too_large", f"request body exceeds the limit of {limit} bytes; "
-                                   "send smaller batches")
-                buf += chunk
-                total = end
-    except TimeoutError:
-        raise ApiError(408, "body_timeout", f"the request body did not arrive within {timeout:g} s; send it "
-                       "at once", {"Connection": "close"}) from None
-    if declared is not None and total != declared:
-        raise ApiError(400, "bad_input", f"the body ended after {total} of {declared} bytes")
-    return buf
-
-
-class disconnect_watch:  # noqa: N801 - used like a function
-    """Started after the body is read: whether the client has disconnected since. A pending ``receive()``
-    returns ``http.disconnect`` when the connection drops (and once the answer is complete, so it is asked only
-    before the answer is sent). :meth:`stop` remembers the answer so far and stops listening."""
-
-    def __init__(self, request: Request) -> None:
-        import asyncio
-
-        self._task = asyncio.ensure_future(request.receive())
-        self._gone: bool | None = None
-
-    def stop(self) -> None:
-        if self._gone is None:
-            task = self._task
-            self._gone = task.done() and not task.cancelled() and task.exception() is None \
-                and task.result().get("type") == "http.disconnect"
-            if not task.done():
-                task.cancel()
-
-    async def __call__(self) -> bool:
-        import asyncio
-
-        await asyncio.sleep(0)  # let a disconnect the loop has already seen wake the watcher first
-        if self._gone is None:
-            self.stop()
-        return bool(self._gone)
 
 
 def _respond(result: dict[str, Any], accept: str | None) -> Response:
@@ -214,6 +111,13 @@ _ERRORS = {s: {"description": d} for s, d in (
     (500, "the answer could not be produced (not charged)"), (503, "busy; retry"))}
 
 
+def _refund_unsent(response: Any) -> Any:
+    """An answer computed just as its client left (after the stop was asked): its charge is refunded."""
+    if isinstance(response, SettleOnSend):
+        return run_in_threadpool(response.refund, "not delivered: the client disconnected before the answer was sent")
+    return None
+
+
 def _client(request: Request) -> str:
     return request.client.host if request.client is not None else "unknown"
 
@@ -238,7 +142,8 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
 
     ``max_inflight`` bounds the requests a worker holds at once (body reads included; more are answered 503),
     a quarter of it for one key (more are answered 429, before the body is read), so a few hostile keys cannot
-    fill it; ``body_timeout`` is the seconds a request's body may take to arrive (408 and the connection closed
+    fill it; body reads are bounded apart, at half of it, with a quarter of those kept for keys reading no
+    body (:class:`~stealkit.serve.limits.BodyReads`), so keys that trickle bodies leave room for the others; ``body_timeout`` is the seconds a request's body may take to arrive (408 and the connection closed
     after); ``compute_slots`` bounds the model computations it runs at once, shared fairly between keys.
     """
     from stealkit.models.locate import load_any_model
@@ -251,15 +156,17 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
     model.eval()
     config = keys if isinstance(keys, ServerConfig) else load_keys(keys)
     check_explain_keys(spec, config, model_dir)
-    service = Service(model=model, spec=spec, config=config, store=Store(db), workers=max(1, workers),
-                      device=device)
+    store = Store(db)
+    service = Service(model=model, spec=spec, config=config, store=store, workers=max(1, workers), device=device,
+                      auth_throttle=SharedAuthThrottle(store.path))  # failed keys counted across workers
     docs = _schemas(service.input_shape, config.max_batch)
     app = FastAPI(title="stealkit prediction API", version=__version__,
                   description="A classifier behind a pay-per-query API, as in the model-extraction threat model.")
     app.state.service = service
     inflight = app.state.inflight = threading.BoundedSemaphore(max_inflight)
     quota = app.state.quota = KeyQuota(max(1, max_inflight // 4))  # a few keys never hold the whole bound
-    scheduler = FairScheduler(compute_slots)
+    body_reads = app.state.body_reads = BodyReads(max(1, max_inflight // 2))  # bodies that trickle neither
+    scheduler = app.state.scheduler = FairScheduler(compute_slots)
 
     def endpoint_of(path: str) -> str:
         return path if path in ENDPOINTS else (protocol == "v2" and v2_routes.endpoint_label(path, name)) or "other"
@@ -287,8 +194,10 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
         return JSONResponse({"error": "bad_input", "detail": str(exc.errors())[:500]}, status_code=400)
 
     async def guarded(request: Request, endpoint: str, handler: Any = None, *, v2: bool = False) -> Response:
-        """The query path of both protocols: key, request rate, in-flight bounds, body size, a fair compute
-        slot, then ``handler(key, body)`` in the thread pool (default: the /v1 query); errors as one answer."""
+        """The query path of both protocols: key, request rate, in-flight bounds, body, then in the thread pool
+        ``handler(key, body)`` (the parse, default: the /v1 query's; it returns the computation), a fair compute
+        slot, the computation in the thread pool; errors as one answer. A client that leaves stops the step it
+        is in (the parse and the computation at their next check, :mod:`stealkit.serve.cancel`)."""
         key: KeyConfig | None = None
         try:
             key = service.authenticate(request.headers.get("authorization"), _client(request))
@@ -303,14 +212,27 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
                 raise ApiError(503, "busy", "the server is busy; retry shortly", {"Retry-After": "1"})
             try:
                 ctype = request.headers.get("content-type")
-                body = await read_body(request, service.body_limit(ctype), body_timeout)
-                run = handler or (lambda k, b: service.query(
+                if not body_reads.try_acquire(key.key_id):
+                    raise ApiError(503, "busy", "the server is reading too many request bodies; retry shortly",
+                                   {"Retry-After": "1"})
+                try:
+                    body = await read_body(request, service.body_limit(ctype), body_timeout)
+                finally:
+                    body_reads.release(key.key_id)
+                prepare = handler or (lambda k, b: service.prepare(
                     k, endpoint, b, ctype, dict(request.query_params), request.headers.get("accept"),
                     request.headers.get("idempotency-key")))
-                gone, response = disconnect_watch(request), None
-                try:
-                    async with scheduler.slot(key.key_id):
-                        response = await run_in_threadpool(run, key, body)
+                gone, response, cancel = disconnect_watch(request), None, threading.Event()
+                try:  # the parse holds no compute slot; each step stops when the client leaves
+                    compute = await gone.unless_gone(run_in_threadpool(scope, cancel, prepare, key, body), cancel)
+                    del body
+                    await gone.unless_gone(scheduler.acquire(key.key_id),
+                                           undo=lambda _: scheduler.release(key.key_id))
+                    try:
+                        response = await gone.unless_gone(run_in_threadpool(scope, cancel, compute), cancel,
+                                                          undo=_refund_unsent)
+                    finally:
+                        scheduler.release(key.key_id)
                 finally:
                     if isinstance(response, SettleOnSend):
                         response.client_gone = gone  # asked just before the answer is sent
@@ -324,8 +246,8 @@ def create_app(model_dir: str | Path, keys: str | Path | ServerConfig, db: str |
                 if declared.isascii() and declared.isdigit() and len(declared) >= 7 \
                         and int(declared) >= TRIM_AFTER_BYTES:
                     asyncio.get_running_loop().call_later(1.0, trim_memory)
-        except ClientDisconnect:
-            return Response(status_code=400)  # nobody reads it; nothing was charged
+        except (ClientDisconnect, Cancelled):
+            return Response(status_code=400)  # nobody reads it; nothing was charged (or it was refunded)
         except payloads.UnsupportedMedia as exc:
             error = ApiError(415, "unsupported_media_type", str(exc))
         except payloads.TooLarge as exc:

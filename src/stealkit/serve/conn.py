@@ -14,10 +14,13 @@ half-open connections, so it would refuse honest tenants, not the attacker. :cla
   a body) must finish sending that body within ``header_timeout`` seconds of the answer, a deadline that data
   does not reset, else the connection is closed (uvicorn would otherwise discard such bytes with no timer left:
   its keep-alive timer stops at the first byte); the body read by a route has ``--body-timeout`` (app.py);
-- a **per-address cap**: at most ``per_address`` open connections from one peer address (a configured trusted
-  proxy is exempt: it multiplexes many clients);
+- a **per-address cap**: at most ``per_address`` open connections from one address group (an IPv4 address, an
+  IPv6 /64: :func:`address_group`; a configured trusted proxy is exempt: it multiplexes many clients);
 - a **total cap**: at most ``max_connections`` open connections, kept below the process's descriptor limit (raised
-  to its hard limit at start-up), so ``accept()`` never runs out of descriptors.
+  to its hard limit at start-up), so ``accept()`` never runs out of descriptors. When it is full, a newcomer
+  **evicts** the oldest connection that has not sent complete request headers (a half-open one, or an idle
+  keep-alive one), so connections that send nothing cannot keep out those that do; a newcomer is refused only
+  when every open connection is inside a request (:func:`admit`);
 
 A connection over a cap is accepted and aborted at once (RST; the descriptor is freed in the same loop turn):
 it costs the server an ``accept`` and a ``close``. Nothing is logged per connection: :class:`RepeatFilter`
@@ -100,13 +103,31 @@ def effective_limits(requested: ConnLimits) -> ConnLimits:
     return ConnLimits(requested.header_timeout, requested.per_address, cap, requested.trusted)
 
 
+def address_group(host: str) -> str:
+    """The group the per-address cap counts ``host`` in: an IPv4 address alone (an IPv4-mapped IPv6 address as
+    its IPv4 address), an IPv6 address with its whole /64 (one subscriber's prefix: any client owns 2**64
+    addresses of it), anything else as it is."""
+    try:
+        addr = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.ipv4_mapped is not None:
+            return str(addr.ipv4_mapped)
+        return str(ipaddress.IPv6Network((addr, 64), strict=False))
+    return str(addr)
+
+
 @dataclass
 class _State:
     limits: ConnLimits | None = None
-    per_host: dict[str, int] = field(default_factory=dict)
+    per_host: dict[str, int] = field(default_factory=dict)  # per address group
     admitted: int = 0
     refused: int = 0
     timed_out: int = 0
+    evicted: int = 0
+    #: admitted connections without complete request headers, oldest first (the ones a full cap evicts)
+    waiting: dict[Any, None] = field(default_factory=dict)
 
 
 _STATE = _State()
@@ -120,12 +141,28 @@ def current() -> ConnLimits:
     return _STATE.limits
 
 
+def admit(group: str, exempt: bool, limits: ConnLimits, state: _State = _STATE) -> tuple[bool, Any]:
+    """Whether a new connection from address ``group`` is admitted, and the connection it evicts (or ``None``):
+    over its group's cap it is refused; when the total cap is full, the oldest connection that has not sent
+    complete request headers is evicted for it (refused only when every open connection has)."""
+    if state.per_host.get(group, 0) >= limits.per_address and not exempt:
+        return False, None
+    if state.admitted < limits.max_connections:
+        return True, None
+    if state.waiting:
+        victim = next(iter(state.waiting))
+        del state.waiting[victim]
+        return True, victim
+    return False, None
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with a header deadline and connection caps (see the module docstring). A refused
     connection never builds uvicorn's per-connection state (its h11 parser and flow control)."""
 
     _guard_host: str = ""
     _guard_counted: bool = False
+    _guard_built: bool = False
     _header_timer: Any = None
     _drain_timer: Any = None
 
@@ -136,23 +173,33 @@ class GuardedH11Protocol(H11Protocol):
         limits = current()
         peer = transport.get_extra_info("peername")
         host = str(peer[0]) if isinstance(peer, tuple | list) and peer else ""
-        held = _STATE.per_host.get(host, 0)
-        if _STATE.admitted >= limits.max_connections or (held >= limits.per_address and not limits.exempt(host)):
+        group = address_group(host)
+        ok, victim = admit(group, limits.exempt(host), limits)
+        if not ok:
             _STATE.refused += 1
             transport.abort()  # frees the descriptor now; connection_lost follows
             return
+        if victim is not None:
+            _STATE.evicted += 1
+            victim.evict()
         super().__init__(*self._deferred)
         super().connection_made(transport)
-        self._guard_host, self._guard_counted = host, True
-        _STATE.per_host[host] = held + 1
+        self._guard_host, self._guard_counted, self._guard_built = group, True, True
+        _STATE.per_host[group] = _STATE.per_host.get(group, 0) + 1
         _STATE.admitted += 1
         self._arm_header_timer()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self._guard_counted:
-            return  # refused: nothing was built
+    def evict(self) -> None:
+        """Closed to make room for a newcomer (the total cap is full and this one has no complete headers); it
+        leaves the counts now, not when its close is processed."""
         self._cancel_header_timer()
-        self._cancel_drain_timer()
+        self._uncount()
+        if not self.transport.is_closing():
+            self.transport.abort()
+
+    def _uncount(self) -> None:
+        if not self._guard_counted:
+            return
         self._guard_counted = False
         _STATE.admitted -= 1
         left = _STATE.per_host.get(self._guard_host, 1) - 1
@@ -160,6 +207,14 @@ class GuardedH11Protocol(H11Protocol):
             _STATE.per_host[self._guard_host] = left
         else:
             _STATE.per_host.pop(self._guard_host, None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._guard_built:
+            return  # refused: nothing was built
+        self._guard_built = False
+        self._cancel_header_timer()
+        self._cancel_drain_timer()
+        self._uncount()
         super().connection_lost(exc)
 
     def eof_received(self) -> None:
@@ -199,14 +254,17 @@ class GuardedH11Protocol(H11Protocol):
     def _arm_header_timer(self) -> None:
         self._cancel_header_timer()
         self._header_timer = self.loop.call_later(current().header_timeout, self._header_deadline)
+        _STATE.waiting[self] = None  # newest last: evicted after every older one
 
     def _cancel_header_timer(self) -> None:
+        _STATE.waiting.pop(self, None)
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
 
     def _header_deadline(self) -> None:
         self._header_timer = None
+        _STATE.waiting.pop(self, None)
         if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
             _STATE.timed_out += 1
             self.transport.abort()

@@ -25,7 +25,8 @@ counts one; a numeric array's numbers count nothing): junk such as ``{"inputs": 
 With ``numeric``, the named members must be numeric arrays and with ``flat`` every member of the document must
 be a scalar or a numeric array (the /v1 schema): such a document is refused at its first wrong token. ``stats``
 (a dict) receives ``values`` (values read) and ``bytes`` (the furthest byte examined), whether or not the body
-was accepted.
+was accepted. A parse whose client has left stops at its next window or value
+(:func:`stealkit.serve.cancel.check`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from stealkit.errors import InputError
+from stealkit.serve.cancel import check as check_cancelled
 
 MAX_DEPTH = 32
 MAX_ITEMS = 4096
@@ -69,18 +71,22 @@ class JsonError(InputError):
 
 
 def loads(buf: bytes | bytearray | memoryview, *, fields: frozenset[str] | None = None,
-          numeric: frozenset[str] = frozenset(), flat: bool = False, stats: dict[str, int] | None = None) -> Any:
+          numeric: frozenset[str] = frozenset(), flat: bool = False, schema: dict[str, Any] | None = None,
+          stats: dict[str, int] | None = None) -> Any:
     """Parse a whole JSON document from bytes. With ``fields``, the document must be an object whose member
     names all lie in ``fields``, each refused before its value is read; members named in ``numeric`` must be
-    numeric arrays, and with ``flat`` no member may be an object or an array of non-numbers (see the module
-    docstring, also for ``stats``)."""
+    numeric arrays, and with ``flat`` no member may be an object or an array of non-numbers. ``schema`` (instead
+    of those three) describes the whole document (see :data:`SCALAR`); the module docstring says more, also
+    about ``stats``."""
     data = memoryview(buf).cast("B") if not isinstance(buf, bytes) else buf
-    reader = _Reader(data, numeric, flat)
+    if schema is None and fields is not None:
+        schema = {name: NUMERIC if name in numeric else FLAT if flat else None for name in fields}
+    reader = _Reader(data)
     try:
         pos = reader.skip(0)
-        if fields is not None and not reader.at(pos, b"{"):
+        if schema is not None and not reader.at(pos, b"{"):
             raise JsonError('the JSON body must be an object like {"inputs": [...]}')
-        value, pos = reader.value(pos, 0, fields)
+        value, pos = reader.value(pos, 0, schema, "the body")
         if reader.skip(pos) != len(data):
             raise reader.bad("extra data after the value", pos)
         return value
@@ -89,12 +95,26 @@ def loads(buf: bytes | bytearray | memoryview, *, fields: frozenset[str] | None 
             stats["values"], stats["bytes"] = reader.values, reader.furthest
 
 
+#: schema leaves: a scalar (string, number, ``true``/``false``/``null``); a numeric array (or ``[]``); either of those
+#: (``FLAT``). A dict is an object with those member names (``"*"``: any name) and their schemas, a one-item list an
+#: array of items of that schema, ``None`` anything (still under the value cap). An object or array schema also
+#: accepts a scalar (the caller's checks then say what is wrong with it): only structure is refused here, at the
+#: first token that does not fit.
+SCALAR, NUMERIC, FLAT = "a number, a string, true, false or null", "an array of numbers", \
+    "a number, a string or an array of numbers"
+
+
+def _wants(spec: Any) -> str:
+    if isinstance(spec, str):
+        return spec
+    return "an object" if isinstance(spec, dict) else "an array of objects"
+
+
 class _Reader:
-    def __init__(self, data: bytes | memoryview, numeric: frozenset[str] = frozenset(), flat: bool = False) -> None:
+    def __init__(self, data: bytes | memoryview) -> None:
         self.data = data
         self.n = len(data)
         self._array: np.ndarray | None = None
-        self.numeric_members, self.flat = numeric, flat
         self.values = 0  # values read so far (at most MAX_VALUES)
         self.furthest = 0  # the furthest byte examined
 
@@ -113,36 +133,36 @@ class _Reader:
     def bad(self, what: str, pos: int) -> JsonError:
         return JsonError(f"the body is not valid JSON: {what} at byte {pos}")
 
-    def value(self, pos: int, depth: int, fields: frozenset[str] | None = None,
-              member: str | None = None) -> tuple[Any, int]:
-        """The value at ``pos``; ``member``: the name of the top-level member it is (the schema checks)."""
+    def value(self, pos: int, depth: int, spec: Any = None, where: str = "") -> tuple[Any, int]:
+        """The value at ``pos``, which must fit ``spec`` (a schema, see :data:`SCALAR`; ``where`` names it)."""
         if depth >= MAX_DEPTH:
             raise JsonError(f"the JSON body is nested more than {MAX_DEPTH} levels deep")
         if pos >= self.n:
             raise self.bad("unexpected end", pos)
         self.furthest = max(self.furthest, pos)
         self.values += 1
+        check_cancelled()
         if self.values > MAX_VALUES:
             raise JsonError(f"the JSON body holds more than {MAX_VALUES} values besides its arrays of numbers; a "
                             "request needs a few")
         c = self.data[pos]
-        numeric_only = member is not None and (member in self.numeric_members or self.flat)
         if c == ord("{"):
-            if numeric_only:
-                wanted = "an array of numbers" if member in self.numeric_members else "a number, a string or an array of numbers"
-                raise JsonError(f"{member!r} must be {wanted}, not an object (byte {pos})")
-            return self.object(pos, depth, fields)
+            if spec is not None and not isinstance(spec, dict):
+                raise JsonError(f"{where} must be {_wants(spec)}, not an object (byte {pos})")
+            return self.object(pos, depth, spec, where)
         if c == ord("["):
             nxt = self.skip(pos + 1)
             self.furthest = max(self.furthest, nxt)
+            empty = nxt < self.n and self.data[nxt] == _CLOSE
+            if spec == SCALAR or isinstance(spec, dict):
+                raise JsonError(f"{where} must be {_wants(spec)}, not an array (byte {pos})")
             if nxt < self.n and (self.data[nxt] == _OPEN or _START_OK[self.data[nxt]]):
                 return self.numeric(pos, depth)
-            if numeric_only and not (nxt < self.n and self.data[nxt] == _CLOSE):
-                raise JsonError(f"{member!r} must be an array of numbers (pixels, class indices); found "
-                                f"{bytes(self.data[nxt:nxt + 1])!r} at byte {nxt}")
-            return self.list(pos, depth)
-        if member is not None and member in self.numeric_members:
-            raise JsonError(f"{member!r} must be an array of numbers, not {bytes(self.data[pos:pos + 1])!r} "
+            if spec in (NUMERIC, FLAT) and not empty:
+                raise JsonError(f"{where} must be {spec}; found {bytes(self.data[nxt:nxt + 1])!r} at byte {nxt}")
+            return self.list(pos, depth, spec[0] if isinstance(spec, list) else None, where)
+        if spec == NUMERIC:
+            raise JsonError(f"{where} must be an array of numbers, not {bytes(self.data[pos:pos + 1])!r} "
                             f"(byte {pos})")
         if c == ord('"'):
             return self.string(pos)
@@ -166,21 +186,28 @@ class _Reader:
         except (UnicodeDecodeError, ValueError):
             raise self.bad("malformed string", pos) from None
 
-    def object(self, pos: int, depth: int, fields: frozenset[str] | None) -> tuple[dict[str, Any], int]:
+    def object(self, pos: int, depth: int, spec: dict[str, Any] | None, where: str) -> tuple[dict[str, Any], int]:
         out: dict[str, Any] = {}
         pos = self.skip(pos + 1)
         if self.at(pos, b"}"):
             return out, pos + 1
+        inner = "" if where == "the body" else where + "."
         while True:
             if not self.at(pos, b'"'):
                 raise self.bad("expected a field name", pos)
             name, pos = self.string(pos)
-            if fields is not None and name not in fields:
-                raise JsonError(f"unknown field {name[:40]!r} in the JSON body; expected some of {sorted(fields)}")
+            member = None
+            if spec is not None:
+                if name not in spec and "*" not in spec:
+                    known = sorted(spec)
+                    raise JsonError(f"unknown field {name[:40]!r} in {'the JSON body' if not inner else where}; "
+                                    f"expected some of {known}")
+                member = spec.get(name, spec.get("*"))
             pos = self.skip(pos)
             if not self.at(pos, b":"):
                 raise self.bad("expected ':'", pos)
-            out[name], pos = self.value(self.skip(pos + 1), depth + 1, member=name if depth == 0 else None)
+            out[name], pos = self.value(self.skip(pos + 1), depth + 1, member, f"{inner}{name[:40]!r}"
+                                        if not inner else f"{inner}{name[:40]}")
             if len(out) > MAX_ITEMS:
                 raise JsonError(f"a JSON object with more than {MAX_ITEMS} fields")
             pos = self.skip(pos)
@@ -191,13 +218,13 @@ class _Reader:
             else:
                 raise self.bad("expected ',' or '}'", pos)
 
-    def list(self, pos: int, depth: int) -> tuple[list[Any], int]:
+    def list(self, pos: int, depth: int, spec: Any = None, where: str = "") -> tuple[list[Any], int]:
         out: list[Any] = []
         pos = self.skip(pos + 1)
         if self.at(pos, b"]"):
             return out, pos + 1
         while True:
-            item, pos = self.value(pos, depth + 1)
+            item, pos = self.value(pos, depth + 1, spec, f"{where}[{len(out)}]")
             out.append(item)
             if len(out) > MAX_ITEMS:
                 raise JsonError(f"a JSON array of more than {MAX_ITEMS} items that are not numbers")
@@ -213,6 +240,7 @@ class _Reader:
         """The index of the ``]`` closing the array opened at ``pos`` (brackets only; strings are refused later)."""
         a, depth, start, window = self.array, 0, pos, 256
         while start < self.n:
+            check_cancelled()
             stop = min(self.n, start + window)
             chunk = a[start:stop]
             steps = (chunk == _OPEN).astype(np.int8) - (chunk == _CLOSE)
@@ -255,6 +283,7 @@ class _Reader:
         temporaries stay a few MB); and whether no number has a fraction or exponent."""
         pieces, integral = [], True
         for lo in range(0, span.size, PIECE):
+            check_cancelled()
             w = span[lo:lo + PIECE]
             allowed = _ALLOWED[w]
             if not allowed.all():
@@ -278,6 +307,7 @@ class _Reader:
         out = np.empty(count, dtype=dtype)
         filled, start = 0, 0
         while start < span.size:
+            check_cancelled()
             stop = start + PIECE
             if stop < span.size:
                 commas = np.flatnonzero(span[stop:stop + 4096] == _COMMA)
@@ -303,6 +333,7 @@ def _levels(skeleton: np.ndarray, pos: int) -> tuple[int, list[int], int]:
     carry, ndim, opens, count = 0, 0, np.zeros(0, dtype=np.int64), 0
     num_lo, num_hi = None, None
     for lo in range(0, skeleton.size, PIECE):
+        check_cancelled()
         w = skeleton[lo:lo + PIECE]
         is_open = w == _OPEN
         level = carry + np.cumsum(is_open.astype(np.int8) - (w == _CLOSE), dtype=np.int32)

@@ -1,5 +1,5 @@
 """Rate limits and scheduling: token buckets per key, failed-authentication throttling per client address,
-and a fair scheduler that shares the model between keys."""
+requests and body reads in flight per key, and a fair scheduler that shares the model between keys."""
 
 from __future__ import annotations
 
@@ -127,6 +127,36 @@ class KeyQuota:
                 del self._held[key]
 
 
+class BodyReads:
+    """At most ``bound`` request bodies read at once (below the in-flight bound, so bodies that trickle never
+    fill it), of which the last ``reserve`` go only to keys that are reading none: keys that trickle bodies
+    hold at most ``bound - reserve`` between them (plus one each), and a key with no body in flight finds a
+    slot while fewer than ``reserve`` such keys arrive at once."""
+
+    def __init__(self, bound: int, reserve: int | None = None) -> None:
+        self.bound = max(1, int(bound))
+        self.reserve = min(self.bound - 1, max(1, self.bound // 4) if reserve is None else int(reserve))
+        self._held: dict[str, int] = {}
+        self._total = 0
+        self._lock = threading.Lock()
+
+    def try_acquire(self, key: str) -> bool:
+        with self._lock:
+            room = self.bound if not self._held.get(key) else self.bound - self.reserve
+            if self._total >= room:
+                return False
+            self._held[key] = self._held.get(key, 0) + 1
+            self._total += 1
+            return True
+
+    def release(self, key: str) -> None:
+        with self._lock:
+            self._held[key] -= 1
+            self._total -= 1
+            if not self._held[key]:
+                del self._held[key]
+
+
 class FairScheduler:
     """Grants ``slots`` concurrent model computations, round-robin across keys, at most ``per_key`` to one key.
 
@@ -172,9 +202,8 @@ class FairScheduler:
         self._total -= 1
         self._dispatch()
 
-    @contextlib.asynccontextmanager
-    async def slot(self, key: str) -> AsyncIterator[None]:
-        """Hold one computation slot for ``key`` for the duration of the block."""
+    async def acquire(self, key: str) -> None:
+        """Wait for one computation slot for ``key`` (cancelling the wait gives up its place in the queue)."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(key, deque()).append(fut)
         self._dispatch()
@@ -183,7 +212,23 @@ class FairScheduler:
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
                 self._release(key)
+            else:  # its place in the queue is given up now, not when the queue reaches it
+                queue = self._waiting.get(key)
+                if queue is not None:
+                    with contextlib.suppress(ValueError):
+                        queue.remove(fut)
+                    if not queue:
+                        del self._waiting[key]
             raise
+
+    def release(self, key: str) -> None:
+        """Give back a slot :meth:`acquire` granted."""
+        self._release(key)
+
+    @contextlib.asynccontextmanager
+    async def slot(self, key: str) -> AsyncIterator[None]:
+        """Hold one computation slot for ``key`` for the duration of the block."""
+        await self.acquire(key)
         try:
             yield
         finally:

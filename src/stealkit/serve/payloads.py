@@ -88,13 +88,15 @@ def decode_json(body: bytes | bytearray, input_shape: tuple[int, ...], *, max_ba
 
 
 def parse_json_object(body: bytes | bytearray, fields: frozenset[str] | None = None, *,
-                      numeric: frozenset[str] = frozenset(), flat: bool = False) -> dict[str, Any]:
+                      numeric: frozenset[str] = frozenset(), flat: bool = False,
+                      schema: dict[str, Any] | None = None) -> dict[str, Any]:
     """Parse a JSON object, refusing a name outside ``fields`` before its value is parsed (so a body padded
-    with a huge unknown array costs nothing). ``fields=None`` accepts any name. Arrays of numbers come back
-    as numpy arrays (:func:`stealkit.serve.jsonscan.loads`)."""
+    with a huge unknown array costs nothing). ``fields=None`` accepts any name; ``schema`` describes the whole
+    document instead (:data:`stealkit.serve.jsonscan.SCALAR`). Arrays of numbers come back as numpy arrays
+    (:func:`stealkit.serve.jsonscan.loads`)."""
     if not body:
         return {}
-    obj = jsonscan.loads(body, fields=fields, numeric=numeric, flat=flat)
+    obj = jsonscan.loads(body, fields=fields, numeric=numeric, flat=flat, schema=schema)
     if not isinstance(obj, dict):
         raise InputError("the JSON body must be an object like {\"inputs\": [...]}")
     return obj

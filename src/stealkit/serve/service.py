@@ -1,16 +1,18 @@
 """What one worker does for a query: authenticate, parse, limit, reserve, compute, encode, settle.
 
 Order of checks for a query: client address throttled after failed keys (429), key (401), request rate
-(429), the key's share of the in-flight bound (429), the worker's in-flight bound (503), body size (413), a
-fair compute slot (waits), blocked by PRADA (403), body and options (400/415), mode (400/403), image rate
-(429). A retry whose ``Idempotency-Key`` names a kept answer skips the request rate and budget checks and,
-once its body is parsed and found identical, is answered from the log, uncharged, before the image rate and the
-budget are looked at (a paid answer is never lost to them). Then the charge is **reserved** in the store (402
-when the budget cannot cover it), the answer computed and encoded, the answer sent, and only once its bytes are handed to the connection the reservation is **settled** (logged
-as answered; :class:`SettleOnSend`). An answer that cannot be produced or encoded (e.g. a non-finite number),
-or whose client is gone before it is sent, is refunded and logged as refunded (answered 500 if it could not be
-produced). Answers are computed
-exactly as :class:`~stealkit.oracle.LocalOracle` computes them (same code, same chunking).
+(429), the key's share of the in-flight bound (429), the worker's in-flight bound (503), body size (413), then,
+outside any compute slot, blocked by PRADA (403), body and options (400/415), mode (400/403); then a fair
+compute slot (waits), image rate (429). A retry whose ``Idempotency-Key`` names a kept answer skips the request
+rate and budget checks and, once its body is parsed and found identical, is answered from the log, uncharged,
+before the image rate and the budget are looked at (a paid answer is never lost to them). Then the charge is
+**reserved** in the store (402 when the budget cannot cover it), the answer computed and encoded, the answer
+sent, and only once its bytes are handed to the connection the reservation is **settled** (logged as answered;
+:class:`SettleOnSend`). An answer that cannot be produced or encoded (e.g. a non-finite number), or whose
+client is gone before it is sent, is refunded and logged as refunded (answered 500 if it could not be
+produced). A client that leaves during the parse, the wait for a slot or the computation stops that work at
+its next check (:mod:`stealkit.serve.cancel`): nothing is charged, or the reservation is refunded. Answers
+are computed exactly as :class:`~stealkit.oracle.LocalOracle` computes them (same code, same chunking).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from stealkit.oracle import (
 )
 from stealkit.oracle.ledger import digest_tensor
 from stealkit.serve import payloads
+from stealkit.serve.cancel import Cancelled, check
 from stealkit.serve.detection import Prada
 from stealkit.serve.keys import KeyConfig, ServerConfig
 from stealkit.serve.limits import AuthThrottle, TokenBucket
@@ -170,7 +173,7 @@ class Service:
         with self._lock:
             o = self._oracles.get((key.key_id, mode))
             if o is None:
-                o = LocalExplanationOracle(self.model, self.input_shape, num_classes=self.num_classes, mode=mode,
+                o = LocalExplanationOracle(Interruptible(self.model), self.input_shape, num_classes=self.num_classes, mode=mode,
                                            temperature=key.temperature, top_k=key.top_k, defences=key.defences,
                                            device=self.device, seed=key.seed)
                 self._oracles[(key.key_id, mode)] = o
@@ -278,13 +281,19 @@ class Service:
         return oracle.explain(q.x, a.method, target=q.target, output=a.output, n_samples=a.n_samples,
                               sigma=a.sigma), None
 
-    def query(self, key: KeyConfig, endpoint: str, body: bytes, content_type: str | None, params: dict[str, str],
-              accept: str | None, request_id: str | None) -> Response:
-        """One /v1 query from parse to settled answer (see the module docstring)."""
+    def prepare(self, key: KeyConfig, endpoint: str, body: bytes, content_type: str | None,
+                params: dict[str, str], accept: str | None, request_id: str | None) -> Callable[[], Response]:
+        """The parse of one /v1 query (run outside any compute slot); returns its computation, which the app
+        runs in a compute slot (:meth:`run`: reserve, answer, encode, settle on send)."""
         check_request_id(request_id)
         q = self.parse(key, endpoint, body, content_type, params)
         form = f"v1 {endpoint} {'npy' if accept and payloads.NPY in accept else 'json'}"
-        return self.run(key, q, request_id, lambda out, res: encode(q, out, res, accept), form)
+        return lambda: self.run(key, q, request_id, lambda out, res: encode(q, out, res, accept), form)
+
+    def query(self, key: KeyConfig, endpoint: str, body: bytes, content_type: str | None, params: dict[str, str],
+              accept: str | None, request_id: str | None) -> Response:
+        """One /v1 query from parse to settled answer (see the module docstring)."""
+        return self.prepare(key, endpoint, body, content_type, params, accept, request_id)()
 
     def run(self, key: KeyConfig, q: Query, request_id: str | None,
             respond: Callable[[torch.Tensor, Reservation], Response], answer_form: str = "") -> Response:
@@ -303,6 +312,11 @@ class Service:
             digest = digest_tensor(out)
             response = SettleOnSend(response, settle=lambda: self.store.settle(res, digest, answer=kept),
                                     refund=lambda reason: self.store.refund(res, reason))
+        except Cancelled:
+            self.store.refund(res, "not delivered: the client disconnected during the computation")
+            log.info("refunded %d %s queries of key %s: its client left during the computation", q.cost,
+                     q.endpoint, key.key_id)
+            raise
         except BaseException as exc:
             self.store.refund(res, f"not delivered: {type(exc).__name__}: {str(exc)[:200]}")
             log.error("refunded %d %s queries of key %s: the answer could not be produced (%r)", q.cost, q.endpoint,
@@ -341,6 +355,20 @@ class Service:
             "max_body_bytes": self.body_limit(payloads.NPY),
             "rate_limits": {"requests_per_s": key.rate, "images_per_s": key.image_rate},
         }
+
+
+class Interruptible(torch.nn.Module):
+    """The served model, checking before every forward pass whether its request's client has left
+    (:func:`stealkit.serve.cancel.check`): the oracle's loops (chunks, SmoothGrad samples) stop at the next
+    pass, and the charge is refunded."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check()
+        return self.inner(x)
 
 
 class SettleOnSend(Response):

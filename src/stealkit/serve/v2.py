@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from starlette.concurrency import run_in_threadpool
 from stealkit import __version__
 from stealkit.errors import InputError
 from stealkit.oracle import OutputMode, check_explain_args
-from stealkit.serve import payloads
+from stealkit.serve import jsonscan, payloads
 from stealkit.serve.keys import KeyConfig
 from stealkit.serve.service import ApiError, Query, Service, check_finite, check_request_id, parse_target
 from stealkit.serve.store import Reservation
@@ -49,12 +50,19 @@ from stealkit.serve.store import Reservation
 INPUT, TARGET, EXPLANATION = "input", "target", "explanation"
 EXPLAIN_SUFFIX = "-explain"
 HEADER_LENGTH = "inference-header-content-length"
-REQUEST_FIELDS = frozenset({"id", "parameters", "inputs", "outputs"})
 PREDICT_PARAMETERS = frozenset({"binary_data_output"})
 EXPLAIN_PARAMETERS = frozenset({"binary_data_output", "method", "output", "n_samples", "sigma", "target"})
 NUMPY = {"FP32": "<f4", "FP64": "<f8", "FP16": "<f2", "INT64": "<i8", "INT32": "<i4"}
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 MAX_ID = 128
+#: the request document's shape (:data:`stealkit.serve.jsonscan.SCALAR`): a document without it is refused at its
+#: first wrong token, whatever follows (junk costs what the prefix read weighs)
+_PARAMETERS = {"*": jsonscan.FLAT}
+SCHEMA: dict[str, Any] = {
+    "id": jsonscan.SCALAR, "parameters": _PARAMETERS,
+    "inputs": [{"name": jsonscan.SCALAR, "shape": jsonscan.NUMERIC, "datatype": jsonscan.SCALAR,
+                "parameters": _PARAMETERS, "data": jsonscan.NUMERIC}],
+    "outputs": [{"name": jsonscan.SCALAR, "parameters": _PARAMETERS}]}
 
 
 def model_name(model: str | Path, given: str | None = None) -> str:
@@ -156,7 +164,7 @@ def parse_infer(service: Service, key: KeyConfig, explain: bool, body: bytes,
     """A v2 inference request as a :class:`Query` (checked like /v1: shape, batch bound, pixel range, mode).
     Raises :class:`InputError` / :class:`ApiError`; charges nothing."""
     head, binary = split_body(body, header_length)
-    obj = payloads.parse_json_object(head, REQUEST_FIELDS)
+    obj = payloads.parse_json_object(head, schema=SCHEMA)
     request_id = obj.get("id")
     if request_id is not None and (not isinstance(request_id, str) or len(request_id) > MAX_ID):
         raise InputError(f"id must be a string of at most {MAX_ID} characters")
@@ -276,7 +284,7 @@ def endpoint_label(path: str, name: str) -> str | None:
 
 def add_routes(app: FastAPI, service: Service, guarded: Any, name: str) -> None:
     """Add the v2 routes; ``guarded(request, endpoint, handler, v2=True)`` is the app's query path (auth,
-    limits, body read, fair compute slot, errors)."""
+    limits, body read, the parse ``handler`` outside any slot, a fair compute slot, the computation, errors)."""
     served = {name: False, name + EXPLAIN_SUFFIX: True}
 
     def unknown(model: str) -> ApiError:
@@ -322,13 +330,14 @@ def add_routes(app: FastAPI, service: Service, guarded: Any, name: str) -> None:
         header_length = request.headers.get(HEADER_LENGTH)
         request_id = request.headers.get("idempotency-key")
 
-        def handle(key: KeyConfig, body: bytes) -> Response:
+        def handle(key: KeyConfig, body: bytes) -> Callable[[], Response]:
+            """The parse (outside any compute slot); returns the computation."""
             check_request_id(request_id)
             if explain and not key.explain:
                 raise ApiError(403, "explain_not_allowed", f"this key may not use {model!r} (explain = false)")
             service.check_blocked(key)
             q, wanted = parse_infer(service, key, explain, body, header_length)
             form = json.dumps(["v2", model, wanted.output, wanted.binary, wanted.id])
-            return service.run(key, q, request_id, lambda out, res: respond(q, wanted, name, out, res), form)
+            return lambda: service.run(key, q, request_id, lambda out, res: respond(q, wanted, name, out, res), form)
 
         return await guarded(request, "explain" if explain else "predict", handle, v2=True)
