@@ -3,7 +3,9 @@
 Each table is a block of ``docs/results.md`` between ``<!-- BEGIN rows:NAME -->`` and ``<!-- END rows:NAME -->``,
 made from ``results/rows/NAME.jsonl`` (the benchmark's ``--jsonl`` output, one row a line) and
 ``results/rows/NAME.meta.json`` (the command, commit, date, device and plan of that run). Every interval is the
-paired bootstrap of ``benchmarks/evidence.py`` with its fixed seed, so the tables regenerate to the character.
+seed-level interval of ``benchmarks/evidence.py`` (the wider of a hierarchical bootstrap over seeds then images
+and a t-interval over the per-seed figures; the cell says which), with its fixed seed, so the tables regenerate
+to the character.
 
     python benchmarks/results_tables.py            # print every table
     python benchmarks/results_tables.py --write    # rewrite the blocks in docs/results.md
@@ -27,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evidence import (  # noqa: E402
     accuracy_difference,
     median_ratio,
-    paired_interval,
+    seed_interval,
     stack,
     unpack_bits,
     verdict,
@@ -57,6 +59,24 @@ def _footer(meta: dict[str, Any]) -> list[str]:
     return ["", *[f"- {k}: {meta[k]}" if k != "command" else f"- command: `{meta[k]}`" for k in keys if k in meta]]
 
 
+def _how(si: Any, fmt: str) -> str:
+    """Which interval the verdict used, and the narrower one beside it, e.g. ``t; bootstrap +0.7, +3.9``."""
+    if si.method == "t":
+        return f"t over seeds; bootstrap {si.hierarchical[0]:{fmt}}, {si.hierarchical[1]:{fmt}}"
+    return f"hierarchical bootstrap; t {si.t[0]:{fmt}}, {si.t[1]:{fmt}}"
+
+
+def ratio_of_means(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean of ``a`` over the mean of ``b`` (the student's accuracy over the victim's on the same images)."""
+    return float(a.mean() / b.mean())
+
+
+_WORDS = {2: "two", 3: "three", 4: "four", 5: "five"}
+
+#: the label-only goal of the sealed plan: met only if the interval's lower end is at least this
+LABELONLY_GOAL = 0.90
+
+
 def _by_design(row: dict[str, Any]) -> str:
     """How an ours-default row's work differs from ART's thief (same student, batch and epochs otherwise)."""
     parts = []
@@ -70,7 +90,7 @@ def _by_design(row: dict[str, Any]) -> str:
 def surrogate(name: str) -> str:
     """The default (``ours-default``) against ART's best thief per cell, paired per test image and seed."""
     rows, meta = _load(name)
-    out = ["| answers | budget | ours (default) | ART's best thief | difference, points [95 % CI] | verdict | "
+    out = ["| answers | budget | ours (default) | ART's best thief | difference, points [95 % CI, seed-level] | verdict | "
            "epochs ours / ART | where the work differs by design |", "|---|---|---|---|---|---|---|---|"]
     cells = sorted({(r["mode"], int(r["budget"])) for r in rows})
     for mode, budget in cells:
@@ -84,11 +104,12 @@ def surrogate(name: str) -> str:
             continue
         best_name, best = max(arts.items(), key=lambda kv: statistics.fmean(r["accuracy"] for r in kv[1]))
         best = sorted(best, key=lambda r: r["seed"])
-        est, lo, hi = paired_interval(accuracy_difference, stack(ours), stack(best))
+        si = seed_interval(accuracy_difference, stack(ours), stack(best))
         steps = f"{ours[0].get('epochs', '-')} / {best[0].get('epochs', '-')}"
         out.append(f"| {mode} | {budget} | {_mean_std([r['accuracy'] for r in ours])} | "
-                   f"{_mean_std([r['accuracy'] for r in best])} ({best_name}) | {est:+.1f} [{lo:+.1f}, {hi:+.1f}] | "
-                   f"{verdict(lo, hi)} | {steps} | {_by_design(ours[0])} |")
+                   f"{_mean_std([r['accuracy'] for r in best])} ({best_name}) | "
+                   f"{si.estimate:+.1f} [{si.lo:+.1f}, {si.hi:+.1f}] ({_how(si, '+.1f')}) | "
+                   f"{verdict(si.lo, si.hi)} | {steps} | {_by_design(ours[0])} |")
     return "\n".join(out + _footer(meta))
 
 
@@ -103,7 +124,7 @@ def decision(name: str) -> str:
     art_q = statistics.fmean(r["mean_queries"] for r in art)
     out = [f"ART HopSkipJump full run: median L2 {np.median(b.mean(axis=0)):.3f} over {b.shape[1]} images "
            f"({len(art)} seeded repeats, {art_q:,.0f} queries per image).", "",
-           "| tool | queries / image | share of ART's | median L2 | ratio to ART [95 % CI] | verdict |",
+           "| tool | queries / image | share of ART's | median L2 | ratio to ART [95 % CI, seed-level] | verdict |",
            "|---|---|---|---|---|---|"]
     tools = sorted({(r["tool"], str(r["budget"])) for r in rows
                     if not (r["tool"] == "art-hsj" and str(r["budget"]) == "full")})
@@ -114,29 +135,31 @@ def decision(name: str) -> str:
         if not mine:
             continue
         a = np.array([r["l2"] for r in mine], dtype=float)
-        est, lo, hi = paired_interval(median_ratio, a, b)
+        si = seed_interval(median_ratio, a, b)
         q = statistics.fmean(r["mean_queries"] for r in mine)
         out.append(f"| {tool} | {q:,.0f} | 1/{art_q / q:.1f} | {np.median(a.mean(axis=0)):.3f} | "
-                   f"{est:.3f} [{lo:.3f}, {hi:.3f}] | {verdict(lo, hi, 1.0, higher_is_better=False)} |")
+                   f"{si.estimate:.3f} [{si.lo:.3f}, {si.hi:.3f}] ({_how(si, '.3f')}) | "
+                   f"{verdict(si.lo, si.hi, 1.0, higher_is_better=False)} |")
     return "\n".join(out + _footer(meta))
 
 
 def labelonly(name: str) -> str:
     """The data-free default's chosen student over the victim, per answer kind, paired per image and seed."""
     rows, meta = _load(name)
-    out = ["| answers | queries | student accuracy | victim | ratio to the victim [95 % CI] | largest fall (points) |",
-           "|---|---|---|---|---|---|"]
+    out = ["| answers | queries | student accuracy | victim | ratio to the victim [95 % CI, seed-level] | "
+           "goal 0.90x (lower end >= 0.90) | largest fall (points) |", "|---|---|---|---|---|---|---|"]
     for mode in sorted({r["mode"] for r in rows}):
         runs = sorted((r for r in rows if r["mode"] == mode and r.get("correct")), key=lambda r: r["seed"])
         if not runs:
             continue
         a = stack(runs)
         v = np.stack([unpack_bits(r["victim_correct"], int(r["n_test"])) for r in runs])
-        est, lo, hi = paired_interval(lambda x, y: float(x.mean() / y.mean()), a, v)
+        si = seed_interval(ratio_of_means, a, v)
         q = max(int(r["queries"]["predict"]) for r in runs)
+        met = "met" if si.lo >= LABELONLY_GOAL else f"not shown at {_WORDS.get(len(runs), len(runs))} seeds"
         out.append(f"| {mode} | {q:,} | {_mean_std([r['final_accuracy'] for r in runs])} | "
-                   f"{runs[0]['victim_accuracy']:.3f} | {est:.3f} [{lo:.3f}, {hi:.3f}] | "
-                   f"{max(r['max_drop_points'] for r in runs):.1f} |")
+                   f"{runs[0]['victim_accuracy']:.3f} | {si.estimate:.3f} [{si.lo:.3f}, {si.hi:.3f}] ({_how(si, '.3f')}) | "
+                   f"{met} | {max(r['max_drop_points'] for r in runs):.1f} |")
     return "\n".join(out + _footer(meta))
 
 
