@@ -9,7 +9,13 @@ to the character.
 
     python benchmarks/results_tables.py            # print every table
     python benchmarks/results_tables.py --write    # rewrite the blocks in docs/results.md
-    python benchmarks/results_tables.py --check    # exit 1 if a block differs from what the rows give
+    python benchmarks/results_tables.py --check    # exit 1 if a block differs from what the rows give, or a
+                                                   # README results row lacks its regenerated figure (or, with
+                                                   # no committed rows, the words "no raw rows")
+
+Besides the ``NAME.jsonl`` tables, ``OTHER_TABLES`` makes blocks from other committed rows (the audit's
+``audit.json`` files), and :func:`readme_cells` the README's figures that committed rows give (the sealed rows,
+the H100 PGD times from ``results/gpu/``).
 """
 
 from __future__ import annotations
@@ -89,7 +95,20 @@ def _by_design(row: dict[str, Any]) -> str:
 
 def surrogate(name: str) -> str:
     """The default (``ours-default``) against ART's best thief per cell, paired per test image and seed."""
+    return _surrogate(*_load(name))
+
+
+def surrogate_five_seeds(name: str) -> str:
+    """Labels at 200 answers over seeds 100-104: the ART-search run's three seeds and this file's two more
+    (plan results/plans/2026-11-28-five-seeds-labels-200.md)."""
     rows, meta = _load(name)
+    first, _ = _load("surrogate-digits-sealed-artsearch")
+    first = [r for r in first if r.get("mode") == "label" and int(r["budget"]) == 200]
+    seen = {(r["attack"], r["seed"]) for r in first}
+    return _surrogate(first + [r for r in rows if (r["attack"], r["seed"]) not in seen], meta)
+
+
+def _surrogate(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     out = ["| answers | budget | ours (default) | ART's best thief | difference, points [95 % CI, seed-level] | verdict | "
            "epochs ours / ART | where the work differs by design |", "|---|---|---|---|---|---|---|---|"]
     cells = sorted({(r["mode"], int(r["budget"])) for r in rows})
@@ -167,14 +186,121 @@ def labelonly(name: str) -> str:
 TABLES: dict[str, Callable[[str], str]] = {
     "surrogate-digits-sealed": surrogate,
     "surrogate-digits-sealed-artsearch": surrogate,
+    "surrogate-digits-sealed-labels200-5seeds": surrogate_five_seeds,
     "decision-fmnist-sealed": decision,
     "labelonly-digits-sealed": labelonly,
 }
 
 
+def _q(v: Any) -> str:
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def audit_adaptive(name: str) -> str:
+    """The serving table of the ``--quick`` digits audit before (``1e82ecb``) and after the adaptive attackers,
+    from the two committed ``audit.json`` files."""
+    before = json.loads((ROWS / "audit-digits-quick-1e82ecb.json").read_text(encoding="utf-8"))
+    after = json.loads((ROWS / "audit-digits-quick-adaptive.json").read_text(encoding="utf-8"))
+    old = {r["serving"]: r for r in before["serving"]}
+    argmax = {r["defence"]: r["Q90"] for r in after["headline"]
+              if r.get("defence", "none") != "none" and r["answers"] == "label" and r["attacker"] == "like"}
+    out = [f"Queries: {before['queries']:,} before, {after['queries']:,} after (of {before['planned_queries']:,} and "
+           f"{after['planned_queries']:,} planned).", "",
+           "| serving | Q90 before | Q90 after | the attacker that won | served accuracy | ECE |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    for r in after["serving"]:
+        q_after = _q(r["attacker Q90"])
+        if r["serving"].endswith("noise:sigma=0.05") and old[r["serving"]]["attacker Q90"] != r["attacker Q90"]:
+            q_after = f"**{q_after}**"
+        won = r["best attacker"]
+        defence = r["serving"].split(" through ")[1] if " through " in r["serving"] else None
+        if defence and won == "probability recipe" and defence in argmax:
+            won += f" (the argmax: {_q(argmax[defence])} too)" if argmax[defence] == r["attacker Q90"] else \
+                f" (the argmax: {_q(argmax[defence])})"
+        out.append(f"| {r['serving']} | {_q(old[r['serving']]['attacker Q90'])} | {q_after} | {won} | "
+                   f"{r['served accuracy']:.3f} | {r['ECE']:.3f} |")
+    return "\n".join(out)
+
+
+#: blocks made from other committed rows than ``NAME.jsonl``: name -> (renderer, the files it reads)
+OTHER_TABLES: dict[str, tuple[Callable[[str], str], tuple[str, ...]]] = {
+    "audit-adaptive": (audit_adaptive, ("audit-digits-quick-1e82ecb.json", "audit-digits-quick-adaptive.json")),
+}
+
+
 def render(names: list[str] | None = None) -> dict[str, str]:
-    """Every table whose rows file exists, by name."""
-    return {n: f(n) for n, f in TABLES.items() if (names is None or n in names) and (ROWS / f"{n}.jsonl").exists()}
+    """Every table whose rows exist, by name."""
+    out = {n: f(n) for n, f in TABLES.items() if (names is None or n in names) and (ROWS / f"{n}.jsonl").exists()}
+    out |= {n: f(n) for n, (f, files) in OTHER_TABLES.items()
+            if (names is None or n in names) and all((ROWS / x).exists() for x in files)}
+    return out
+
+
+# -- the README's results rows -----------------------------------------------------------------------------------
+
+README = ROOT / "README.md"
+GPU = ROOT / "results" / "gpu"
+#: the words a README row without committed raw rows carries instead of a regenerated figure
+NO_ROWS = "no raw rows"
+
+
+def readme_cells() -> dict[str, str]:
+    """Each README figure that committed rows give, as the README writes it, by a key naming its row."""
+    out: dict[str, str] = {}
+    rows, _ = _load("surrogate-digits-sealed-artsearch")
+    cell = [r for r in rows if r.get("mode") == "label" and int(r["budget"]) == 200]
+    ours = sorted((r for r in cell if r["attack"] == "ours-default"), key=lambda r: r["seed"])
+    art = sorted((r for r in cell if r["attack"] == "art-knockoff-random"), key=lambda r: r["seed"])
+    si = seed_interval(accuracy_difference, stack(ours), stack(art))
+    out["sealed-surrogate"] = (f"labels {statistics.fmean(r['accuracy'] for r in ours):.3f} at 200: "
+                               f"{verdict(si.lo, si.hi)} at three seeds ({si.estimate:+.1f} points "
+                               f"[{si.lo:+.1f}, {si.hi:+.1f}]")
+    rows, _ = _load("labelonly-digits-sealed")
+    figs = {}
+    for mode in ("label", "probs"):
+        runs = sorted((r for r in rows if r["mode"] == mode and r.get("correct")), key=lambda r: r["seed"])
+        v = np.stack([unpack_bits(r["victim_correct"], int(r["n_test"])) for r in runs])
+        figs[mode] = seed_interval(ratio_of_means, stack(runs), v)
+    lab, pro = figs["label"], figs["probs"]
+    out["sealed-labelonly"] = (f"{lab.estimate:.3f}x the victim [{lab.lo:.3f}, {lab.hi:.3f}] (labels), "
+                               f"{pro.estimate:.3f}x [{pro.lo:.3f}, {pro.hi:.3f}] (probabilities)")
+    rows, _ = _load("decision-fmnist-sealed")
+    art_rows = sorted((r for r in rows if r["tool"] == "art-hsj" and str(r["budget"]) == "full" and r.get("l2")),
+                      key=lambda r: r.get("repeat", r["seed"]))
+    b = np.array([r["l2"] for r in art_rows], dtype=float)
+    ratios = []
+    for tool in ("stealkit-hsj", "stealkit-hsj-pool"):
+        mine = sorted((r for r in rows if r["tool"] == tool and r.get("l2")),
+                      key=lambda r: r.get("repeat", r["seed"]))  # as decision() orders them
+        ratios.append(seed_interval(median_ratio, np.array([r["l2"] for r in mine], dtype=float), b))
+    words = "level" if all(verdict(x.lo, x.hi, 1.0, higher_is_better=False) == "level" for x in ratios) else "mixed"
+    out["sealed-decision"] = (f"median L2 {ratios[0].estimate:.3f}x / {ratios[1].estimate:.3f}x ART's (with start "
+                              f"pool): {words}, seed-level intervals reach {ratios[0].hi:.2f} / {ratios[1].hi:.2f}")
+    run1 = json.loads((GPU / "2026-11-27-h100-run1.json").read_text(encoding="utf-8"))
+    pgd = [f["value"] for f in run1["figures"] if f.get("step") == "pgd"]
+    secs = [dict(re.findall(r"(\w+) ([\d.]+) s", v)) for v in pgd]
+    out["gpu-pgd"] = f"H100 {secs[0]['stealkit']} / {secs[1]['stealkit']} s"
+    out["gpu-pgd-torchattacks"] = f"H100 {secs[0]['torchattacks']} / {secs[1]['torchattacks']} s"
+    return out
+
+
+def readme_rows(text: str) -> list[str]:
+    """The rows of the README's results table (after its header)."""
+    section = text.split("## Results", 1)[1].split("\n## ", 1)[0]
+    return [ln for ln in section.splitlines() if ln.startswith("| ") and not ln.startswith(("| capability", "| ---"))]
+
+
+def check_readme(text: str) -> list[str]:
+    """What is wrong with the README's results rows: a regenerated figure it does not carry, or a row that has
+    neither a regenerated figure nor the words "no raw rows"."""
+    cells = readme_cells()
+    rows = readme_rows(text)
+    problems = [f"README lacks the regenerated figure {k}: {v!r}" for k, v in cells.items()
+                if not any(v in r for r in rows)]
+    for r in rows:
+        if NO_ROWS not in r and not any(v in r for v in cells.values()):
+            problems.append(f"README row has no regenerated figure and does not say {NO_ROWS!r}: {r[:80]}")
+    return problems
 
 
 def _block(name: str) -> re.Pattern[str]:
@@ -197,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write", action="store_true", help="rewrite the blocks of docs/results.md")
     p.add_argument("--check", action="store_true", help="exit 1 where docs/results.md differs from the rows")
     p.add_argument("--doc", type=Path, default=DOC)
+    p.add_argument("--readme", type=Path, default=README)
     args = p.parse_args(argv)
     tables = render()
     if not (args.write or args.check):
@@ -206,8 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     new = apply(doc, tables)
     if args.check:
         stale = [n for n in tables if _block(n).search(doc).group(2) != tables[n] + "\n"]  # type: ignore[union-attr]
-        print(json.dumps({"tables": sorted(tables), "stale": stale}))
-        return 1 if stale else 0
+        readme = check_readme(args.readme.read_text(encoding="utf-8"))
+        print(json.dumps({"tables": sorted(tables), "stale": stale, "readme": readme}, indent=1))
+        return 1 if stale or readme else 0
     tmp = args.doc.with_suffix(".md.tmp")
     tmp.write_text(new, encoding="utf-8")
     tmp.replace(args.doc)

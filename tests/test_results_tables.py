@@ -186,3 +186,23 @@ def test_unpaired_seeds_compare_each_seed_with_the_pooled_anchor() -> None:
     assert figures == [ev.median_ratio(a[s:s + 1], l2) for s in range(3)]
     si = ev.seed_interval(ev.median_ratio, a, l2, resamples=200)
     assert si.hi < 1 and ev.verdict(si.lo, si.hi, 1.0, higher_is_better=False) == "ahead"
+
+
+def test_readme_carries_every_figure_the_rows_give_and_says_where_there_are_none() -> None:
+    mod = _tables()
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert mod.check_readme(text) == [], "README.md is stale: python benchmarks/results_tables.py --check"
+    cells = mod.readme_cells()
+    assert {"sealed-surrogate", "sealed-labelonly", "sealed-decision", "gpu-pgd"} <= set(cells)
+    # a README figure changed by one digit is caught, and so is a row that neither has a figure nor says why
+    first = cells["sealed-labelonly"]
+    assert mod.check_readme(text.replace(first, first.replace("0.951x", "0.952x")))
+    row = next(r for r in mod.readme_rows(text) if "no raw rows" in r)
+    assert mod.check_readme(text.replace(row, row.replace("no raw rows", "raw rows")))
+
+
+def test_the_audit_table_regenerates_from_its_committed_audit_json() -> None:
+    mod = _tables()
+    table = mod.audit_adaptive("audit-adaptive")
+    assert "| top-k probabilities (k=1) | 200 | 100 | label recipe on the argmax | 0.973 | 0.035 |" in table
+    assert "8,519 after" in table
