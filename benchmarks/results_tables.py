@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evidence import (  # noqa: E402
     accuracy_difference,
     median_ratio,
+    ratio_of_means,
     seed_interval,
     stack,
     unpack_bits,
@@ -70,11 +71,6 @@ def _how(si: Any, fmt: str) -> str:
     if si.method == "t":
         return f"t over seeds; bootstrap {si.hierarchical[0]:{fmt}}, {si.hierarchical[1]:{fmt}}"
     return f"hierarchical bootstrap; t {si.t[0]:{fmt}}, {si.t[1]:{fmt}}"
-
-
-def ratio_of_means(a: np.ndarray, b: np.ndarray) -> float:
-    """Mean of ``a`` over the mean of ``b`` (the student's accuracy over the victim's on the same images)."""
-    return float(a.mean() / b.mean())
 
 
 _WORDS = {2: "two", 3: "three", 4: "four", 5: "five"}
