@@ -404,3 +404,86 @@ def test_spread_median_of_infinite_values_is_not_a_number() -> None:
 
     assert _median([1.0, 3.0, 2.0]) == 2.0 and _median([4.0, 1.0, 3.0, 2.0]) == 2.5
     assert _median([1.0, math.inf, math.inf]) == math.inf and _median([5.0]) == 5.0
+
+
+# -- added after the mutation run of 2026-11-28 (docs/mutation.md, "Audit"): each kills a survivor -----------------
+
+
+def test_the_tolerance_is_inclusive_and_the_gate_reads_its_own_level() -> None:
+    assert q_at([_pt(50, 0.9 - TOLERANCE)], 0.9) == 50  # exactly at the tolerance: reached
+    res = [_pt(50, 0.895), _pt(100, 0.899)]  # above 89 %, below 90 %
+    assert _status(res, "q90<200") == ["undecided"]
+    assert _status(res, "q90<101") == ["pass"]
+
+
+def test_the_plan_total_and_its_notes_on_the_pool_and_the_default_defences(tmp_path: Path) -> None:
+    kw: dict[str, Any] = {"transfer_images": 0, "decision_images": 0, "datafree_budget": 0, "seeds": 1}
+    plan = _plan(tmp_path, **kw)
+    assert plan.queries == sum(p.budget for p in plan.parts) == 2 * (20 + 40 + 80)
+    # the digits attacker pool holds 449 images: a rung above it says so, a rung at it does not
+    assert not any("holds 449 images" in n for n in _plan(tmp_path, budgets="20,449", **kw).notes)
+    assert any("holds 449 images: its attacker's rungs above that run at 449" in n
+               for n in _plan(tmp_path, budgets="20,450", **kw).notes)
+    # the default defences: the probability recipe on the lowest and middle rungs only, and a note that says so
+    both = {**kw, "answers": "label,probs", "defences": ()}
+    plan = _plan(tmp_path, **both)
+    worn = sorted(p.budget for p in plan.parts if p.defence and p.answers == "probs")
+    assert worn == [20, 20, 40, 40]
+    assert any(n.startswith("the default defences (") and "(20, 40:" in n for n in plan.notes)
+    one = _plan(tmp_path, **{**both, "budgets": "20"})
+    assert not any(n.startswith("the default defences (") for n in one.notes)
+
+
+def test_a_kind_missing_from_a_count_is_zero_there() -> None:
+    # the server counted no explanations over the audit, and the ledgers hold none: equal
+    assert reconcile({"explain": 5}, {"predict": 3, "explain": 5}, {"predict": 3})["equal"] is True
+    assert reconcile({}, {"predict": 3}, {"predict": 3, "explain": 0})["equal"] is True
+    results = [{"queries": {"predict": 30, "explain": 2}}]
+    after = _v1({"predict": 1030, "explain": 12})
+    # the ledgers finished at the resume hold no explanations: none was stopped
+    rec = reconcile_audit(_v1({"predict": 1000, "explain": 10}), after, results,
+                          _v1({"predict": 1030, "explain": 10}) | {"finished": {"predict": 30}})
+    assert rec["equal"] is True and rec["stopped"] is None
+    # the start's count has no explanations (none yet): none was stopped either
+    rec = reconcile_audit(_v1({"predict": 1000}), _v1({"predict": 1030, "explain": 2}), results,
+                          _v1({"predict": 1030, "explain": 0}) | {"finished": {"predict": 30, "explain": 0}})
+    assert rec["equal"] is True and rec["stopped"] is None
+    # a count at the resume without a kind the start had counts it as 0 there
+    rec = reconcile_audit(_v1({"predict": 1000, "explain": 10}), after, results,
+                          _v1({"predict": 1030}) | {"finished": {"predict": 30, "explain": 0}})
+    assert rec["stopped"] == {"explain": -10}
+    # the statistics extension: an audit of explanations only spent no prediction
+    stats = {"source": V2_STATS, "counts": {"predict": 10}}
+    rec = reconcile_audit(stats, stats, [{"queries": {"explain": 3}}])
+    assert rec["equal"] is True and rec["audit"] == {"predict": 0}
+
+
+def test_the_room_kinds_take_what_the_ladder_and_attacks_leave(tmp_path: Path) -> None:
+    kw: dict[str, Any] = {"transfer_images": 0, "decision_images": 0, "datafree_budget": 0, "seeds": 1,
+                          "gradmatch_budgets": "10,30"}
+    ladder = 2 * (20 + 40 + 80)
+    plan = _plan(tmp_path, **kw)
+    grad = [p for p in plan.parts if p.kind != "extract"]
+    assert len(grad) == 1 and grad[0].budget == 60 and plan.queries == ladder + 60  # 30 predict + 30 explain
+    small = _plan(tmp_path, max_queries=ladder + 59, **kw)
+    assert all(p.kind == "extract" for p in small.parts) and small.queries <= ladder + 59
+    assert any(n.startswith("gradient matching left out: its ladder 10,30 needs 60") for n in small.notes)
+    # the data-free attacker gets what the explanation attacks leave, never more
+    both = {**kw, "datafree_budget": 900}
+    plan = _plan(tmp_path, max_queries=ladder + 60 + 600, **both)
+    assert [p.budget for p in plan.parts if p.kind == "datafree"] == [600] and plan.queries == ladder + 660
+    plan = _plan(tmp_path, max_queries=ladder + 60 + 499, **both)
+    assert not any(p.kind == "datafree" for p in plan.parts)
+    assert any(n.startswith("the data-free attacker left out") for n in plan.notes)
+
+
+def test_replayed_answers_and_kinds_only_the_server_saw() -> None:
+    # answers given back from the journal are in the ledgers but were not paid again
+    rec = reconcile_audit(_v1({"predict": 1000}), _v1({"predict": 1024}),
+                          [{"queries": {"predict": 30}, "replayed": 6}])
+    assert rec["equal"] is True and rec["stopped"] == {"predict": -6} and rec["replayed"] == 6
+    # a kind at the resume that no ledger holds (no explanation asked): paid 0 of it
+    rec = reconcile_audit(_v1({"predict": 1000, "explain": 10}), _v1({"predict": 1030, "explain": 10}),
+                          [{"queries": {"predict": 30}}],
+                          _v1({"predict": 1030, "explain": 10}) | {"finished": {"predict": 30}})
+    assert rec["equal"] is True and rec["stopped"] is None
