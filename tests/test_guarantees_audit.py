@@ -487,3 +487,35 @@ def test_replayed_answers_and_kinds_only_the_server_saw() -> None:
                           [{"queries": {"predict": 30}}],
                           _v1({"predict": 1030, "explain": 10}) | {"finished": {"predict": 30}})
     assert rec["equal"] is True and rec["stopped"] is None
+
+
+def test_the_headline_orders_rungs_then_levels_across_cells() -> None:
+    rows = headline([_pt(50, 0.8), _pt(100, 0.95),
+                     _pt(2000, 0.7, answers="label", attacker="data-free", kind="datafree")])
+    keys = [list(r) for r in rows]
+    assert keys[0] == ["answers", "attacker", "fidelity @50", "fidelity @100", "Q90", "Q95"]
+    assert keys[1] == ["answers", "attacker", "fidelity @2000", "Q90", "Q95"]
+    # a cell missing a rung the other has keeps the rung order
+    rows = headline([_pt(100, 0.95), _pt(50, 0.8, answers="probs"), _pt(100, 0.9, answers="probs")])
+    assert list(rows[1]) == ["answers", "attacker", "fidelity @50", "fidelity @100", "Q90", "Q95"]
+
+
+def test_a_server_that_does_not_answer_is_one_error_and_a_malformed_count_is_no_count() -> None:
+    import httpx
+
+    from stealkit.audit.reconcile import v2_usage
+
+    victim = "v2+http://127.0.0.1:9/v2/models/digits"
+
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    with pytest.raises(InputError, match="does not answer"):
+        v2_usage(victim, None, transport=httpx.MockTransport(down))
+
+    def stats(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/stats"):
+            return httpx.Response(200, json={"model_stats": [{"name": "digits", "inference_count": "40"}]})
+        return httpx.Response(200, json={"name": "digits"})
+
+    assert v2_usage(victim, None, transport=httpx.MockTransport(stats)) == {"source": None, "counts": None}

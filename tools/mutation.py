@@ -44,7 +44,8 @@ _AUDIT_TESTS: dict[str, tuple[str, ...]] = {
                "test_best_copy_is_the_highest_fidelity_and_the_fewest_queries_on_a_tie",
                "test_spread_median_of_infinite_values_is_not_a_number",
                "test_a_gate_fails_only_below_n_and_passes_at_n",
-               "test_the_tolerance_is_inclusive_and_the_gate_reads_its_own_level"),
+               "test_the_tolerance_is_inclusive_and_the_gate_reads_its_own_level",
+               "test_the_headline_orders_rungs_then_levels_across_cells"),
     "gate": ("test_a_gate_fails_only_below_n_and_passes_at_n",
              "test_an_unreached_level_passes_only_when_the_ladder_reaches_n_minus_one",
              "test_a_gate_reads_only_the_undefended_like_cells_of_its_answer_kind",
@@ -63,7 +64,8 @@ _AUDIT_TESTS: dict[str, tuple[str, ...]] = {
                   "test_a_server_without_a_count_or_a_changed_source_is_not_reconcilable",
                   "test_the_statistics_extension_is_compared_on_predictions_only",
                   "test_a_kind_missing_from_a_count_is_zero_there",
-                  "test_replayed_answers_and_kinds_only_the_server_saw"),
+                  "test_replayed_answers_and_kinds_only_the_server_saw",
+                  "test_a_server_that_does_not_answer_is_one_error_and_a_malformed_count_is_no_count"),
 }
 
 #: module -> (file, the functions mutated (qualified names; empty: all), the test files run)
