@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 KSERVE_VENV := .venv-kserve
 KSERVE_STAMP := $(KSERVE_VENV)/.installed
 
-.PHONY: demo test test-all test-fast test-gpu lint venv venv-kserve clean mutation
+.PHONY: demo test test-all test-fast test-gpu lint venv venv-kserve clean mutation results-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ test-fast: $(STAMP) $(KSERVE_STAMP)
 # the GPU tier (tests marked gpu; skipped where torch sees no CUDA device): see docs/gpu.md
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu -rs
+
+# every README figure and every docs/results.md table that committed rows give, regenerated from results/rows/
+results-check: $(STAMP)
+	PYTHONPATH=src $(PY) benchmarks/results_tables.py --check
 
 # mutation testing of the guarded modules (docs/mutation.md); not part of `make test`. MODULES=ledger base ...
 mutation: $(STAMP)

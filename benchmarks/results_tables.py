@@ -3,11 +3,19 @@
 Each table is a block of ``docs/results.md`` between ``<!-- BEGIN rows:NAME -->`` and ``<!-- END rows:NAME -->``,
 made from ``results/rows/NAME.jsonl`` (the benchmark's ``--jsonl`` output, one row a line) and
 ``results/rows/NAME.meta.json`` (the command, commit, date, device and plan of that run). Every interval is the
-paired bootstrap of ``benchmarks/evidence.py`` with its fixed seed, so the tables regenerate to the character.
+seed-level interval of ``benchmarks/evidence.py`` (the wider of a hierarchical bootstrap over seeds then images
+and a t-interval over the per-seed figures; the cell says which), with its fixed seed, so the tables regenerate
+to the character.
 
     python benchmarks/results_tables.py            # print every table
     python benchmarks/results_tables.py --write    # rewrite the blocks in docs/results.md
-    python benchmarks/results_tables.py --check    # exit 1 if a block differs from what the rows give
+    python benchmarks/results_tables.py --check    # exit 1 if a block differs from what the rows give, or a
+                                                   # README results row lacks its regenerated figure (or, with
+                                                   # no committed rows, the words "no raw rows")
+
+Besides the ``NAME.jsonl`` tables, ``OTHER_TABLES`` makes blocks from other committed rows (the audit's
+``audit.json`` files), and :func:`readme_cells` the README's figures that committed rows give (the sealed rows,
+the H100 PGD times from ``results/gpu/``).
 """
 
 from __future__ import annotations
@@ -27,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evidence import (  # noqa: E402
     accuracy_difference,
     median_ratio,
-    paired_interval,
+    ratio_of_means,
+    seed_interval,
     stack,
     unpack_bits,
     verdict,
@@ -57,6 +66,19 @@ def _footer(meta: dict[str, Any]) -> list[str]:
     return ["", *[f"- {k}: {meta[k]}" if k != "command" else f"- command: `{meta[k]}`" for k in keys if k in meta]]
 
 
+def _how(si: Any, fmt: str) -> str:
+    """Which interval the verdict used, and the narrower one beside it, e.g. ``t; bootstrap +0.7, +3.9``."""
+    if si.method == "t":
+        return f"t over seeds; bootstrap {si.hierarchical[0]:{fmt}}, {si.hierarchical[1]:{fmt}}"
+    return f"hierarchical bootstrap; t {si.t[0]:{fmt}}, {si.t[1]:{fmt}}"
+
+
+_WORDS = {2: "two", 3: "three", 4: "four", 5: "five"}
+
+#: the label-only goal of the sealed plan: met only if the interval's lower end is at least this
+LABELONLY_GOAL = 0.90
+
+
 def _by_design(row: dict[str, Any]) -> str:
     """How an ours-default row's work differs from ART's thief (same student, batch and epochs otherwise)."""
     parts = []
@@ -69,8 +91,11 @@ def _by_design(row: dict[str, Any]) -> str:
 
 def surrogate(name: str) -> str:
     """The default (``ours-default``) against ART's best thief per cell, paired per test image and seed."""
-    rows, meta = _load(name)
-    out = ["| answers | budget | ours (default) | ART's best thief | difference, points [95 % CI] | verdict | "
+    return _surrogate(*_load(name))
+
+
+def _surrogate(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    out = ["| answers | budget | ours (default) | ART's best thief | difference, points [95 % CI, seed-level] | verdict | "
            "epochs ours / ART | where the work differs by design |", "|---|---|---|---|---|---|---|---|"]
     cells = sorted({(r["mode"], int(r["budget"])) for r in rows})
     for mode, budget in cells:
@@ -84,11 +109,12 @@ def surrogate(name: str) -> str:
             continue
         best_name, best = max(arts.items(), key=lambda kv: statistics.fmean(r["accuracy"] for r in kv[1]))
         best = sorted(best, key=lambda r: r["seed"])
-        est, lo, hi = paired_interval(accuracy_difference, stack(ours), stack(best))
+        si = seed_interval(accuracy_difference, stack(ours), stack(best))
         steps = f"{ours[0].get('epochs', '-')} / {best[0].get('epochs', '-')}"
         out.append(f"| {mode} | {budget} | {_mean_std([r['accuracy'] for r in ours])} | "
-                   f"{_mean_std([r['accuracy'] for r in best])} ({best_name}) | {est:+.1f} [{lo:+.1f}, {hi:+.1f}] | "
-                   f"{verdict(lo, hi)} | {steps} | {_by_design(ours[0])} |")
+                   f"{_mean_std([r['accuracy'] for r in best])} ({best_name}) | "
+                   f"{si.estimate:+.1f} [{si.lo:+.1f}, {si.hi:+.1f}] ({_how(si, '+.1f')}) | "
+                   f"{verdict(si.lo, si.hi)} | {steps} | {_by_design(ours[0])} |")
     return "\n".join(out + _footer(meta))
 
 
@@ -103,7 +129,7 @@ def decision(name: str) -> str:
     art_q = statistics.fmean(r["mean_queries"] for r in art)
     out = [f"ART HopSkipJump full run: median L2 {np.median(b.mean(axis=0)):.3f} over {b.shape[1]} images "
            f"({len(art)} seeded repeats, {art_q:,.0f} queries per image).", "",
-           "| tool | queries / image | share of ART's | median L2 | ratio to ART [95 % CI] | verdict |",
+           "| tool | queries / image | share of ART's | median L2 | ratio to ART [95 % CI, seed-level] | verdict |",
            "|---|---|---|---|---|---|"]
     tools = sorted({(r["tool"], str(r["budget"])) for r in rows
                     if not (r["tool"] == "art-hsj" and str(r["budget"]) == "full")})
@@ -114,29 +140,31 @@ def decision(name: str) -> str:
         if not mine:
             continue
         a = np.array([r["l2"] for r in mine], dtype=float)
-        est, lo, hi = paired_interval(median_ratio, a, b)
+        si = seed_interval(median_ratio, a, b)
         q = statistics.fmean(r["mean_queries"] for r in mine)
         out.append(f"| {tool} | {q:,.0f} | 1/{art_q / q:.1f} | {np.median(a.mean(axis=0)):.3f} | "
-                   f"{est:.3f} [{lo:.3f}, {hi:.3f}] | {verdict(lo, hi, 1.0, higher_is_better=False)} |")
+                   f"{si.estimate:.3f} [{si.lo:.3f}, {si.hi:.3f}] ({_how(si, '.3f')}) | "
+                   f"{verdict(si.lo, si.hi, 1.0, higher_is_better=False)} |")
     return "\n".join(out + _footer(meta))
 
 
 def labelonly(name: str) -> str:
     """The data-free default's chosen student over the victim, per answer kind, paired per image and seed."""
     rows, meta = _load(name)
-    out = ["| answers | queries | student accuracy | victim | ratio to the victim [95 % CI] | largest fall (points) |",
-           "|---|---|---|---|---|---|"]
+    out = ["| answers | queries | student accuracy | victim | ratio to the victim [95 % CI, seed-level] | "
+           "goal 0.90x (lower end >= 0.90) | largest fall (points) |", "|---|---|---|---|---|---|---|"]
     for mode in sorted({r["mode"] for r in rows}):
         runs = sorted((r for r in rows if r["mode"] == mode and r.get("correct")), key=lambda r: r["seed"])
         if not runs:
             continue
         a = stack(runs)
         v = np.stack([unpack_bits(r["victim_correct"], int(r["n_test"])) for r in runs])
-        est, lo, hi = paired_interval(lambda x, y: float(x.mean() / y.mean()), a, v)
+        si = seed_interval(ratio_of_means, a, v)
         q = max(int(r["queries"]["predict"]) for r in runs)
+        met = "met" if si.lo >= LABELONLY_GOAL else f"not shown at {_WORDS.get(len(runs), len(runs))} seeds"
         out.append(f"| {mode} | {q:,} | {_mean_std([r['final_accuracy'] for r in runs])} | "
-                   f"{runs[0]['victim_accuracy']:.3f} | {est:.3f} [{lo:.3f}, {hi:.3f}] | "
-                   f"{max(r['max_drop_points'] for r in runs):.1f} |")
+                   f"{runs[0]['victim_accuracy']:.3f} | {si.estimate:.3f} [{si.lo:.3f}, {si.hi:.3f}] ({_how(si, '.3f')}) | "
+                   f"{met} | {max(r['max_drop_points'] for r in runs):.1f} |")
     return "\n".join(out + _footer(meta))
 
 
@@ -144,14 +172,122 @@ def labelonly(name: str) -> str:
 TABLES: dict[str, Callable[[str], str]] = {
     "surrogate-digits-sealed": surrogate,
     "surrogate-digits-sealed-artsearch": surrogate,
+    "surrogate-digits-sealed-labels200-5seeds": surrogate,  # seeds 100-104 at one code (its plan's addendum)
     "decision-fmnist-sealed": decision,
     "labelonly-digits-sealed": labelonly,
 }
 
 
+def _q(v: Any) -> str:
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def audit_adaptive(name: str) -> str:
+    """The serving table of the ``--quick`` digits audit before (``1e82ecb``) and after the adaptive attackers,
+    from the two committed ``audit.json`` files."""
+    before = json.loads((ROWS / "audit-digits-quick-1e82ecb.json").read_text(encoding="utf-8"))
+    after = json.loads((ROWS / "audit-digits-quick-adaptive.json").read_text(encoding="utf-8"))
+    old = {r["serving"]: r for r in before["serving"]}
+    argmax = {r["defence"]: r["Q90"] for r in after["headline"]
+              if r.get("defence", "none") != "none" and r["answers"] == "label" and r["attacker"] == "like"}
+    out = [f"Queries: {before['queries']:,} before, {after['queries']:,} after (of {before['planned_queries']:,} and "
+           f"{after['planned_queries']:,} planned).", "",
+           "| serving | Q90 before | Q90 after | the attacker that won | served accuracy | ECE |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    for r in after["serving"]:
+        q_after = _q(r["attacker Q90"])
+        if r["serving"].endswith("noise:sigma=0.05") and old[r["serving"]]["attacker Q90"] != r["attacker Q90"]:
+            q_after = f"**{q_after}**"
+        won = r["best attacker"]
+        defence = r["serving"].split(" through ")[1] if " through " in r["serving"] else None
+        if defence and won == "probability recipe" and defence in argmax:
+            won += f" (the argmax: {_q(argmax[defence])} too)" if argmax[defence] == r["attacker Q90"] else \
+                f" (the argmax: {_q(argmax[defence])})"
+        out.append(f"| {r['serving']} | {_q(old[r['serving']]['attacker Q90'])} | {q_after} | {won} | "
+                   f"{r['served accuracy']:.3f} | {r['ECE']:.3f} |")
+    return "\n".join(out)
+
+
+#: blocks made from other committed rows than ``NAME.jsonl``: name -> (renderer, the files it reads)
+OTHER_TABLES: dict[str, tuple[Callable[[str], str], tuple[str, ...]]] = {
+    "audit-adaptive": (audit_adaptive, ("audit-digits-quick-1e82ecb.json", "audit-digits-quick-adaptive.json")),
+}
+
+
 def render(names: list[str] | None = None) -> dict[str, str]:
-    """Every table whose rows file exists, by name."""
-    return {n: f(n) for n, f in TABLES.items() if (names is None or n in names) and (ROWS / f"{n}.jsonl").exists()}
+    """Every table whose rows exist, by name."""
+    out = {n: f(n) for n, f in TABLES.items() if (names is None or n in names) and (ROWS / f"{n}.jsonl").exists()}
+    out |= {n: f(n) for n, (f, files) in OTHER_TABLES.items()
+            if (names is None or n in names) and all((ROWS / x).exists() for x in files)}
+    return out
+
+
+# -- the README's results rows -----------------------------------------------------------------------------------
+
+README = ROOT / "README.md"
+GPU = ROOT / "results" / "gpu"
+#: the words a README row without committed raw rows carries instead of a regenerated figure
+NO_ROWS = "no raw rows"
+
+
+def readme_cells() -> dict[str, str]:
+    """Each README figure that committed rows give, as the README writes it, by a key naming its row."""
+    out: dict[str, str] = {}
+    for key, name, seeds in (("sealed-surrogate", "surrogate-digits-sealed-artsearch", "three"),
+                             ("sealed-surrogate-5", "surrogate-digits-sealed-labels200-5seeds", "five")):
+        rows, _ = _load(name)
+        cell = [r for r in rows if r.get("mode") == "label" and int(r["budget"]) == 200]
+        ours = sorted((r for r in cell if r["attack"] == "ours-default"), key=lambda r: r["seed"])
+        art = sorted((r for r in cell if r["attack"] == "art-knockoff-random"), key=lambda r: r["seed"])
+        si = seed_interval(accuracy_difference, stack(ours), stack(art))
+        out[key] = (f"{verdict(si.lo, si.hi)} at {seeds} seeds ({statistics.fmean(r['accuracy'] for r in ours):.3f}, "
+                    f"{si.estimate:+.1f} points [{si.lo:+.1f}, {si.hi:+.1f}]")
+    rows, _ = _load("labelonly-digits-sealed")
+    figs = {}
+    for mode in ("label", "probs"):
+        runs = sorted((r for r in rows if r["mode"] == mode and r.get("correct")), key=lambda r: r["seed"])
+        v = np.stack([unpack_bits(r["victim_correct"], int(r["n_test"])) for r in runs])
+        figs[mode] = seed_interval(ratio_of_means, stack(runs), v)
+    lab, pro = figs["label"], figs["probs"]
+    out["sealed-labelonly"] = (f"{lab.estimate:.3f}x the victim [{lab.lo:.3f}, {lab.hi:.3f}] (labels), "
+                               f"{pro.estimate:.3f}x [{pro.lo:.3f}, {pro.hi:.3f}] (probabilities)")
+    rows, _ = _load("decision-fmnist-sealed")
+    art_rows = sorted((r for r in rows if r["tool"] == "art-hsj" and str(r["budget"]) == "full" and r.get("l2")),
+                      key=lambda r: r.get("repeat", r["seed"]))
+    b = np.array([r["l2"] for r in art_rows], dtype=float)
+    ratios = []
+    for tool in ("stealkit-hsj", "stealkit-hsj-pool"):
+        mine = sorted((r for r in rows if r["tool"] == tool and r.get("l2")),
+                      key=lambda r: r.get("repeat", r["seed"]))  # as decision() orders them
+        ratios.append(seed_interval(median_ratio, np.array([r["l2"] for r in mine], dtype=float), b))
+    words = "level" if all(verdict(x.lo, x.hi, 1.0, higher_is_better=False) == "level" for x in ratios) else "mixed"
+    out["sealed-decision"] = (f"median L2 {ratios[0].estimate:.3f}x / {ratios[1].estimate:.3f}x ART's (with start "
+                              f"pool): {words}, seed-level intervals reach {ratios[0].hi:.2f} / {ratios[1].hi:.2f}")
+    run1 = json.loads((GPU / "2026-11-27-h100-run1.json").read_text(encoding="utf-8"))
+    pgd = [f["value"] for f in run1["figures"] if f.get("step") == "pgd"]
+    secs = [dict(re.findall(r"(\w+) ([\d.]+) s", v)) for v in pgd]
+    out["gpu-pgd"] = f"H100 {secs[0]['stealkit']} / {secs[1]['stealkit']} s"
+    out["gpu-pgd-torchattacks"] = f"H100 {secs[0]['torchattacks']} / {secs[1]['torchattacks']} s"
+    return out
+
+
+def readme_rows(text: str) -> list[str]:
+    """The rows of the README's results table (after its header)."""
+    section = text.split("## Results", 1)[1].split("\n## ", 1)[0]
+    return [ln for ln in section.splitlines() if ln.startswith("| ") and not ln.startswith(("| capability", "| ---"))]
+
+
+def check_readme(text: str) -> list[str]:
+    """What is wrong with the README's results rows: a regenerated figure it does not carry, or a row that has
+    neither a regenerated figure nor the words "no raw rows"."""
+    cells = readme_cells()
+    rows = readme_rows(text)
+    problems = [f"README lacks the regenerated figure {k}: {v!r}" for k, v in cells.items()
+                if not any(v in r for r in rows)]
+    for r in rows:
+        if NO_ROWS not in r and not any(v in r for v in cells.values()):
+            problems.append(f"README row has no regenerated figure and does not say {NO_ROWS!r}: {r[:80]}")
+    return problems
 
 
 def _block(name: str) -> re.Pattern[str]:
@@ -174,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write", action="store_true", help="rewrite the blocks of docs/results.md")
     p.add_argument("--check", action="store_true", help="exit 1 where docs/results.md differs from the rows")
     p.add_argument("--doc", type=Path, default=DOC)
+    p.add_argument("--readme", type=Path, default=README)
     args = p.parse_args(argv)
     tables = render()
     if not (args.write or args.check):
@@ -183,8 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     new = apply(doc, tables)
     if args.check:
         stale = [n for n in tables if _block(n).search(doc).group(2) != tables[n] + "\n"]  # type: ignore[union-attr]
-        print(json.dumps({"tables": sorted(tables), "stale": stale}))
-        return 1 if stale else 0
+        readme = check_readme(args.readme.read_text(encoding="utf-8"))
+        print(json.dumps({"tables": sorted(tables), "stale": stale, "readme": readme}, indent=1))
+        return 1 if stale or readme else 0
     tmp = args.doc.with_suffix(".md.tmp")
     tmp.write_text(new, encoding="utf-8")
     tmp.replace(args.doc)

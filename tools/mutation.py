@@ -33,6 +33,41 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: the unit tests of tests/test_guarantees_audit.py each audit module runs (no audit is run: a mutant takes seconds)
+_AUDIT_TESTS: dict[str, tuple[str, ...]] = {
+    "copies": ("test_q_at_is_the_ledgers_count_of_the_lowest_budget_that_reached_the_level",
+               "test_q_at_tolerates_float32_rounding_and_no_more",
+               "test_q_value_reached_not_reached_or_not_measured",
+               "test_headline_one_row_per_cell_with_both_levels",
+               "test_spread_over_seeds_counts_an_unreached_seed_above_its_top_rung",
+               "test_spread_needs_two_measured_seeds_of_the_undefended_like_attacker",
+               "test_best_copy_is_the_highest_fidelity_and_the_fewest_queries_on_a_tie",
+               "test_spread_median_of_infinite_values_is_not_a_number",
+               "test_a_gate_fails_only_below_n_and_passes_at_n",
+               "test_the_tolerance_is_inclusive_and_the_gate_reads_its_own_level",
+               "test_the_headline_orders_rungs_then_levels_across_cells"),
+    "gate": ("test_a_gate_fails_only_below_n_and_passes_at_n",
+             "test_an_unreached_level_passes_only_when_the_ladder_reaches_n_minus_one",
+             "test_a_gate_reads_only_the_undefended_like_cells_of_its_answer_kind",
+             "test_an_unmeasured_cell_never_passes_and_a_failure_beats_it",
+             "test_exit_codes_fail_over_undecided_over_pass",
+             "test_the_tolerance_is_inclusive_and_the_gate_reads_its_own_level"),
+    "plan": ("test_a_cap_below_the_smallest_rung_is_refused",
+             "test_the_plan_never_exceeds_the_cap_and_drops_in_the_documented_order",
+             "test_the_data_free_part_gets_the_rest_up_to_its_cap_and_is_left_out_below_500",
+             "test_repeats_take_whole_ladders_of_what_is_left",
+             "test_the_plan_total_and_its_notes_on_the_pool_and_the_default_defences",
+             "test_the_room_kinds_take_what_the_ladder_and_attacks_leave"),
+    "reconcile": ("test_reconcile_compares_the_servers_difference_kind_by_kind",
+                  "test_the_ledgers_are_summed_over_the_parts",
+                  "test_a_stopped_part_and_replayed_answers_are_accounted_for",
+                  "test_a_server_without_a_count_or_a_changed_source_is_not_reconcilable",
+                  "test_the_statistics_extension_is_compared_on_predictions_only",
+                  "test_a_kind_missing_from_a_count_is_zero_there",
+                  "test_replayed_answers_and_kinds_only_the_server_saw",
+                  "test_a_server_that_does_not_answer_is_one_error_and_a_malformed_count_is_no_count"),
+}
+
 #: module -> (file, the functions mutated (qualified names; empty: all), the test files run)
 MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "ledger": ("src/stealkit/oracle/ledger.py", (),
@@ -68,6 +103,19 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
                        "test_holdout_rows_are_paid_for_but_never_trained_on",
                        "test_curve_reports_the_selected_student_and_its_gap",
                        "test_selection_settings_are_checked")))),
+    # the audit (issue 52): Q90/Q95, the gate, the plan's budget cap, the reconciliation with the server
+    "copies": ("src/stealkit/audit/copies.py",
+               ("measured", "q_value", "headline", "_median", "seed_spread", "best_copy"),
+               tuple(f"tests/test_guarantees_audit.py::{t}" for t in _AUDIT_TESTS["copies"])),
+    "qat": ("src/stealkit/audit/parts.py", ("q_at",),
+            tuple(f"tests/test_guarantees_audit.py::{t}" for t in _AUDIT_TESTS["copies"])),
+    "gate": ("src/stealkit/audit/report.py", ("decide_gates", "exit_code"),
+             tuple(f"tests/test_guarantees_audit.py::{t}" for t in _AUDIT_TESTS["gate"])),
+    "plan": ("src/stealkit/audit/plan.py", ("Plan.queries", "make_plan"),
+             tuple(f"tests/test_guarantees_audit.py::{t}" for t in _AUDIT_TESTS["plan"])),
+    "reconcile": ("src/stealkit/audit/reconcile.py", ("reconcile", "_ledgers", "reconcile_audit", "v2_usage"),
+                  (*(f"tests/test_guarantees_audit.py::{t}" for t in _AUDIT_TESTS["reconcile"]),
+                   "tests/test_audit_reconcile.py")),
 }
 
 _CMP_FLIP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
