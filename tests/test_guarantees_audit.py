@@ -111,8 +111,10 @@ def test_spread_over_seeds_counts_an_unreached_seed_above_its_top_rung() -> None
     (row,) = seed_spread([*ladder(0, 0.5, 0.6), *ladder(1, 0.5, 0.6)])
     assert row["Q90 range"] == "not reached within 100" and row["Q90 per seed"] == "–, –"
     # a half-integer median stays as it is
-    (row,) = seed_spread([*ladder(0, 0.91, 0.96), _pt(51, 0.91, seed=1)])
+    (row,) = seed_spread([_pt(50, 0.91), _pt(51, 0.95), _pt(50, 0.85, seed=1), _pt(51, 0.91, seed=1)])
     assert row["Q90 median"] == 50.5
+    # seeds with no rung in common (a gate's extension at one seed only): no spread rather than a guess
+    assert seed_spread([*ladder(0, 0.91, 0.96), _pt(51, 0.91, seed=1)]) == []
 
 
 def test_spread_needs_two_measured_seeds_of_the_undefended_like_attacker() -> None:
@@ -153,15 +155,20 @@ def _status(results: list[dict[str, Any]], *gates: str) -> list[str]:
 
 
 def test_a_gate_fails_only_below_n_and_passes_at_n() -> None:
+    # q90<N is decided by the rung N - 1: reached there or below fails; not reached at N - 1 or above passes
     res = [_pt(50, 0.8), _pt(100, 0.91, queries=98), _pt(200, 0.96)]
     assert _status(res, "q90<99") == ["fail"]  # reached with 98 (the ledger's count) < 99
-    assert _status(res, "q90<98") == ["pass"]  # reached with exactly N: not fewer than N
-    assert _status(res, "q95<201") == ["fail"] and _status(res, "q95<200") == ["pass"]
+    assert _status(res, "q90<98") == ["undecided"]  # reached with 98, unknown at 97: an attacker may need fewer
+    assert _status(res, "q90<51") == ["pass"]  # not reached with 50 = N - 1
+    assert _status(res, "q90<52") == ["undecided"]  # 50 < N - 1 and the next rung already reaches it
+    assert _status(res, "q95<201") == ["fail"] and _status(res, "q95<99") == ["pass"]
+    assert _status(res, "q95<200") == ["undecided"]
     (g,) = decide_gates(res, ["label:q90<99"])
     assert g == Gate("label:q90<99", "fail", "--fail-if label:q90<99: label answers reach 90 % fidelity with 98 "
                                              "queries")
-    (g,) = decide_gates(res, ["q90<98"])
-    assert g.line == "--fail-if q90<98: passed (measured)"
+    (g,) = decide_gates(res, ["q90<51"])
+    assert g.line == ("--fail-if q90<51: passed (measured): label answers do not reach 90 % fidelity within 50 "
+                      "queries")
 
 
 def test_an_unreached_level_passes_only_when_the_ladder_reaches_n_minus_one() -> None:
@@ -170,8 +177,8 @@ def test_an_unreached_level_passes_only_when_the_ladder_reaches_n_minus_one() ->
     assert _status(res, "q90<100") == ["pass"]
     (g,) = decide_gates(res, ["q90<102"])
     assert g.status == "undecided"
-    assert g.line == ("--fail-if q90<102: cannot decide: label answers: not reached within 100 queries, and the "
-                      "ladder stops below 102 (add a rung of 102 to --budgets)")
+    assert g.line == ("--fail-if q90<102: cannot decide: label answers: not reached within 100 queries; the "
+                      "ladder stops at 100, below 101 (add a rung of 101 to --budgets)")
 
 
 def test_a_gate_reads_only_the_undefended_like_cells_of_its_answer_kind() -> None:
@@ -196,9 +203,9 @@ def test_an_unmeasured_cell_never_passes_and_a_failure_beats_it() -> None:
     assert _status(mixed, "q90<60") == ["fail"]
     assert _status(mixed, "q90<40") == ["undecided"]  # probs pass, labels unknown
     # one cell undecided, another passed: undecided
-    both = [_pt(100, 0.95, answers="probs"), _pt(50, 0.5)]
-    assert _status(both, "q90<60") == ["undecided"]
-    assert _status(both, "q90<60", "probs:q90<60", "q90<101") == ["undecided", "pass", "fail"]
+    both = [_pt(50, 0.5, answers="probs"), _pt(100, 0.95, answers="probs"), _pt(20, 0.5)]
+    assert _status(both, "q90<51") == ["undecided"]  # probs pass; labels are open below 50
+    assert _status(both, "q90<51", "probs:q90<51", "q90<101") == ["undecided", "pass", "fail"]
 
 
 def test_exit_codes_fail_over_undecided_over_pass() -> None:

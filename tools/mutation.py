@@ -109,7 +109,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
                tuple(f"tests/test_guarantees_audit.py::{t}" for t in _AUDIT_TESTS["copies"])),
     "qat": ("src/stealkit/audit/parts.py", ("q_at",),
             tuple(f"tests/test_guarantees_audit.py::{t}" for t in _AUDIT_TESTS["copies"])),
-    "gate": ("src/stealkit/audit/report.py", ("decide_gates", "exit_code"),
+    "gate": ("src/stealkit/audit/gates.py", ("cell_verdict", "decide_gates", "exit_code"),
              tuple(f"tests/test_guarantees_audit.py::{t}" for t in _AUDIT_TESTS["gate"])),
     "plan": ("src/stealkit/audit/plan.py", ("Plan.queries", "make_plan"),
              tuple(f"tests/test_guarantees_audit.py::{t}" for t in _AUDIT_TESTS["plan"])),

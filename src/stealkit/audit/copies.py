@@ -90,6 +90,8 @@ def seed_spread(results: Sequence[dict[str, Any]], kind: str = "extract") -> lis
         if len(by_seed) < 2 or not all(measured(points) for points in by_seed.values()):
             continue
         common = set.intersection(*({int(p["part"]["budget"]) for p in pts} for pts in by_seed.values()))
+        if not common:  # no rung every seed has: nothing to compare
+            continue
         by_seed = {k: [p for p in pts if int(p["part"]["budget"]) in common] for k, pts in by_seed.items()}
         row: dict[str, Any] = {"answers": answers, "attacker": "like", "seeds": len(by_seed)}
         for t in THRESHOLDS:
