@@ -16,6 +16,7 @@ stopped run keeps its rows), and the honest users' cost (top-1 accuracy and ECE 
 per ``--keep``.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/adaptive_misinformation.py --rows results/rows/am.jsonl
+    .venv/bin/python benchmarks/adaptive_misinformation.py --summarise results/rows/am.jsonl   # the tables
 """
 
 from __future__ import annotations
@@ -37,9 +38,62 @@ def victim_dir(path: Path) -> Path:
     return path
 
 
+def q90(points: dict[int, float]) -> str:
+    """The smallest budget whose fidelity reached 0.90, or "not reached within N"."""
+    reached = [b for b, f in sorted(points.items()) if f >= 0.90 - 1e-6]
+    return str(reached[0]) if reached else f"not reached within {max(points)}"
+
+
+def summarise(paths: list[str]) -> str:
+    """Markdown tables from rows: fidelity per served answer, pool and budget (mean over seeds, min-max), the best
+    adaptive attacker against AM per seed (the larger fidelity of ``am`` and ``am-argmax`` at each budget), and
+    Q90 per seed."""
+    import statistics
+    from collections import defaultdict
+
+    rows = [json.loads(line) for p in paths for line in Path(p).read_text(encoding="utf-8").splitlines() if line]
+    attacks = [r for r in rows if r["kind"] == "attack"]
+    fid: dict[tuple[str, str, int], dict[int, float]] = defaultdict(dict)
+    for r in attacks:
+        fid[(r["served"], r["pool"], r["seed"])][r["budget"]] = r["fidelity"]
+    for (served, pool, seed), points in list(fid.items()):
+        if served == "am":
+            other = fid.get(("am-argmax", pool, seed), {})
+            fid[("am, best adaptive", pool, seed)] = {b: max(f, other[b]) for b, f in points.items() if b in other}
+    out = ["| served to honest users | tau | test inputs served f | top-1 accuracy | ECE |", "| --- | --- | --- | --- | --- |"]
+    seen = set()
+    for r in rows:  # each process of a split run wrote the same cost rows: the first of each
+        key = (r["kind"], r.get("keep"))
+        if r["kind"] in ("undefended", "am") and key not in seen:
+            seen.add(key)
+            if r["kind"] == "undefended":
+                out.append(f"| probabilities | - | 100 % | {r['accuracy']:.3f} | {r['ece']:.3f} |")
+            else:
+                out.append(f"| AM, keep {r['keep']} (training split kept: {r['validation_kept']:.1%}) | "
+                           f"{r['tau']:.4f} | {r['test_served_f']:.1%} | {r['accuracy']:.3f} | {r['ece']:.3f} |")
+    out += ["", "| served | attacker data | budget | fidelity (mean, min-max over seeds) | seeds |",
+            "| --- | --- | --- | --- | --- |"]
+    order = ["probs", "label", "am", "am-argmax", "am, best adaptive"]
+    cells: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    for (served, pool, _), points in fid.items():
+        for b, f in points.items():
+            cells[(served, pool, b)].append(f)
+    for (served, pool, b), fs in sorted(cells.items(), key=lambda kv: (kv[0][1] != "pool", kv[0][1],
+                                                                         order.index(kv[0][0]), kv[0][2])):
+        out.append(f"| {served} | {pool} | {b} | {statistics.mean(fs):.3f} ({min(fs):.3f}-{max(fs):.3f}) | {len(fs)} |")
+    out += ["", "| served | attacker data | Q90 per seed |", "| --- | --- | --- |"]
+    per: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for (served, pool, seed), points in sorted(fid.items(), key=lambda kv: kv[0][2]):
+        per[(served, pool)].append(f"{seed}: {q90(points)}")
+    for (served, pool), qs in sorted(per.items(), key=lambda kv: (kv[0][1] != "pool", kv[0][1], order.index(kv[0][0]))):
+        out.append(f"| {served} | {pool} | {'; '.join(qs)} |")
+    return "\n".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", required=True, help="JSONL file the rows are appended to")
+    parser.add_argument("--summarise", nargs="+", metavar="ROWS", help="print the tables of these row files")
+    parser.add_argument("--rows", help="JSONL file the rows are appended to")
     parser.add_argument("--victim-dir", default="runs/am-bench/digits-cnn3")
     parser.add_argument("--out", default="runs/am-bench/runs")
     parser.add_argument("--budgets", default="50,100,200")
@@ -49,6 +103,11 @@ def main() -> None:
     parser.add_argument("--served", default="probs,label,am,am-argmax")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
+    if args.summarise:
+        print(summarise(args.summarise))
+        return
+    if not args.rows:
+        parser.error("--rows ROWS (where the rows go) or --summarise ROWS...")
 
     import torch
 

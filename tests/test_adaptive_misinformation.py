@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from stealkit.errors import InputError
+from stealkit.errors import BudgetExhausted, InputError
 from stealkit.oracle import LocalOracle
 from stealkit.serve.misinformation import (
     AdaptiveMisinformation,
@@ -113,7 +113,7 @@ def test_the_hook_passes_the_images_through_local_oracle_and_the_ledger_is_uncha
     assert defended.ledger.total == plain.ledger.total == 6
     with pytest.raises(InputError, match="needs the queried images"):
         defended.answer_from_logits(model(x))
-    with pytest.raises(Exception):  # the budget is spent: nothing answered, nothing charged
+    with pytest.raises(BudgetExhausted):  # the budget is spent: nothing answered, nothing charged
         defended.query(x[:1])
     assert defended.ledger.total == 6
 
