@@ -142,7 +142,7 @@ def test_fitted_on_digits_misinforms_and_keeps_its_validation_share(monkeypatch:
 
 
 def _audit(tmp_path: Path, victim: Any, **kw: Any) -> dict[str, Any]:
-    from audit_kit import run_audit_command
+    from tests.audit_kit import run_audit_command
 
     out = tmp_path / "audit"
     run_audit_command(victim=victim, out=str(out), answers="label,probs", budgets="20", transfer_images=0,
