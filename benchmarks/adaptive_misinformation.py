@@ -143,7 +143,7 @@ def main() -> None:
         emit({**base, "kind": "am", **am.record, "test_served_f": round(share, 4),
               **served_calibration(model, test.x, test.y, defence=am)})
         defences[keep] = am
-    served = args.served.split(",")
+    served = [s for s in args.served.split(",") if s]
     for seed in parse_int_list(args.seeds):
         for pool in args.pools.split(","):
             for budget in parse_int_list(args.budgets):
