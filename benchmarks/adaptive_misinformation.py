@@ -61,16 +61,16 @@ def summarise(paths: list[str]) -> str:
             other = fid.get(("am-argmax", pool, seed), {})
             fid[("am, best adaptive", pool, seed)] = {b: max(f, other[b]) for b, f in points.items() if b in other}
     out = ["| served to honest users | tau | test inputs served f | top-1 accuracy | ECE |", "| --- | --- | --- | --- | --- |"]
-    seen = set()
+    first: dict[tuple[str, float], dict[str, Any]] = {}
     for r in rows:  # each process of a split run wrote the same cost rows: the first of each
-        key = (r["kind"], r.get("keep"))
-        if r["kind"] in ("undefended", "am") and key not in seen:
-            seen.add(key)
-            if r["kind"] == "undefended":
-                out.append(f"| probabilities | - | 100 % | {r['accuracy']:.3f} | {r['ece']:.3f} |")
-            else:
-                out.append(f"| AM, keep {r['keep']} (training split kept: {r['validation_kept']:.1%}) | "
-                           f"{r['tau']:.4f} | {r['test_served_f']:.1%} | {r['accuracy']:.3f} | {r['ece']:.3f} |")
+        if r["kind"] in ("undefended", "am"):
+            first.setdefault((r["kind"], r.get("keep") or 0.0), r)
+    for _, r in sorted(first.items(), key=lambda kv: (kv[0][0] != "undefended", kv[0][1])):
+        if r["kind"] == "undefended":
+            out.append(f"| probabilities | - | 100 % | {r['accuracy']:.3f} | {r['ece']:.3f} |")
+        else:
+            out.append(f"| AM, keep {r['keep']} (training split kept: {r['validation_kept']:.1%}) | "
+                       f"{r['tau']:.4f} | {r['test_served_f']:.1%} | {r['accuracy']:.3f} | {r['ece']:.3f} |")
     out += ["", "| served | attacker data | budget | fidelity (mean, min-max over seeds) | seeds |",
             "| --- | --- | --- | --- | --- |"]
     order = ["probs", "label", "am", "am-argmax", "am, best adaptive"]
