@@ -55,11 +55,14 @@ def summarise(paths: list[str]) -> str:
     attacks = [r for r in rows if r["kind"] == "attack"]
     fid: dict[tuple[str, str, int], dict[int, float]] = defaultdict(dict)
     for r in attacks:
-        fid[(r["served"], r["pool"], r["seed"])][r["budget"]] = r["fidelity"]
+        served = r["served"] + (f", keep {r['keep']}" if r.get("keep") else "")
+        fid[(served, r["pool"], r["seed"])][r["budget"]] = r["fidelity"]
     for (served, pool, seed), points in list(fid.items()):
-        if served == "am":
-            other = fid.get(("am-argmax", pool, seed), {})
-            fid[("am, best adaptive", pool, seed)] = {b: max(f, other[b]) for b, f in points.items() if b in other}
+        if served.startswith("am, "):
+            keep = served.removeprefix("am, ")
+            other = fid.get((f"am-argmax, {keep}", pool, seed), {})
+            fid[(f"am best adaptive, {keep}", pool, seed)] = {b: max(f, other[b]) for b, f in points.items()
+                                                             if b in other}
     out = ["| served to honest users | tau | test inputs served f | top-1 accuracy | ECE |", "| --- | --- | --- | --- | --- |"]
     first: dict[tuple[str, float], dict[str, Any]] = {}
     for r in rows:  # each process of a split run wrote the same cost rows: the first of each
@@ -73,19 +76,23 @@ def summarise(paths: list[str]) -> str:
                        f"{r['tau']:.4f} | {r['test_served_f']:.1%} | {r['accuracy']:.3f} | {r['ece']:.3f} |")
     out += ["", "| served | attacker data | budget | fidelity (mean, min-max over seeds) | seeds |",
             "| --- | --- | --- | --- | --- |"]
-    order = ["probs", "label", "am", "am-argmax", "am, best adaptive"]
+    kinds = ["probs", "label", "am", "am-argmax", "am best adaptive"]
+
+    def rank(key: tuple[str, str, int]) -> tuple[Any, ...]:
+        served, pool, b = key
+        name, _, keep = served.partition(", ")
+        return (pool != "pool", pool, keep, kinds.index(name), b)
     cells: dict[tuple[str, str, int], list[float]] = defaultdict(list)
     for (served, pool, _), points in fid.items():
         for b, f in points.items():
             cells[(served, pool, b)].append(f)
-    for (served, pool, b), fs in sorted(cells.items(), key=lambda kv: (kv[0][1] != "pool", kv[0][1],
-                                                                         order.index(kv[0][0]), kv[0][2])):
+    for (served, pool, b), fs in sorted(cells.items(), key=lambda kv: rank(kv[0])):
         out.append(f"| {served} | {pool} | {b} | {statistics.mean(fs):.3f} ({min(fs):.3f}-{max(fs):.3f}) | {len(fs)} |")
     out += ["", "| served | attacker data | Q90 per seed |", "| --- | --- | --- |"]
     per: dict[tuple[str, str], list[str]] = defaultdict(list)
     for (served, pool, seed), points in sorted(fid.items(), key=lambda kv: kv[0][2]):
         per[(served, pool)].append(f"{seed}: {q90(points)}")
-    for (served, pool), qs in sorted(per.items(), key=lambda kv: (kv[0][1] != "pool", kv[0][1], order.index(kv[0][0]))):
+    for (served, pool), qs in sorted(per.items(), key=lambda kv: rank((*kv[0], 0))):
         out.append(f"| {served} | {pool} | {'; '.join(qs)} |")
     return "\n".join(out)
 
