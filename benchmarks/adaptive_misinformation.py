@@ -160,7 +160,7 @@ def main() -> None:
                         started = time.perf_counter()
                         run = run_surrogate(Target(str(path), dataset="digits", seed=seed, device=args.device),
                                             budget, SurrogateOptions(mode=mode, pool=pool),
-                                            out=Path(args.out) / f"{what}-{keep}-{pool}-{budget}-{seed}",
+                                            out=Path(args.out) / rows.stem / f"{what}-{keep}-{pool}-{budget}-{seed}",
                                             defences=(am,) if am is not None else (), report=False)
                         emit({**base, "kind": "attack", "served": what, "keep": keep, "pool": pool,
                               "budget": budget, "seed": seed, "queries": sum(run.queries.values()),
