@@ -168,6 +168,15 @@ def labelonly(name: str) -> str:
     return "\n".join(out + _footer(meta))
 
 
+def misinformation(name: str) -> str:
+    """Adaptive Misinformation against the adaptive attackers: the honest users' cost, fidelity per served answer,
+    attacker and budget, and Q90 per seed (``benchmarks/adaptive_misinformation.py``'s tables)."""
+    from adaptive_misinformation import summarise
+
+    _, meta = _load(name)
+    return "\n".join([summarise([str(ROWS / f"{name}.jsonl")]), *_footer(meta)])
+
+
 #: table name (= rows file stem) -> renderer
 TABLES: dict[str, Callable[[str], str]] = {
     "surrogate-digits-sealed": surrogate,
@@ -175,6 +184,7 @@ TABLES: dict[str, Callable[[str], str]] = {
     "surrogate-digits-sealed-labels200-5seeds": surrogate,  # seeds 100-104 at one code (its plan's addendum)
     "decision-fmnist-sealed": decision,
     "labelonly-digits-sealed": labelonly,
+    "am-digits-cnn3": misinformation,
 }
 
 

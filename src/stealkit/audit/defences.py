@@ -14,6 +14,12 @@ output defence of :mod:`stealkit.serve.defences`), side by side:
 
 Without ``--defence``, a local victim whose probabilities are audited gets :data:`DEFAULT_DEFENCES`, on the
 lowest and middle rungs of the ladder (:func:`defence_rungs`); ``--defence none`` turns them off.
+
+``--defence am`` (``am:keep=0.9,nu=1000``) adds Adaptive Misinformation (Kariyappa & Qureshi 2020,
+:mod:`stealkit.serve.misinformation`): its misinformation network is trained on the victim's own training split
+(a model directory stealkit trained records its data set and split) and ``tau`` is picked on that split, once per
+audit process (:func:`build_defence`). A victim whose training data the audit cannot know has the cells left out
+with a "not measured" note (:func:`measurable_defences`): it is never scored on data it was not trained on.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from stealkit.audit.parts import kind_of
+from stealkit.errors import InputError
 
 if TYPE_CHECKING:
     import torch
@@ -78,12 +85,88 @@ class PradaObserver:
         return {**self.watch.as_dict(), "seconds": round(self.seconds, 2)}
 
 
+def check_defence(spec: str) -> None:
+    """Refuse a bad ``--defence`` spec before any work (``am`` specs too, which a keys file may not name)."""
+    from stealkit.serve.defences import parse_defence
+    from stealkit.serve.misinformation import is_am_spec, parse_am
+
+    if is_am_spec(spec):
+        parse_am(spec)
+    else:
+        parse_defence(spec)
+
+
+def am_training_data(victim: Any, data_dir: str | None) -> tuple[Any, dict[str, Any]] | None:
+    """The victim's own training split and recorded training recipe, or ``None`` where the audit cannot know
+    them: only a model stealkit trained records its data set and split (``spec.extra``); an ONNX or TorchScript
+    file, an ``nn.Module`` or a model of unknown provenance gets ``None`` (fail closed: never a stand-in set)."""
+    extra = getattr(getattr(victim, "spec", None), "extra", None)
+    if victim.model is None or not isinstance(extra, dict) or not extra.get("dataset"):
+        return None
+    from stealkit.data import load_splits
+
+    splits = load_splits(str(extra["dataset"]), data_dir=data_dir, seed=int(extra.get("split_seed", 0)))
+    if tuple(splits.victim_train.input_shape) != tuple(victim.input_shape):
+        return None
+    return splits.victim_train, dict(extra.get("train_config") or {})
+
+
+AM_UNMEASURED = "not measured: adaptive misinformation needs the owner's training data"
+
+
+def measurable_defences(specs: Sequence[str], target: Target) -> tuple[list[str], list[str]]:
+    """``specs`` less the Adaptive Misinformation cells the audit cannot build (no known training data), and a
+    plan note for each left out."""
+    from stealkit.audit.parts import close
+    from stealkit.serve.misinformation import is_am_spec
+
+    if not any(is_am_spec(s) for s in specs):
+        return list(specs), []
+    v = target.open(mode="probs", budget=0)
+    close(v)
+    if am_training_data(v, target.data_dir) is not None:
+        return list(specs), []
+    left = [s for s in specs if is_am_spec(s)]
+    return [s for s in specs if not is_am_spec(s)], [
+        f"--defence {s} {AM_UNMEASURED} (only a model directory stealkit trained records its training split; "
+        "fit stealkit.serve.misinformation.fit_adaptive_misinformation on yours in Python)" for s in left]
+
+
+_BUILT: dict[tuple[Any, ...], Any] = {}
+
+
+def build_defence(spec: str, target: Target, *, seed: int) -> Any:
+    """The defence a spec names: :func:`~stealkit.serve.defences.parse_defence`'s, or for ``am`` the
+    :class:`~stealkit.serve.misinformation.AdaptiveMisinformation` fitted to the victim's training split (``f_hat``
+    trained with the victim's recorded batch size, ``tau`` on that split), seeded by the audit's
+    ``seed``; built once per process and reused by every part and the serving costs."""
+    from stealkit.serve.defences import parse_defence
+    from stealkit.serve.misinformation import fit_adaptive_misinformation, is_am_spec, parse_am
+
+    if not is_am_spec(spec):
+        return parse_defence(spec)
+    settings = parse_am(spec)
+    key = (target.location, spec, seed, target.device, target.data_dir)
+    if key not in _BUILT:
+        v = target.open(mode="probs", budget=0)
+        found = am_training_data(v, target.data_dir)
+        if found is None or v.model is None:
+            raise InputError(f"--defence {spec}: {AM_UNMEASURED}")
+        train, recipe = found
+        _BUILT[key] = fit_adaptive_misinformation(v.model, train.x, train.y, train.x, settings, seed=seed,
+                                                  device=target.device,
+                                                  batch_size=int(recipe.get("batch_size") or 64))
+    return _BUILT[key]
+
+
 def serving_costs(target: Target, *, answers: Sequence[str], defences: Sequence[str]
                   ) -> dict[str, dict[str, float]] | None:
     """Top-1 accuracy and ECE of each serving choice on the victim's test split, keyed ``label``, ``topk``,
-    ``probs`` or ``probs+SPEC``; ``None`` for a remote victim (its test answers would cost queries)."""
+    ``probs`` or ``probs+SPEC``; ``None`` for a remote victim (its test answers would cost queries). For Adaptive
+    Misinformation also ``served f``: the share of test inputs it serves the model's own answer (a(x) < 1/2), and
+    its ``tau``."""
     from stealkit.oracle.victim import is_url, victim_test
-    from stealkit.serve.defences import parse_defence, served_calibration
+    from stealkit.serve.defences import served_calibration
 
     if isinstance(target.victim, str) and is_url(target.victim):
         return None
@@ -94,9 +177,15 @@ def serving_costs(target: Target, *, answers: Sequence[str], defences: Sequence[
     test = victim_test(v, target.data_dir)
     costs = {a: served_calibration(v.model, test.x, test.y, mode=a, top_k=top_k) for a in answers}
     for spec in defences:  # a fresh defence: seeded noise draws the same on every run
-        costs[f"probs+{spec}"] = served_calibration(v.model, test.x, test.y, mode="probs",
-                                                    defence=parse_defence(spec))
-    return {k: {m: round(x, 4) for m, x in c.items()} for k, c in costs.items()}
+        defence = build_defence(spec, target, seed=target.seed)
+        costs[f"probs+{spec}"] = served_calibration(v.model, test.x, test.y, mode="probs", defence=defence)
+        if hasattr(defence, "alpha"):
+            import torch
+
+            probs = torch.softmax(v.oracle.logits(test.x), dim=1)  # type: ignore[attr-defined]
+            costs[f"probs+{spec}"].update({"served f": float((defence.alpha(probs) < 0.5).double().mean()),
+                                           "tau": defence.tau})
+    return {k: {m: round(x, 6 if m == "tau" else 4) for m, x in c.items()} for k, c in costs.items()}
 
 
 def flagged_text(prada: dict[str, Any] | None) -> int | str | None:
@@ -230,12 +319,30 @@ def serving_words(table: Sequence[dict[str, Any]], prada: Sequence[dict[str, Any
     return out
 
 
+def misinformation_words(costs: dict[str, dict[str, float]] | None) -> list[str]:
+    """A sentence per Adaptive Misinformation cell: its threshold, the share of honest inputs it leaves alone and
+    the detector it uses."""
+    from stealkit.serve.misinformation import is_am_spec
+
+    out = []
+    for key, c in (costs or {}).items():
+        spec = key.removeprefix("probs+")
+        if key.startswith("probs+") and is_am_spec(spec) and "served f" in c:
+            out.append(f"Adaptive misinformation ({spec}; Kariyappa & Qureshi 2020): tau {c['tau']:.4g} on your "
+                       f"model's maximum softmax probability (no Outlier Exposure: the paper's sharper detector is "
+                       f"not trained), picked on its training split; it serves your model's own answer on "
+                       f"{c['served f']:.1%} of your test inputs and the misinformation network's elsewhere, "
+                       "where the argmax changes too, so the label attacker is measured on it, not assumed.")
+    return out
+
+
 def add_serving(summary: dict[str, Any], costs: dict[str, dict[str, float]] | None, top_k: int) -> None:
     """Put the serving table, the PRADA rows and their sentences into the audit's summary."""
     results = summary.get("parts") or []
     summary["serving"] = serving_table(summary.get("headline") or [], results, costs, top_k)
     summary["prada"] = prada_rows(results)
     summary.setdefault("sentences", []).extend(serving_words(summary["serving"], summary["prada"]))
+    summary["sentences"].extend(misinformation_words(costs))
     if costs is None:
         summary.setdefault("notes", []).append(
             "served accuracy and ECE need the victim's answers on the test split, which a remote victim gives only "

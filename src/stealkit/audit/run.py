@@ -181,14 +181,13 @@ def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHo
     ``options.out``), and write ``summary.json``, ``audit.json`` and ``report.html`` there. Every query count comes
     from an oracle's ledger; the total never exceeds ``max_queries``. ``echo`` gets the plan, ``progress`` a line
     per finished part and the status line every ``STEALKIT_PROGRESS_INTERVAL`` seconds; ``plan_only`` stops after the plan (no query)."""
-    from stealkit.audit.defences import resolve_defences, serving_costs
+    from stealkit.audit.defences import check_defence, measurable_defences, resolve_defences, serving_costs
     from stealkit.audit.execute import check_resume, execute
     from stealkit.audit.gates import decide_gates, extend
     from stealkit.audit.parts import PlanContext, RunContext, VictimShape
     from stealkit.audit.plan import format_plan, make_plan
     from stealkit.audit.report import summarise
     from stealkit.rundir import RunDir
-    from stealkit.serve.defences import parse_defence
 
     sizes = options.check()
     if options.dataset is not None:
@@ -199,9 +198,10 @@ def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHo
     remote = _remote(target)
     defences, default_defences = resolve_defences(options.defences, remote=remote, answers=options.answers)
     for spec in defences:
-        parse_defence(spec)  # refuse a bad spec before any work
+        check_defence(spec)  # refuse a bad spec before any work
     if defences and remote:
         raise InputError("--defence audits a local victim; a remote victim's defences are its server's")
+    defences, unmeasured_defences = measurable_defences(defences, target)
     num_classes, pixels, model_file = _shape(target)
     from stealkit.audit.tabular import tabular_options
 
@@ -226,6 +226,7 @@ def run_audit(options: AuditOptions, *, plan_only: bool = False, on_part: PartHo
                              "test images (evaluation queries, within --max-queries), the reference of every fidelity")
     if unmeasured:
         plan.notes.insert(0, unmeasured)
+    plan.notes.extend(unmeasured_defences)
     from stealkit.audit.kinds import part_id
 
     run = RunDir(options.out)

@@ -45,7 +45,8 @@ def _ladder(ladder: tuple[int, ...]) -> str:
 @click.option("--defence", "defences", multiple=True, metavar="SPEC",
               help="Also audit probabilities served through this output defence, side by side (repeat; the specs "
                    "of stealkit defences --defence and of a serve key's defences, e.g. round:decimals=1, topk:k=1, "
-                   "label, noise:sigma=0.05; a local victim only). Without it a local victim's probabilities are "
+                   "label, noise:sigma=0.05; and am[:keep=0.95,nu=1000], Adaptive Misinformation, trained on the "
+                   "victim's own training split; a local victim only). Without it a local victim's probabilities are "
                    "audited through round:decimals=2 and noise:sigma=0.05 (on the lowest and middle rungs); "
                    "--defence none turns them off.")
 @click.option("--fail-if", "fail_if", multiple=True, metavar="q90<N",

@@ -13,12 +13,13 @@ from stealkit.oracle.base import (
     validate_images,
 )
 from stealkit.oracle.ledger import QueryKind, QueryLedger, QueryRecord
-from stealkit.oracle.local import Defence, LocalExplanationOracle, LocalOracle
+from stealkit.oracle.local import Defence, InputAwareDefence, LocalExplanationOracle, LocalOracle
 
 __all__ = [
     "Defence",
     "ExplainArgs",
     "ExplanationOracle",
+    "InputAwareDefence",
     "LocalExplanationOracle",
     "LocalOracle",
     "Oracle",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -25,6 +26,33 @@ from stealkit.oracle.observe import notify
 
 #: an output defence: maps (probabilities [B,K], logits [B,K]) to perturbed probabilities [B,K]
 Defence = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@runtime_checkable
+class InputAwareDefence(Protocol):
+    """A defence that also sees the queried images (e.g. Adaptive Misinformation, which answers some queries from
+    a second network): ``needs_input`` is true and it is called ``defence(probs, logits, x=images)``, the images
+    as the oracle validated them ([B, C, H, W], on the CPU). Every other defence keeps the two-argument
+    :data:`Defence` call."""
+
+    needs_input: bool
+
+    def __call__(self, probs: torch.Tensor, logits: torch.Tensor, *, x: torch.Tensor) -> torch.Tensor: ...
+
+
+def needs_input(defence: Any) -> bool:
+    """Whether ``defence`` must be called with the queried images (:class:`InputAwareDefence`)."""
+    return bool(getattr(defence, "needs_input", False))
+
+
+def apply_defence(defence: Any, probs: torch.Tensor, logits: torch.Tensor, x: torch.Tensor | None) -> torch.Tensor:
+    """``defence``'s answer: with the images ``x`` for an :class:`InputAwareDefence`, which refuses to answer
+    without them, else from the probabilities and logits alone."""
+    if not needs_input(defence):
+        return defence(probs, logits)
+    if x is None:
+        raise InputError(f"the defence {defence!r} needs the queried images: pass x= to answer_from_logits")
+    return defence(probs, logits, x=x)
 
 
 class LocalOracle:
@@ -109,18 +137,19 @@ class LocalOracle:
         x = validate_images(x, self.input_shape)
         digest = digest_tensor(x) if self._log_queries else ""
         with self._ledger.reserve(QueryKind.PREDICT, x.shape[0], digest=digest):
-            answer = self.answer_from_logits(self.logits(x))
+            answer = self.answer_from_logits(self.logits(x), x=x)
         notify(self, x, answer)
         return answer
 
-    def answer_from_logits(self, logits: torch.Tensor) -> torch.Tensor:
+    def answer_from_logits(self, logits: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
         """This oracle's answer (mode, temperature, top-k, defences) to raw ``logits``; charges nothing.
 
-        The server uses it to answer exactly as :meth:`query` does after charging its own store."""
+        ``x``: the queried images the logits answer, which an :class:`InputAwareDefence` is given (one without
+        them is refused). The server uses it to answer exactly as :meth:`query` does after charging its own store."""
         if self.defences and self.mode is not OutputMode.LOGITS:
             probs = torch.softmax(logits / self.temperature, dim=1)
             for defence in self.defences:
-                probs = defence(probs, logits)
+                probs = apply_defence(defence, probs, logits, x)
             if self.mode is OutputMode.LABEL:
                 return probs.argmax(dim=1)
             if self.mode is OutputMode.PROBS:

@@ -16,6 +16,9 @@ per-model defences. They are applied to the (temperature-scaled) softmax before 
 - :func:`gaussian_noise` -- add N(0, sigma^2) to each probability, clip at 0, renormalise (ART's
   ``GaussianNoise``).
 
+Adaptive Misinformation (Kariyappa & Qureshi 2020) needs the queried images and a network trained on the owner's
+data: :mod:`stealkit.serve.misinformation` (audit and Python only; :func:`parse_defence` refuses ``am``).
+
 Specs for configuration files: ``"round:decimals=2"``, ``"topk:k=3"``, ``"label"``,
 ``"reverse_sigmoid:beta=1.0,gamma=0.1"``, ``"noise:sigma=0.05,seed=0"`` or the same as TOML tables
 (``{name = "round", decimals = 2}``); see :func:`parse_defence`.
@@ -179,6 +182,10 @@ def parse_defence(spec: str | Mapping[str, Any]) -> Defence:
     else:
         raise InputError(f"a defence is a string like 'round:decimals=2' or a table, got {spec!r}")
     name = name.strip().lower()
+    if name in ("am", "adaptive_misinformation"):
+        raise InputError("defence 'am' (adaptive misinformation) trains a network on your training data: it is an "
+                         "audit/Python-only defence (stealkit audit --defence am, or "
+                         "stealkit.serve.misinformation.fit_adaptive_misinformation), not a keys-file one")
     if name not in DEFENCES:
         raise InputError(f"unknown defence {name!r}; expected one of {sorted(set(DEFENCES))}")
     try:
@@ -212,7 +219,7 @@ def served_calibration(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
 
     oracle = LocalOracle(model, tuple(x.shape[1:]), mode=mode, top_k=top_k, defences=[defence] if defence else [],
                          device=module_device(model))
-    answer = oracle.answer_from_logits(oracle.logits(x))
+    answer = oracle.answer_from_logits(oracle.logits(x), x=x)
     if oracle.mode.value == "label":
         pred = answer.long().cpu()
         conf = torch.ones(pred.shape[0])

@@ -275,7 +275,7 @@ class Service:
         if q.explain is None:
             oracle = self.oracle(key, q.mode)
             logits = oracle.logits(q.x)
-            return oracle.answer_from_logits(logits), logits.argmax(1)
+            return oracle.answer_from_logits(logits, x=q.x), logits.argmax(1)
         a = q.explain
         oracle = self.oracle(key, key.mode)
         return oracle.explain(q.x, a.method, target=q.target, output=a.output, n_samples=a.n_samples,

@@ -130,9 +130,10 @@ class Extraction:
     def run(self, part: Part, ctx: RunContext, out: Path, copy: Copy | None) -> dict[str, Any]:
         """One extraction through a fresh oracle metered to the part's budget, its answers journalled; the
         stolen copy saved in ``out/student`` (what the attacks read)."""
+        from stealkit.audit.defences import build_defence
         from stealkit.extract.journal import JournalOracle
         from stealkit.extract.surrogate_data.run import run_surrogate
-        from stealkit.serve.defences import parse_defence, served_accuracy
+        from stealkit.serve.defences import served_accuracy
 
         seed = ctx.options.seed + part.seed_offset
         journals: list[JournalOracle] = []
@@ -143,7 +144,8 @@ class Extraction:
             journals.append(j)
             return j
 
-        worn = (parse_defence(part.defence),) if part.defence else ()
+        # the owner's defence is one deployment: built from the audit's seed, whatever the part's seed
+        worn = (build_defence(part.defence, ctx.target, seed=ctx.options.seed),) if part.defence else ()
         try:
             run = run_surrogate(ctx.target.with_seed(seed), part.budget,
                                 surrogate_options(ctx.options.recipe, part.answers, part.pool), out=out,
@@ -158,7 +160,8 @@ class Extraction:
             from stealkit.oracle.victim import victim_test
 
             test = victim_test(v, ctx.options.data_dir)
-            served = served_accuracy(v.model, parse_defence(part.defence), test.x, test.y)  # fresh noise
+            served = served_accuracy(v.model, build_defence(part.defence, ctx.target, seed=ctx.options.seed),
+                                     test.x, test.y)  # fresh noise
         queries = run.queries
         return {"queries": queries, "total_queries": sum(queries.values()), "accuracy": run.accuracy,
                 "fidelity": run.fidelity, "victim_accuracy": run.victim_accuracy, "served_accuracy": served,
