@@ -37,6 +37,7 @@ def bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     return mod
 
 
+@pytest.mark.slow
 def test_repeats_rows_anchor_and_reproducible(bench: Any, tmp_path: Path) -> None:
     rows = _run(bench, tmp_path / "a.jsonl", 3)
     art = [r for r in rows if r["tool"] == "art-hsj" and r["budget"] == "full"]

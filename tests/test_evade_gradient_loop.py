@@ -124,6 +124,7 @@ CASES = {
 @pytest.mark.parametrize("seed", [0, 5])
 @pytest.mark.parametrize("batch_size", [23, 4])
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.slow
 def test_bit_identical_to_the_loop_before_the_trimming(case: str, batch_size: int, seed: int) -> None:
     model, (x, y) = _model(), _batch()
     cfg = GradientAttackConfig(**CASES[case], seed=seed, batch_size=batch_size)  # type: ignore[arg-type]
@@ -134,6 +135,7 @@ def test_bit_identical_to_the_loop_before_the_trimming(case: str, batch_size: in
 
 
 @pytest.mark.parametrize("case", ["pgd-linf", "pgd-l2-restarts", "eot-linf", "targeted-linf"])
+@pytest.mark.slow
 def test_simulated_gpu_gives_the_cpu_examples(case: str) -> None:
     """On a (simulated) GPU the random starts are drawn ahead, pinned and copied without a wait: same examples."""
     model, (x, y) = _model(), _batch()
@@ -178,6 +180,7 @@ def test_success_is_the_models_verdict_on_the_examples() -> None:
         assert 0 < int(r.success.sum()) < len(y) or targeted
 
 
+@pytest.mark.slow
 def test_the_random_start_is_seeded_and_random() -> None:
     """One step of size 0: the result is the projected random start, the same for a seed, different across seeds."""
     model, (x, y) = _model(), _batch()

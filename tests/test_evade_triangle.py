@@ -38,6 +38,7 @@ def _adversarial(victim: TinyNet, x_adv: torch.Tensor, y: torch.Tensor) -> bool:
 @pytest.mark.parametrize("max_queries", [5, 40, 250, 1000])
 @pytest.mark.parametrize("extra", [{"freq": 1.0}, {"freq": 0.5, "coords": 0, "search_steps": 0},
                                    {"freq": 0.75, "coords": 2, "start_tries": 10}])
+@pytest.mark.slow
 def test_spends_exactly_the_per_image_cap_and_reports_the_ledger(max_queries: int, extra: dict[str, object]) -> None:
     victim, x, y = _batch()
     oracle = LocalOracle(victim, SHAPE, mode="label")
@@ -73,6 +74,7 @@ def test_opening_then_hopskipjump_honours_the_cap_and_the_ledger(max_queries: in
     assert bool((r.norms[r.success] <= alone.norms[r.success] + 1e-6).all())
 
 
+@pytest.mark.slow
 def test_same_seed_same_result_and_points_only_move_nearer() -> None:
     victim, x, y = _batch(seed=7)
     cfg = TriangleConfig(freq=1.0, seed=4)

@@ -146,6 +146,7 @@ BROKEN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_reproduce_reports_a_failed_study_and_runs_the_rest(tiny_config, tmp_path, monkeypatch):
     from stealkit.experiments import reproduce as rp
 

@@ -22,6 +22,7 @@ def _victim() -> torch.nn.Module:
     return build_model("logistic", input_shape=(1, 4, 4), num_classes=3)
 
 
+@pytest.mark.slow
 def test_gradient_loss_recovers_a_linear_model_from_few_queries() -> None:
     victim = _victim()
     x = torch.rand(3, 1, 4, 4, generator=torch.Generator().manual_seed(1))

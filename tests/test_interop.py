@@ -245,6 +245,7 @@ def test_export_cli_reports_the_max_difference_and_reloads(tmp_path, zoo_dir, ca
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript", "safetensors"])
+@pytest.mark.slow
 def test_export_of_a_batchnorm_model_stays_in_eval_mode(fmt, tmp_path):
     torch.manual_seed(0)
     model = build_model("resnet", input_shape=SHAPE, num_classes=10, depth=8, width=0.125).eval()

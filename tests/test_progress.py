@@ -118,6 +118,7 @@ RUNS = {
 
 
 @pytest.mark.parametrize("name", list(RUNS))
+@pytest.mark.slow
 def test_each_command_family_reports_progress_off_a_terminal_and_not_with_q(
         name: str, models: dict[str, str], tmp_path, capsys, loud: None) -> None:
     args, wanted = RUNS[name]

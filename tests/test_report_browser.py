@@ -40,6 +40,7 @@ def check_page(path, width: int = 1366, screenshot=None) -> dict:
     return {"errors": errors, "images": images, "overflow": overflow, "text": text}
 
 
+@pytest.mark.slow
 def test_report_renders_in_chromium(tmp_path):
     import numpy as np
 
@@ -58,6 +59,7 @@ def test_report_renders_in_chromium(tmp_path):
     assert not result["overflow"]
 
 
+@pytest.mark.slow
 def test_broken_figure_is_detected(tmp_path):
     path = tmp_path / "bad.html"
     path.write_text("<html><body><img src='data:image/png;base64,AAAA'></body></html>")

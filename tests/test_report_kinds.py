@@ -34,7 +34,7 @@ RUNS: dict[str, tuple[list[str], bool]] = {
                            "--student", "mlp2", "--student-arg", "hidden=8"], False),
     **{f"extract {m}": (["extract", m, "--victim", VICTIM, "--budget", "2000", "--mode", mode,
                          "--student", "mlp2", "--student-arg", "hidden=8", "--batch-size", "20", "--ngf", "4",
-                         "--eval-every", "1000", "--max-iterations", "2"], False)
+                         "--eval-every", "1000", "--max-iterations", "2"], True)
        for m, mode in (("dfme", "probs"), ("maze", "probs"), ("dast", "label"))},
     # the default label-only recipe's fixed costs (its student selection, a 30 s run even at two iterations)
     "extract codfe": (["extract", "codfe", "--victim", VICTIM, "--budget", "2000", "--mode", "label",
@@ -54,7 +54,7 @@ RUNS: dict[str, tuple[list[str], bool]] = {
                "--set", "student.hidden=8", "--set", "epochs=1",
                # the attack parts at a tiny size (their tables on the page); the data-free part is left out
                "--transfer-images", "10", "--decision-images", "1", "--decision-queries", "40",
-               "--datafree-budget", "0", "--gradmatch-budgets", "10", "--exact-budget", "0"], False),
+               "--datafree-budget", "0", "--gradmatch-budgets", "10", "--exact-budget", "0"], True),
     "attack study": (["attack", "study", "--quick", "--n", "20", "--datafree", ""], True),
     "study dfme-table4": (["study", "dfme-table4", "--victims", "digits-conv2", "--columns", "gaussian", "--taus", "1",
                            "--schedules", "cyclic", "--max-distinct", "40", "--epochs", "1"], True),

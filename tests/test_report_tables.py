@@ -70,6 +70,7 @@ _BROKEN = """() => {
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
 @pytest.mark.parametrize("width", [600, 1000, 1366])
+@pytest.mark.slow
 def test_no_header_or_cell_breaks_inside_a_word_in_chromium(tmp_path, width):
     sync_api = pytest.importorskip("playwright.sync_api")
     path = tmp_path / "report.html"

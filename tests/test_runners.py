@@ -61,6 +61,7 @@ def test_run_surrogate_is_the_command(models, tmp_path):
     assert run.preset_resolved == run.config["preset_resolved"] and isinstance(run.student, torch.nn.Module)
 
 
+@pytest.mark.slow
 def test_run_datafree_is_the_command(models, tmp_path):
     from stealkit.extract.datafree.run import DataFreeOptions, run_datafree
 

@@ -157,6 +157,7 @@ def fuzz(app_client: tuple[TestClient, list[int]], strategy: st.SearchStrategy, 
     return statuses
 
 
+@pytest.mark.slow
 def test_fuzz_quick(app_client):
     fuzz(app_client, requests(), 300)
 
@@ -215,6 +216,7 @@ def openapi_bodies(client: TestClient) -> dict[str, dict]:
             for p in ("/v1/predict", "/v1/explain")}
 
 
+@pytest.mark.slow
 def test_schema_fuzz_quick(app_client):
     statuses = fuzz(app_client, schema_requests(openapi_bodies(app_client[0])), 200)
     assert statuses[200] > 0 and statuses[400] > 0

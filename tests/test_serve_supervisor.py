@@ -90,6 +90,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 def test_a_worker_exits_when_its_parent_is_killed():
     """The mechanism alone (fast): a process under :func:`exit_with_parent` outlives a SIGKILLed parent by
     well under a second."""

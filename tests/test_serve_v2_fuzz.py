@@ -96,6 +96,7 @@ def client(tmp_path: Path) -> TestClient:
     return TestClient(app, raise_server_exceptions=False)
 
 
+@pytest.mark.slow
 def test_fuzz_v2(client: TestClient):
     statuses: Counter[int] = Counter()
     answered = [0]

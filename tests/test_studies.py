@@ -38,6 +38,7 @@ def test_table4_halves_are_disjoint_seeded_and_cover_the_test_split():
     assert halves(451, 0)[0].tolist() == val.tolist() and halves(451, 1)[0].tolist() != val.tolist()
 
 
+@pytest.mark.slow
 def test_table4_cell_is_chosen_on_validation_and_scored_on_the_other_half(tmp_path):
     """Each cell's setting is the grid point best on the validation half; its accuracy is the reported half's;
     the paper's pick (best on the reported half) is kept beside it and can only be higher or equal."""

@@ -228,6 +228,7 @@ def _default_config(budget: int, classes: int, mode: str, **changes: object) -> 
 
 
 @pytest.mark.parametrize("mode", ["label", "probs"])
+@pytest.mark.slow
 def test_the_default_from_a_hundred_per_class_selects_by_margin_within_the_budget(mode):
     """Tenth pass: 300 answers of 3 classes (100 per class) from a 600-image pool: half at random, then four rounds
     of margin selection; the ledger, the distinct answers and what the victim saw are exactly the budget."""

@@ -82,6 +82,7 @@ def test_default_preset_smooths_labels_and_paper_does_not(victim_dir, tmp_path, 
     ("label", 100, "plain+batching=equal"), ("probs", 50, "plain+batching=equal+tau=2+lr=0.05+grad_clip=5+min_steps=3000"),
     ("probs", 99, "plain+batching=equal+tau=2+lr=0.05+grad_clip=5+min_steps=3000"),
     ("probs", 100, "plain+batching=equal+tau=2+lr=0.05+grad_clip=5+min_steps=3000")])
+@pytest.mark.slow
 def test_default_is_semi_below_ten_answers_per_class_and_records_it(victim_dir, tmp_path, mode, budget, resolved):
     """``auto`` (the default) resolves by the budget and the answer kind: FixMatch with smoothing 0.1 below 10
     queries per class (digits: 100), ``plain`` from there (with probabilities also tau 2, lr 0.05, clip 5);
@@ -118,6 +119,7 @@ def test_default_batches_equally_from_ten_per_class_and_ragged_is_one_set_away(v
 
 @pytest.mark.parametrize("extra,clip", [(["--preset", "paper"], 0.0), ([], 5.0),
                                         (["--set", "grad_clip=0.5", "--tau", "2"], 0.5)])
+@pytest.mark.slow
 def test_grad_clip_is_recorded_and_spends_exactly_the_budget(victim_dir, tmp_path, extra, clip):
     """``--set grad_clip=C`` (tenth pass) reaches the student's training and config.json; off in ``paper``,
     5 in the default with probability answers from 10 per class."""
@@ -178,6 +180,7 @@ def _setting(config: dict, key: str) -> object:
 
 
 @pytest.mark.parametrize("mode", ["label", "probs"])
+@pytest.mark.slow
 def test_default_selects_by_margin_from_twenty_per_class_and_records_it(victim_dir, tmp_path, mode):
     """Tenth pass: at 200 answers (digits: 20 per class) from a pool larger than the budget (a synthetic source
     draws 4 candidates per query) the default queries in margin rounds; config.json names it; a --set changes the

@@ -102,6 +102,7 @@ def test_auto_from_ten_per_class_with_labels_trains_plain_equal_batches_with_smo
     assert did["extra"]["label_smoothing"] == 0.1 and did["extra"]["ssl"] == "none"
 
 
+@pytest.mark.slow
 def test_auto_with_probabilities_trains_three_thousand_steps_at_tau_two_and_lr_005():
     """5 answers per class with probabilities: no FixMatch; at least 3,000 steps (one batch an epoch: 3,000 epochs),
     peak learning rate 0.05, temperature 2, gradients clipped at 5; still exactly 15 queries."""

@@ -32,6 +32,7 @@ def test_onecycle_peaks_at_max_lr():
     assert max(lrs) == pytest.approx(0.1, rel=1e-3) and lrs[0] < 0.01 and lrs[-1] < 0.01
 
 
+@pytest.mark.slow
 def test_fit_learns_and_is_deterministic(tiny_model):
     from tests.conftest import TinyNet
 

@@ -47,6 +47,7 @@ def test_formatting_helpers():
     ["extract", "gradient-matching", "--budget", "10", "--checkpoints", "5,10", "--student", "mlp2", "--steps", "20"],
     ["extract", "exact"],
 ], ids=["baseline", "surrogate", "codfe", "hopskipjump", "certify", "gradient-matching", "exact"])
+@pytest.mark.slow
 def test_each_command_family_prints_figures_not_reprs(victim, tmp_path, capsys, args):
     opt = "--model" if args[0] == "certify" else "--victim"
     rc = main([*args, opt, str(victim), "--out", str(tmp_path / "run")])

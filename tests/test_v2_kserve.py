@@ -106,6 +106,7 @@ def test_extraction_against_kserve_ledger_equals_server_log(victim, tmp_path: Pa
     assert json.loads((out / "config.json").read_text())["config"]["victim"] == f"v2+{url}/v2/models/digits"
 
 
+@pytest.mark.slow
 def test_label_only_kserve_server(victim, tmp_path: Path):
     model_dir, onnx = victim
     log = tmp_path / "answered.jsonl"
