@@ -171,6 +171,16 @@ def test_a_gate_fails_only_below_n_and_passes_at_n() -> None:
                       "queries")
 
 
+def test_a_gate_reads_fidelity_at_the_level_less_the_tolerance() -> None:
+    edge = 90 / 100 - TOLERANCE  # the same float the gate computes
+    assert _status([_pt(50, edge)], "q90<51") == ["fail"]  # at the edge: reached
+    assert _status([_pt(50, 0.9 - TOLERANCE / 2)], "q90<51") == ["fail"]  # inside the tolerance: reached
+    assert _status([_pt(50, 0.9 - 2 * TOLERANCE)], "q90<51") == ["pass"]  # below it: not reached within 50
+    # reached only above the target's rung: open, whether the copy sits at the edge or at the level itself
+    assert _status([_pt(100, edge)], "q90<51") == ["undecided"]
+    assert _status([_pt(100, 0.9)], "q90<51") == ["undecided"]
+
+
 def test_an_unreached_level_passes_only_when_the_ladder_reaches_n_minus_one() -> None:
     res = [_pt(50, 0.8), _pt(100, 0.85)]  # not reached within 100: Q90 >= 101
     assert _status(res, "q90<101") == ["pass"]
