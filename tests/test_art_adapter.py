@@ -130,6 +130,7 @@ def test_bad_input_is_one_clear_error(digits: tuple) -> None:
         oracle_classifier(victim)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_an_http_oracle_is_charged_on_the_server_too(tmp_path) -> None:  # noqa: ANN001
     """Over HTTP the server's own ledger charges the same images as the client's and as ART sent."""
     from art.attacks.evasion import HopSkipJump

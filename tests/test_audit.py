@@ -246,6 +246,7 @@ def test_plan_shows_the_attack_and_data_free_parts_and_fits_them(tmp_path: Path,
     assert "hopskipjump" not in text.split("note:")[0]
 
 
+@pytest.mark.slow
 def test_what_the_stolen_copy_enables(tmp_path: Path) -> None:
     """PGD from the best copy and HopSkipJump without and with it, run as the attack commands under the part's
     budget: every figure read back from those commands' own summaries, every query from their ledgers."""
@@ -287,6 +288,7 @@ def test_what_the_stolen_copy_enables(tmp_path: Path) -> None:
     assert "What the stolen copy enables" in html and "PGD at the paper" in html
 
 
+@pytest.mark.slow
 def test_data_free_attacker_is_a_row_of_the_extraction_table(tmp_path: Path) -> None:
     """The default data-free recipe (stealkit extract codfe, labelonly-v3) at the budget the plan leaves it, on
     label answers: its copy is a row beside the other attackers', its queries the ledger's."""

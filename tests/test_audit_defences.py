@@ -159,6 +159,7 @@ def test_default_defences_in_the_plan(tmp_path: Path, capsys: pytest.CaptureFixt
     assert defence_rungs([250, 500, 1000, 2000, 4000]) == [250, 1000]
 
 
+@pytest.mark.slow
 def test_serving_table_and_prada_from_the_parts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A tiny audit with the default defences and HopSkipJump: every cell of the serving table is the audit's
     own figure, PRADA saw exactly each part's ledger count, and the audit spent exactly its plan."""

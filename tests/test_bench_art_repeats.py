@@ -63,6 +63,7 @@ def test_repeats_rows_anchor_and_reproducible(bench: Any, tmp_path: Path) -> Non
         sorted((r["repeat"], r["median_l2"], r["mean_queries"]) for r in art)
 
 
+@pytest.mark.slow
 def test_without_repeats_no_anchor(bench: Any, tmp_path: Path) -> None:
     rows = _run(bench, tmp_path / "c.jsonl", 0, seeds="0")
     assert bench.anchor(rows) is None and not any("repeat" in r for r in rows)

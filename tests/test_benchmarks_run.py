@@ -23,6 +23,9 @@ HAS_ART = importlib.util.find_spec("art") is not None
 
 #: script -> (tiny arguments, keys its JSON must have); ``{tmp}`` is the test's temporary folder
 RUNS: dict[str, tuple[list[str], set[str]]] = {
+    "adaptive_misinformation": (["--rows", "{tmp}/am.jsonl", "--victim-dir", "{tmp}/am-victim", "--out", "{tmp}/am",
+                                 "--budgets", "20", "--seeds", "0", "--pools", "pool", "--served", "am-argmax"],
+                                set()),
     "attack_speed": (["--victim", "digits-conv2", "--n", "64", "--batches", "32", "--repeats", "1",
                       "--threads", "1", "--libraries", "stealkit,plain"], {"results"}),
     # the committed rows of the same plan at 1e82ecb and on the audit package: equal on the rows it compares
@@ -31,6 +34,8 @@ RUNS: dict[str, tuple[list[str], set[str]]] = {
     "audit_consistency": (["--answers", "label", "--budgets", "20", "--transfer-images", "10", "--decision-images",
                            "2", "--decision-queries", "20", "--set", "student=mlp2", "--out", "{tmp}/consistency"],
                           {"figures", "all_equal"}),
+    "audit_ray": (["--small", "--repeats", "1", "--out", "{tmp}/ray"], {"figures_identical", "parts"}),
+    "breast_cancer_victim": (["--out", "{tmp}/bc"], {"test_accuracy", "features"}),
     "certify": (["--dataset", "digits", "--num", "2", "--n0", "20", "--n", "100", "--threads", "1",
                  "--mem-ns", "", "--skip-art"], set()),
     "data_free": (["--victim", "digits-conv2", "--methods", "codfe", "--modes", "label", "--budget", "1000",
@@ -136,6 +141,7 @@ def test_attack_speed_per_step_mode_reports_slope_and_ops(tmp_path: Path) -> Non
     assert ops["stealkit batch 8"]["total"] == ops["stealkit-before batch 8"]["total"] > 0
 
 
+@pytest.mark.slow
 def test_gpu_check_plan_53_lists_what_the_budget_did_not_reach(tmp_path: Path) -> None:
     """``gpu_check.py --plan 53`` (issue 53): the steps in the issue's order; a step the budget does not reach is a
     row that says "not run", with the device line beside it."""

@@ -101,6 +101,7 @@ def test_run_exact_is_the_command_and_reads_a_given_victims_ledger(models, tmp_p
     assert run.victim is victim and run.queries == summary["queries"] == victim.oracle.ledger.as_dict()
 
 
+@pytest.mark.slow
 def test_run_transfer_is_the_command_and_takes_a_module(models, tmp_path):
     from stealkit.evade.run import run_transfer
     from stealkit.models import load_model

@@ -130,8 +130,8 @@ def test_grad_clip_is_recorded_and_spends_exactly_the_budget(victim_dir, tmp_pat
 
 @pytest.mark.parametrize("mode,extra,tau,lr,clip", [
     ("probs", [], 2.0, 0.05, 5.0),
-    ("probs", ["--tau", "1"], 1.0, 0.05, 5.0),
-    ("probs", ["--tau", "1", "--lr", "0.1", "--set", "grad_clip=0"], 1.0, 0.1, 0.0),
+    pytest.param("probs", ["--tau", "1"], 1.0, 0.05, 5.0, marks=pytest.mark.slow),
+    pytest.param("probs", ["--tau", "1", "--lr", "0.1", "--set", "grad_clip=0"], 1.0, 0.1, 0.0, marks=pytest.mark.slow),
     pytest.param("probs", ["--set", "tau=3"], 3.0, 0.05, 5.0, marks=pytest.mark.slow),  # 1-3 min each
     ("probs", ["--preset", "paper"], 1.0, None, 0.0),
     pytest.param("probs", ["--schedule", "constant"], 2.0, 0.05, 5.0, marks=pytest.mark.slow),

@@ -161,7 +161,7 @@ def check_arch(ctx: click.Context | None, param: click.Parameter | None, value: 
 
 #: the zoo's architectures (stealkit.models.zoo.ARCHITECTURES; a test keeps them equal), named here so that a
 #: mistyped --student is refused without importing torch
-ARCH_NAMES = ("cnn3", "cnn4", "conv2", "lenet5", "logistic", "mlp2", "resnet", "vgg11")
+ARCH_NAMES = ("cnn3", "cnn4", "conv2", "lenet5", "logistic", "mlp", "mlp2", "resnet", "vgg11")
 
 
 def check_source(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
