@@ -12,6 +12,7 @@ need no stolen copy placed largest first on the first free CPU, then those that 
 
     python benchmarks/audit_ray.py --out runs/audit-ray                       # the quick digits audit, 2 repeats
     python benchmarks/audit_ray.py --small --repeats 1 --out /tmp/audit-ray   # 4 extraction parts + PGD transfer
+    python benchmarks/audit_ray.py --victim standard:fmnist-conv2 --default --repeats 1 --out runs/audit-ray-fm
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--victim", default="standard:digits-conv2")
     ap.add_argument("--small", action="store_true", help="the small audit (4 extraction parts and PGD), not --quick")
+    ap.add_argument("--default", action="store_true", help="the default audit, not --quick")
     ap.add_argument("--jobs", type=int, default=2, help="--jobs of the local runs; CPUs of the local Ray")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--nodes", default="1,2,4,8,16", help="node counts of the projection")
@@ -91,7 +93,7 @@ def main() -> None:
     from stealkit.rundir import environment
 
     env = environment()
-    base = ["--victim", a.victim, "--quick", "--seed", str(a.seed), *(SMALL if a.small else [])]
+    base = ["--victim", a.victim, *([] if a.default else ["--quick"]), "--seed", str(a.seed), *(SMALL if a.small else [])]
     runs: list[dict[str, Any]] = []
     load_before = os.getloadavg()
     for r in range(a.repeats):

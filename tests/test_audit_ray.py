@@ -199,3 +199,17 @@ def test_reproduce_on_ray_runs_each_study_as_a_task_with_the_local_results(clust
         assert sa["queries"] == sb["queries"] and sa["accuracy"] == sb["accuracy"] and a["queries"] == b["queries"]
     again = rp.reproduce("small", tmp_path / "ray", jobs=2, backend="ray", address=cluster.address)
     assert all(s["skipped_steps"] == ["victim", "steal"] for s in again["studies"])  # finished steps kept
+
+
+def test_a_local_ray_runs_its_tasks_at_the_drivers_priority() -> None:
+    """Ray starts its workers at niceness 15: on shared cores a part would wait behind every other process."""
+    pytest.importorskip("ray")
+    from stealkit.raytasks import NICENESS_ENV, remote, session
+
+    def nice() -> int:
+        return os.nice(0)
+
+    assert NICENESS_ENV not in os.environ
+    with session(None, 1) as ray:
+        assert ray.get(remote(nice).remote()) == os.nice(0)
+    assert NICENESS_ENV not in os.environ
