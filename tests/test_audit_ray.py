@@ -201,9 +201,10 @@ def test_reproduce_on_ray_runs_each_study_as_a_task_with_the_local_results(clust
     assert all(s["skipped_steps"] == ["victim", "steal"] for s in again["studies"])  # finished steps kept
 
 
-def test_a_local_ray_runs_its_tasks_at_the_drivers_priority() -> None:
-    """Ray starts its workers at niceness 15: on shared cores a part would wait behind every other process."""
-    pytest.importorskip("ray")
+def test_a_local_ray_starts_apart_from_a_running_one_with_its_tasks_at_the_drivers_priority(cluster: Any) -> None:
+    """Without ``--address`` the command starts its own Ray of ``--jobs`` CPUs, even while another Ray runs on the
+    machine (here the module's cluster), and its workers run at the driver's niceness (Ray's default is 15: on
+    shared cores a part would wait behind every other process)."""
     from stealkit.raytasks import NICENESS_ENV, remote, session
 
     def nice() -> int:
@@ -212,4 +213,5 @@ def test_a_local_ray_runs_its_tasks_at_the_drivers_priority() -> None:
     assert NICENESS_ENV not in os.environ
     with session(None, 1) as ray:
         assert ray.get(remote(nice).remote()) == os.nice(0)
+        assert ray.cluster_resources().get("CPU") == 1 and "node_a" not in ray.cluster_resources()
     assert NICENESS_ENV not in os.environ

@@ -57,8 +57,10 @@ def session(address: str | None, num_cpus: int) -> Iterator[Any]:
             ray.init(address=address, log_to_driver=False)
         else:
             with _niceness(NICENESS):
-                ray.init(num_cpus=max(1, num_cpus), include_dashboard=False, log_to_driver=False,
-                         configure_logging=False)
+                # "local": a new Ray, even where one started by ``ray start`` runs here (``--address auto``
+                # names that one); without it Ray would join that one and refuse num_cpus
+                ray.init(address="local", num_cpus=max(1, num_cpus), include_dashboard=False,
+                         log_to_driver=False, configure_logging=False)
         started = True
     try:
         yield ray
