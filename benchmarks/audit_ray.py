@@ -51,6 +51,8 @@ def audit(args: list[str], out: Path) -> float:
 
 
 def figures(path: Path) -> Any:
+    """``audit.json`` without its timings, with the audit's own folder written as OUT (the test of the Ray backend
+    compares its runs by this too)."""
     def strip(x: Any) -> Any:
         if isinstance(x, dict):
             return {k: strip(v) for k, v in x.items() if k not in TIMING}

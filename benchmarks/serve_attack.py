@@ -158,6 +158,33 @@ def honest(url: str, stop: threading.Event, gap: float, out: dict) -> None:
                 "statuses": statuses})
 
 
+def _reopen(socks: list[socket.socket | None], i: int, source: str, port: int) -> bool:
+    """Keep ``socks[i]`` while the server holds it open; otherwise close it and open a fresh non-blocking connection
+    from ``source`` to the server (``None`` where that fails). True when a connection was opened."""
+    s = socks[i]
+    if s is not None:
+        try:
+            alive = s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:
+            alive = True
+        except OSError:
+            alive = False
+        if alive:
+            return False
+        s.close()
+    try:
+        s = socket.socket()
+        s.setblocking(False)
+        s.bind((source, 0))
+        with contextlib.suppress(BlockingIOError):
+            s.connect(("127.0.0.1", port))
+        socks[i] = s
+        return True
+    except OSError:
+        socks[i] = None
+        return False
+
+
 def half_open(port: int, n: int, seconds: float, reopen: float, report: mp.Queue) -> None:  # type: ignore[type-arg]
     """Hold ``n`` connections from 127.0.0.2 with unfinished headers; every ``reopen`` seconds, send each a header
     line and reopen the closed ones (slowloris)."""
@@ -168,27 +195,7 @@ def half_open(port: int, n: int, seconds: float, reopen: float, report: mp.Queue
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         for i in range(n):
-            s = socks[i]
-            if s is not None:
-                try:
-                    alive = s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
-                except BlockingIOError:
-                    alive = True
-                except OSError:
-                    alive = False
-                if alive:
-                    continue
-                s.close()
-            try:
-                s = socket.socket()
-                s.setblocking(False)
-                s.bind(("127.0.0.2", 0))
-                with contextlib.suppress(BlockingIOError):
-                    s.connect(("127.0.0.1", port))
-                socks[i] = s
-                opened += 1
-            except OSError:
-                socks[i] = None
+            opened += _reopen(socks, i, "127.0.0.2", port)
         time.sleep(min(0.3, reopen / 2))
         for s in socks:
             if s is not None:
@@ -326,27 +333,8 @@ def cap_fill(port: int, addresses: int, per_address: int, seconds: float, out: d
     socks: list[socket.socket | None] = [None] * (addresses * per_address)
     opened, end = 0, time.monotonic() + seconds
     while time.monotonic() < end:
-        for i, s in enumerate(socks):
-            if s is not None:
-                try:
-                    alive = s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
-                except BlockingIOError:
-                    alive = True
-                except OSError:
-                    alive = False
-                if alive:
-                    continue
-                s.close()
-            try:
-                s = socket.socket()
-                s.setblocking(False)
-                s.bind((f"127.0.3.{i // per_address + 1}", 0))
-                with contextlib.suppress(BlockingIOError):
-                    s.connect(("127.0.0.1", port))
-                socks[i] = s
-                opened += 1
-            except OSError:
-                socks[i] = None
+        for i in range(len(socks)):
+            opened += _reopen(socks, i, f"127.0.3.{i // per_address + 1}", port)
         time.sleep(0.3)
         for s in socks:
             if s is not None:

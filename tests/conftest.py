@@ -54,6 +54,15 @@ def _fresh_device_choice() -> None:
     stealkit.device._resolved = None
 
 
+@pytest.fixture(scope="module")
+def victim(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The server tests' victim: :func:`tests.test_serve_support.make_victim`'s digits MLP, trained once per test
+    module. A module that needs another victim defines its own ``victim`` fixture, which takes precedence."""
+    from tests.test_serve_support import make_victim
+
+    return make_victim(tmp_path_factory.mktemp("victim") / "model")
+
+
 def load_benchmark(name: str) -> ModuleType:
     """The script ``benchmarks/<name>.py`` imported as a module (benchmarks are scripts, not a package)."""
     path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"

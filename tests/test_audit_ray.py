@@ -12,14 +12,11 @@ on this machine, one CPU and one custom resource per node).
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +24,8 @@ from typing import Any
 import pytest
 
 from stealkit.cli import main
-from tests.audit_kit import run_audit_command
+from tests.audit_kit import kill_when, run_audit_command
+from tests.conftest import load_benchmark
 from tests.test_audit import NO_EXTRAS_KW, TINY, TINY_KW, VICTIM
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +38,6 @@ SMALL_KW: dict[str, Any] = {"answers": "label", "budgets": "20", "settings": TIN
 SMALL = ["--answers", "label", "--budgets", "20", *TINY, "--transfer-images", "5", "--decision-images", "0",
          "--datafree-budget", "0", "--defence", "none", "--gradmatch-budgets", "0", "--exact-budget", "0",
          "--seeds", "1"]
-TIMING = ("elapsed_s", "seconds")
 
 
 def test_address_without_the_ray_backend_is_refused_in_one_line(tmp_path: Path,
@@ -78,18 +75,6 @@ def cluster() -> Iterator[Any]:
         c.shutdown()
 
 
-def figures(path: Path) -> dict[str, Any]:
-    """``audit.json`` without its timings, with the audit's own folder written as OUT."""
-    def strip(x: Any) -> Any:
-        if isinstance(x, dict):
-            return {k: strip(v) for k, v in x.items() if k not in TIMING}
-        if isinstance(x, list):
-            return [strip(v) for v in x]
-        return x.replace(str(path), "OUT") if isinstance(x, str) else x
-
-    return strip(json.loads((path / "audit.json").read_text()))
-
-
 @pytest.mark.slow
 def test_parts_on_two_nodes_give_the_figures_of_one_process(cluster: Any, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
@@ -102,6 +87,7 @@ def test_parts_on_two_nodes_give_the_figures_of_one_process(cluster: Any, tmp_pa
     seen: list[str] = []
     run_audit_command(victim=victim, out=str(tmp_path / "ray"), backend="ray", address=cluster.address,
                       on_part=lambda part, _r: seen.append(part.kind), **SMALL_KW)
+    figures = load_benchmark("audit_ray").figures  # audit.json less its timings, the benchmark's comparison
     assert figures(tmp_path / "ray") == figures(tmp_path / "one")
     assert seen == ["extract", "extract", "transfer"]  # the attack from the copy after every extraction
     where = [json.loads(line) for line in (tmp_path / "ray" / "ray.jsonl").read_text().splitlines()]
@@ -150,16 +136,9 @@ def test_a_killed_driver_run_again_pays_for_nothing_twice(cluster: Any, tmp_path
     with live_server(Path(victim), keys, tmp_path / "db.sqlite", log=tmp_path / "server.log") as url:
         start = used(url)
         proc = driver(url, cluster.address, out, log)
-        try:  # killed once both extraction parts' answers are counted by the server and kept in their journals
-            while not (all(j.exists() and j.stat().st_size > 0 for j in journals)
-                       and used(url) - start >= EVALUATION + 40):
-                assert proc.poll() is None, log.read_text()[-3000:]
-                time.sleep(0.05)
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        # killed once both extraction parts' answers are counted by the server and kept in their journals
+        kill_when(proc, lambda: all(j.exists() and j.stat().st_size > 0 for j in journals)
+                  and used(url) - start >= EVALUATION + 40, log)
         first = sorted(p.stem for p in (out / "parts").glob("*.json"))
         killed = [p for p in EXTRACTIONS if p not in first]
         assert killed and not (out / "summary.json").exists(), first  # an extraction part was stopped midway

@@ -10,18 +10,17 @@ server's own count over the audit is the planned total too.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.audit_kit import kill_when
 from tests.test_serve_support import ROOT, live_server, make_victim, write_keys
 
 pytestmark = pytest.mark.slow
@@ -55,21 +54,17 @@ def test_an_audit_killed_mid_part_and_restarted_spends_the_planned_total(tmp_pat
     with live_server(victim, keys, tmp_path / "db.sqlite", log=tmp_path / "server.log") as url:
         start = used(url)
         proc = audit(url, out, log)
-        try:  # wait until the third part has been answered by the server but has not finished
-            while True:
-                assert proc.poll() is None, log.read_text()[-3000:]
-                done = sorted(p.stem for p in (out / "parts").glob("*.json")) if (out / "parts").exists() else []
-                journal = out / "parts" / "extract-probs-like-20.answers"
-                kept = journal.exists() and journal.stat().st_size > 0
-                if done == FIRST_TWO and used(url) - start > EVALUATION + 40 and kept:  # answered and kept by the client: an
-                    break  # answer the server counted but the client had not yet kept would be asked again
-                assert len(done) <= 2, f"the third part finished before it could be killed: {done}"
-                time.sleep(0.05)
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+
+        def third_part_midway() -> bool:  # answered by the server but not finished
+            done = sorted(p.stem for p in (out / "parts").glob("*.json")) if (out / "parts").exists() else []
+            journal = out / "parts" / "extract-probs-like-20.answers"
+            kept = journal.exists() and journal.stat().st_size > 0
+            if done == FIRST_TWO and used(url) - start > EVALUATION + 40 and kept:  # answered and kept by the client: an
+                return True  # answer the server counted but the client had not yet kept would be asked again
+            assert len(done) <= 2, f"the third part finished before it could be killed: {done}"
+            return False
+
+        kill_when(proc, third_part_midway, log)
         assert proc.returncode == -signal.SIGKILL
         done = sorted(p.stem for p in (out / "parts").glob("*.json"))
         assert done == FIRST_TWO and not (out / "summary.json").exists()  # killed mid-part, not between parts

@@ -21,18 +21,13 @@ from fastapi.testclient import TestClient
 from stealkit.oracle.base import MAX_SMOOTHGRAD_SAMPLES
 from stealkit.serve import cancel, jsonscan, payloads
 from stealkit.serve.app import create_app
-from tests.test_serve_support import make_victim, write_keys
+from tests.test_serve_support import write_keys
 
 TENANT = "tenant-Zx81QpLw6RtV3mNb7Yc4Lk"
 QUIET = "quiet-Qw3eR5tY7uI9oP1aS2dF6g"
 KEYS = [{"key": TENANT, "name": "tenant", "mode": "probs", "explain": True},
         {"key": QUIET, "name": "quiet", "mode": "probs"}]
 GUARD_S = 20.0  # how long a blocked step waits for the test before going on: only so that a failing test ends
-
-
-@pytest.fixture(scope="module")
-def victim(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_victim(tmp_path_factory.mktemp("victim") / "model")
 
 
 @pytest.fixture()

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from stealkit.serve import limits
 from stealkit.serve.app import create_app
 from tests.test_serve_sockets import answer, closed_by_server, connect, early
-from tests.test_serve_support import live_server, make_victim, write_keys
+from tests.test_serve_support import live_server, write_keys
 
 PAID = "paid-Zx81QpLw6RtV3mNb7Yc4Lk"
 SLOW = "slow-Qw3eR5tY7uI9oP1aS2dF6g"
@@ -39,11 +39,6 @@ def images(n: int, seed: int = 0) -> list:
 def v2_body(x: list) -> dict[str, object]:
     arr = np.asarray(x, dtype=np.float32)
     return {"inputs": [{"name": "input", "shape": list(arr.shape), "datatype": "FP32", "data": arr.ravel().tolist()}]}
-
-
-@pytest.fixture(scope="module")
-def victim(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_victim(tmp_path_factory.mktemp("victim") / "model")
 
 
 @pytest.fixture()

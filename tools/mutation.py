@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import json
 import os
 import shutil
@@ -281,6 +282,20 @@ class _suppress:
         return True
 
 
+@contextlib.contextmanager
+def src_copy(prefix: str) -> Iterator[Path]:
+    """A copy of ``src/`` in a temporary folder named ``prefix...``, first on ``sys.path`` and in ``PYTHONPATH`` (so the
+    forked children, and any process they start, import stealkit from it), with the project's root as the working
+    folder; the folder is removed at the end."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        copy = Path(tmp) / "src"
+        shutil.copytree(ROOT / "src", copy, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        sys.path.insert(0, str(copy))
+        os.environ["PYTHONPATH"] = str(copy)
+        os.chdir(ROOT)
+        yield copy
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("modules", nargs="*", default=list(MODULES))
@@ -294,12 +309,7 @@ def main() -> None:
     import pytest  # noqa: F401
     import scipy.stats  # noqa: F401
     import torch  # noqa: F401
-    with tempfile.TemporaryDirectory(prefix="stealkit-mut-") as tmp:
-        copy = Path(tmp) / "src"
-        shutil.copytree(ROOT / "src", copy, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        sys.path.insert(0, str(copy))
-        os.environ["PYTHONPATH"] = str(copy)
-        os.chdir(ROOT)
+    with src_copy("stealkit-mut-") as copy:
         args.out.mkdir(parents=True, exist_ok=True)
         rows = []
         for name in args.modules:

@@ -17,15 +17,12 @@ Prints one row per mechanism and exits non-zero if any removal was missed.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mutation import ROOT, run_one  # noqa: E402 - the project's mutation runner, beside this file
+from mutation import ROOT, run_one, src_copy  # noqa: E402 - the project's mutation runner, beside this file
 
 HARD, I51, CAPS = "tests/test_serve_hard.py", "tests/test_serve_issue51.py", "tests/test_serve_caps.py"
 CANCEL, JUNK = "tests/test_serve_cancel.py", "tests/test_serve_v2_junk.py"
@@ -141,12 +138,7 @@ def main() -> None:
     import pytest  # noqa: F401
     import torch  # noqa: F401
     missed = []
-    with tempfile.TemporaryDirectory(prefix="stealkit-mech-") as tmp:
-        copy = Path(tmp) / "src"
-        shutil.copytree(ROOT / "src", copy, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        sys.path.insert(0, str(copy))
-        os.environ["PYTHONPATH"] = str(copy)
-        os.chdir(ROOT)
+    with src_copy("stealkit-mech-") as copy:
         if args.baseline:
             tests = tuple(dict.fromkeys(t for r in chosen for t in r.tests))
             outcome, seconds = run_one(tests, args.limit * 2)

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from stealkit.serve.limits import AuthThrottle
+from stealkit.serve.store import write_transaction
 
 #: seconds a key that authenticated from an address stays admitted there while the address is throttled
 KNOWN_TTL_S = 7 * 24 * 3600.0
@@ -105,17 +106,8 @@ class SharedAuthThrottle(AuthThrottle):
             return False
         return row is not None and row[0] >= self.clock() - KNOWN_TTL_S
 
-    @contextlib.contextmanager
-    def _transaction(self):  # noqa: ANN202 - a context manager of a connection
-        conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+    def _transaction(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return write_transaction(self._conn())
 
     def flush(self) -> None:
         """Wait until every write submitted so far has landed (tests, shutdown)."""

@@ -153,6 +153,20 @@ class IdempotencyMismatch(InputError):
     """An idempotency key already used for a request that differs in something that shapes the answer."""
 
 
+@contextlib.contextmanager
+def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction on ``conn`` (opened with ``isolation_level=None``) holding the database's write lock:
+    ``BEGIN IMMEDIATE``, then ``COMMIT``, or ``ROLLBACK`` if the body raises."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
 class Store:
     """Thread-safe access to the SQLite file: one connection per thread, every write under ``BEGIN IMMEDIATE``."""
 
@@ -187,18 +201,9 @@ class Store:
             self._local.conn = conn
         return conn
 
-    @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         """One write transaction holding the database's write lock; rolled back if the body raises."""
-        conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+        return write_transaction(self._conn())
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
