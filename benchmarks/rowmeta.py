@@ -95,3 +95,12 @@ def finish(meta: dict[str, Any] | None, **extra: Any) -> Path | None:
     tmp.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     tmp.replace(out)
     return out
+
+
+def victim_test(name: str) -> Any:
+    """The test split's images of the standard victim ``name`` (e.g. ``digits-conv2``), for :func:`data_digest`."""
+    from stealkit.data import load_splits
+    from stealkit.victims import RECIPES
+
+    recipe = RECIPES[name]
+    return load_splits(recipe.dataset, seed=recipe.split_seed).test.x
