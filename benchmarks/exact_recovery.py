@@ -158,6 +158,7 @@ def main() -> None:
     meta = rowmeta.start(args.jsonl, seeds=f"ours 0-{args.seeds - 1}, 1-MQ 0-{args.mq_seeds - 1}, "
                          f"ART 0-{args.art_seeds - 1}", device=args.device,
                          data={"error scored on": f"{args.eval:,} N(0, I) inputs, numpy seed 123"},
+                         art_timeout=args.art_timeout, art_cap=args.art_cap,
                          victims="random: TwoLayerReLU.random(d, h, 10, bias=True, seed=1000 + h); trained: mlp2 "
                          "on digits (d 64) or the first 20,000 Fashion-MNIST victim-train images (d 784), seed 0")
 
