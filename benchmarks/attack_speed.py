@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -224,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-step", default="", metavar="S1,S2",
                     help="time at two step counts and report the time of one step and the fixed cost per call")
     ap.add_argument("--ops", action="store_true", help="with --per-step: torch operations per step (profiler)")
+    ap.add_argument("--jsonl", default=None, metavar="PATH",
+                    help="also append one row per repeat, batch and library (raw rows; its .meta.json at the end)")
     ap.add_argument("--before", default=None, metavar="GRADIENT_PY",
                     help="another version of stealkit/evade/gradient_based/gradient.py (e.g. from `git show "
                          "COMMIT:src/...`), timed beside the current one as library 'stealkit-before'")
@@ -272,6 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.per_step:
         print(json.dumps(per_step(model, x, y, args, libs, batches, missing, sync), indent=2))
         return 0
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import rowmeta
+
+    meta = rowmeta.start(args.jsonl, seeds=f"0-{args.repeats - 1} (repeat r: seed r)", device=str(device),
+                         victim=args.victim, images=f"the first {int(x.shape[0]):,} {dataset} test images",
+                         data={"attacked images": x.cpu()}, threads=args.threads, skipped=missing)
     for r in range(args.repeats):
         for b in batches:
             for lib in libs:
@@ -288,6 +297,12 @@ def main(argv: list[str] | None = None) -> int:
                 rates[(lib, b)].append((float(wrong.float().mean()), float(wrong[correct].float().mean())))
                 print(f"repeat {r} batch {b} {lib}: {times[(lib, b)][-1]:.2f}s success {rates[(lib, b)][-1][0]:.4f}",
                       file=sys.stderr, flush=True)
+                if args.jsonl:
+                    with open(args.jsonl, "a", encoding="utf-8") as fh:
+                        fh.write(json.dumps({"library": lib, "batch": b, "repeat": r, "seconds": times[(lib, b)][-1],
+                                             "success_rate": rates[(lib, b)][-1][0],
+                                             "asr_on_correct": rates[(lib, b)][-1][1],
+                                             "load_average": os.getloadavg()[0]}) + "\n")
     results = []
     for (lib, b), ts in times.items():
         rs = rates[(lib, b)]
@@ -303,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     for lib, mod in (("torchattacks", "torchattacks"), ("art", "art")):
         if lib in libs:
             versions[lib] = __import__(mod).__version__
+    rowmeta.finish(meta, versions=versions)
     print(json.dumps({
         "benchmark": "pgd_linf_speed", "attack": {"eps": 0.1, "step": 0.01, "steps": 20, "random_start": True},
         "victim": args.victim, "n": int(x.shape[0]), "clean_accuracy": round(float(correct.float().mean()), 4),

@@ -31,7 +31,9 @@ interleaved with the others in ``--rate-batches``; ``cpu_seconds`` shows the hos
         --rate-batches 400,4000 --repeats 3 --skip-art --mem-ns '' --before /tmp/smoothing_before.py
 
 Memory scaling: ``--mem-ns`` runs each certifier on ``--mem-num`` images for growing n and reports peak RSS.
-Prints one JSON object. ``--quick`` is a smoke run (20 images, small n).
+Prints one JSON object. ``--jsonl PATH`` also appends the raw rows (``part``: ``accuracy``, one row per certifier
+with each image's label, prediction and radius; ``equal-batch`` / ``rate``, one row per timed run; ``memory``) and
+writes ``PATH``'s ``.meta.json`` at the end (``benchmarks/rowmeta.py``). ``--quick`` is a smoke run (20 images, small n).
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/certify.py            # full: 200 images, n0=100, n=1000
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/certify.py --num 20 --threads 1 --equal-batches 32,400 \
@@ -202,6 +204,15 @@ def spawn(args: argparse.Namespace, name: str, n: int, num: int) -> dict[str, An
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _row(args: argparse.Namespace, row: dict[str, Any]) -> None:
+    """One raw row appended to ``--jsonl`` (nothing without it)."""
+    if getattr(args, "jsonl", None):
+        import os
+
+        with open(args.jsonl, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({**row, "load_average": round(os.getloadavg()[0], 2)}) + "\n")
+
+
 def interleaved(a: argparse.Namespace, names: tuple[str, ...], repeats: int,
                 on_error: Callable[[str, dict[str, Any]], None]) -> dict[str, Any]:
     """Images/s of certifiers at ``a``'s settings, each run in its own process, the order alternating per
@@ -211,6 +222,9 @@ def interleaved(a: argparse.Namespace, names: tuple[str, ...], repeats: int,
     for r in range(repeats):
         for name in (names if r % 2 == 0 else names[::-1]):
             res = spawn(a, name, a.n, a.num)
+            _row(a, {"part": getattr(a, "part", "timing"), "batch": a.art_batch if name == "art" else a.batch,
+                     "certifier": name, "repeat": r, "n": a.n, "num": a.num,
+                     **{k: res.get(k) for k in ("images_per_second", "cpu_seconds", "seconds", "error")}})
             if "error" in res:
                 on_error(name, res)
                 ips[name].append(float("nan"))
@@ -251,6 +265,7 @@ def main() -> None:
                    help="comma list of batch sizes at which to time certify beside the bare noise+forward loop")
     p.add_argument("--before", default=None, metavar="SMOOTHING_PY",
                    help="with --rate-batches: also time another version of stealkit/certify/smoothing.py")
+    p.add_argument("--jsonl", default=None, metavar="PATH", help="also append the raw rows here (and write its .meta.json)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--images", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -276,11 +291,20 @@ def main() -> None:
 
     machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": args.threads,
                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "load_average_start": os.getloadavg()}
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import rowmeta
+
+    meta = rowmeta.start(args.jsonl, seeds=args.seed, device=args.device, model=_recipe(args.dataset).name,
+                         model_clean_accuracy=trained.metrics.get("test_accuracy"),
+                         images=f"the first {args.num} {args.dataset} test images",
+                         data={"certified images": test.x[: args.num]},
+                         settings={k: getattr(args, k) for k in ("num", "n0", "n", "alpha", "sigma", "threads",
+                                                                 "batch", "art_batch")})
     if args.rate_batches:
         rate: dict[str, Any] = {}
         for b in [int(v) for v in args.rate_batches.split(",") if v.strip()]:
             a = argparse.Namespace(**vars(args))
-            a.batch = b
+            a.batch, a.part = b, "rate"
             def fail(name: str, res: dict[str, Any], b: int = b) -> None:
                 raise SystemExit(f"{name} at batch {b} failed: {res['error']}")
 
@@ -291,6 +315,7 @@ def main() -> None:
             import torch
 
             machine |= {"gpu": torch.cuda.get_device_name(0), "cuda": torch.version.cuda}
+        rowmeta.finish(meta)
         print(json.dumps({"benchmark": "certify-rate", "model": _recipe(args.dataset).name, "device": args.device,
                           "settings": {k: getattr(args, k) for k in ("num", "n0", "n", "alpha", "sigma", "threads",
                                                                      "seed", "repeats")},
@@ -300,12 +325,13 @@ def main() -> None:
         eq: dict[str, Any] = {}
         for b in [int(v) for v in args.equal_batches.split(",") if v.strip()]:
             a = argparse.Namespace(**vars(args))
-            a.batch, a.art_batch = b, b
+            a.batch, a.art_batch, a.part = b, b, "equal-batch"
             def note(_name: str, res: dict[str, Any], b: int = b) -> None:
                 eq.setdefault("errors", []).append({"batch": b, **res})
 
             eq[str(b)] = interleaved(a, ("stealkit", "art"), args.repeats, note)
         machine["load_average_end"] = os.getloadavg()
+        rowmeta.finish(meta)
         print(json.dumps({"benchmark": "certify-equal-batch", "model": _recipe(args.dataset).name,
                           "settings": {k: getattr(args, k) for k in ("num", "n0", "n", "alpha", "sigma", "threads",
                                                                      "seed", "repeats")},
@@ -315,6 +341,9 @@ def main() -> None:
     runs = {name: spawn(args, name, args.n, args.num) for name in names}
     table: dict[str, Any] = {}
     for name, res in runs.items():
+        _row(args, {"part": "accuracy", "certifier": name, "batch": args.art_batch if name == "art" else args.batch,
+                    **{k: res.get(k) for k in ("n", "num", "y", "labels", "radii", "images_per_second", "seconds",
+                                               "cpu_seconds", "peak_rss_mib", "error")}})
         if "error" in res:
             table[name] = res
             continue
@@ -339,10 +368,13 @@ def main() -> None:
     for n in [int(v) for v in args.mem_ns.split(",") if v.strip()]:
         for name in ["stealkit"] + ([] if args.skip_art else ["art"]):
             res = spawn(args, name, n, args.mem_num)
+            _row(args, {"part": "memory", "certifier": name, "n": n, "num": args.mem_num,
+                        **{k: res.get(k) for k in ("peak_rss_mib", "rss_before_mib", "seconds", "error")}})
             mem[f"{name} n={n}"] = res.get("error") or {"peak_rss_mib": round(res["peak_rss_mib"], 1),
                                                          "rss_before_mib": round(res["rss_before_mib"], 1),
                                                          "seconds": round(res["seconds"], 1)}
     out["memory_scaling"] = {"images": args.mem_num, "runs": mem}
+    rowmeta.finish(meta)
     print(json.dumps(out, indent=1))
 
 

@@ -4,7 +4,8 @@ Against a standard Fashion-MNIST CNN victim (``fmnist-conv2``, about 0.90 test a
 the CoDFe paper's architecture), each method/mode pair runs once to ``--budget`` queries; the student is
 scored on the test split at each of ``--marks`` (the first iteration at or past the mark) and the wall time is
 recorded. Prints one JSON document to stdout (progress goes to stderr); ``--jsonl`` also appends one line per
-finished run so a long benchmark keeps what it measured.
+finished run so a long benchmark keeps what it measured, and at the end writes its ``.meta.json``
+(``benchmarks/rowmeta.py``): the raw rows of docs/results.md's data-free figures.
 
     .venv/bin/python benchmarks/data_free.py --quick                       # smoke run on digits, ~minutes
     .venv/bin/python benchmarks/data_free.py --budget 2000000              # the full CPU benchmark
@@ -213,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
         overrides.setdefault(method, {}).update(parse_kv((f"{field}={value}",)))
     runs = []
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import rowmeta
+
+    meta = rowmeta.start(args.jsonl, seeds=seeds, device=args.device, victim=args.victim, split=args.split,
+                         data={"test split": rowmeta.victim_test(args.victim)} if args.jsonl else None)
     for method, mode, seed in itertools.product(args.methods.split(","), args.modes.split(","), seeds):
         print(f"running {method} {mode} seed {seed} to {args.budget} queries", file=sys.stderr, flush=True)
         save = args.save_students / f"seed{seed}" if args.save_students and len(seeds) > 1 else args.save_students
@@ -224,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.jsonl, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(r) + "\n")
         runs.append(r)
+    rowmeta.finish(meta)
     doc = {
         "benchmark": "data_free", "victim": args.victim, "preset": args.preset, "recipe": args.recipe,
         "split": args.split, "seeds": seeds, "budget": args.budget,

@@ -436,7 +436,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="art-hsj: ART's full run R times in this invocation (repeat r: numpy seeded r, ART's start "
                         "draws seeded too), spread over the seeds' loops; the mean and std of its median over the "
                         "repeats is the anchor every stealkit row is compared with (0: one run per seed, as before)")
-    p.add_argument("--jsonl", default=None, help="also append each row here as soon as it is measured")
+    p.add_argument("--jsonl", default=None, help="also append each row here as soon as it is measured (and write its "
+                   ".meta.json at the end: benchmarks/rowmeta.py)")
     p.add_argument("--table", default=None, metavar="JSONL", help="only print markdown tables of a --jsonl file")
     args = p.parse_args(argv)
     if args.table:
@@ -467,6 +468,13 @@ def main(argv: list[str] | None = None) -> int:
             "machine": f"{platform.machine()} {os.cpu_count()} cores", "load_avg": os.getloadavg(),
             "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M")}
     seeds = [int(s) for s in args.seeds.split(",")]
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import rowmeta
+
+    row_meta = None if args.tune else rowmeta.start(
+        args.jsonl, seeds=args.seeds, victim=meta["victim"], substitute=sub_info,
+        art_repeats=args.art_repeats, images=f"{int(x.shape[0])} test images from offset {args.offset}",
+        data={"attacked images": x})
     # the attacker's own unlabelled images (disjoint from the test split the attacked images come from)
     attacker_pool = load_splits(args.dataset).attacker_pool.x[: args.start_pool]
     if args.tune:
@@ -533,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
                     for b in budgets:
                         emit(summarise(tool, b, [at_budget(c, b) for c in art_curves], [min(b, n) for n in counts],
                                        secs, art_seed) | {"anytime": True, "seconds": None, "queries_per_s": None} | tag)
+    rowmeta.finish(row_meta)
     print(json.dumps(meta | {"settings": {"art_hsj": ART_HSJ, "art_boundary": ART_BOUNDARY,
                                           "stealkit_hsj_paper": repr(hsj_config(0)),
                                           "stealkit_hsj_tuned": tuned_settings(substitute=False, budgeted=True,

@@ -8,7 +8,9 @@ largest relative logit error on 10,000 N(0, I) inputs, success (error <= 1e-6) a
 
     python benchmarks/exact_recovery.py --quick
     python benchmarks/exact_recovery.py --seeds 20 --ds 64,784 --hs 8,32,128
-Prints one JSON object to stdout.
+Prints one JSON object to stdout. ``--jsonl PATH`` also appends one row per run (setting, variant, seed) as soon as
+it ends, and writes ``PATH``'s ``.meta.json`` at the end (``benchmarks/rowmeta.py``): the raw rows
+``benchmarks/results_tables.py`` regenerates docs/results.md#exact-recovery from.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import json
 import logging
 import math
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -88,8 +92,10 @@ def run_art(net: TwoLayerReLU, h: int, seed: int, x: np.ndarray, cap: int, timeo
     def predict(batch: np.ndarray) -> np.ndarray:
         batch = np.asarray(batch, dtype=np.float64).reshape(-1, d)
         count[0] += batch.shape[0]  # every input row ART sends is one membership query
-        if count[0] > cap or time.perf_counter() - t0 > timeout:
-            raise _ArtBudget
+        if count[0] > cap:
+            raise _ArtBudget("cap")
+        if time.perf_counter() - t0 > timeout:
+            raise _ArtBudget("timeout")
         return net.numpy_forward(batch)
 
     np.random.seed(seed)
@@ -99,8 +105,9 @@ def run_art(net: TwoLayerReLU, h: int, seed: int, x: np.ndarray, cap: int, timeo
     try:
         stolen = attack.extract(fit_x)
         out: dict[str, Any] = measure(net, lambda z: np.asarray(stolen.predict(z)), x)
-    except _ArtBudget:
-        out = {"max_rel_error": None, "fidelity": None, "failure": f"stopped at {cap} queries or {timeout} s"}
+    except _ArtBudget as stop:
+        out = {"max_rel_error": None, "fidelity": None, "failure": f"stopped at {cap} queries or {timeout} s",
+               "stopped": str(stop)}
     except Exception as exc:  # ART's own failures (assertions, shape errors) count as failures
         out = {"max_rel_error": None, "fidelity": None, "failure": f"{type(exc).__name__}: {str(exc)[:100]}"}
     return {**out, "queries": count[0], "seconds": round(time.perf_counter() - t0, 2)}
@@ -138,12 +145,31 @@ def main() -> None:
     ap.add_argument("--mq-max-dh", type=int, default=784 * 32, help="skip Algorithm 1-MQ above this d*h")
     ap.add_argument("--eval", type=int, default=10_000)
     ap.add_argument("--device", default="cpu", help="device for training the victims (cuda at full scale)")
+    ap.add_argument("--jsonl", default=None, help="also append one row per run to this file (raw rows)")
     args = ap.parse_args()
     if args.quick:
         args.seeds, args.ds, args.hs, args.art_seeds, args.mq_seeds = 2, "64", "8", 1, 1
     logging.basicConfig(level=logging.WARNING)
     variants = args.variants.split(",")
     results = []
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import rowmeta
+
+    meta = rowmeta.start(args.jsonl, seeds=f"ours 0-{args.seeds - 1}, 1-MQ 0-{args.mq_seeds - 1}, "
+                         f"ART 0-{args.art_seeds - 1}", device=args.device,
+                         data={"error scored on": f"{args.eval:,} N(0, I) inputs, numpy seed 123"},
+                         art_timeout=args.art_timeout, art_cap=args.art_cap,
+                         victims="random: TwoLayerReLU.random(d, h, 10, bias=True, seed=1000 + h); trained: mlp2 "
+                         "on digits (d 64) or the first 20,000 Fashion-MNIST victim-train images (d 784), seed 0")
+
+    def keep(row: dict[str, Any], variant: str, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if args.jsonl:
+            with open(args.jsonl, "a", encoding="utf-8") as fh:
+                for seed, r in enumerate(runs):
+                    fh.write(json.dumps({"net": row["net"], "d": row["d"], "h": row["h"], "variant": variant,
+                                         "seed": seed, **r}) + "\n")
+        return runs
+
     for kind in args.nets.split(","):
         for d in (int(v) for v in args.ds.split(",")):
             for h in (int(v) for v in args.hs.split(",")):
@@ -160,9 +186,10 @@ def main() -> None:
                         runs = [run_ours(net, h, s, "mq", x) for s in range(args.mq_seeds)]
                     else:
                         runs = [run_ours(net, h, s, variant, x) for s in range(args.seeds)]
-                    row[variant] = summarise(runs)
+                    row[variant] = summarise(keep(row, variant, runs))
                 results.append(row)
-                print(json.dumps(row), flush=True, file=__import__("sys").stderr)
+                print(json.dumps(row), flush=True, file=sys.stderr)
+    rowmeta.finish(meta)
     print(json.dumps({"benchmark": "exact_recovery", "goal_max_rel_error": GOAL, "args": vars(args),
                       "results": results}, indent=1))
 

@@ -12,6 +12,10 @@ l_M alone. Prints JSON: both curves and the queries-to-target of each, and their
 ``--seeds`` repeats the whole measurement per seed (query selection and reconstruction initialisation) and
 reports each seed's queries-to-target and ratio, and their minimum and median: one seed cannot separate
 ratios whose curves cross the target within a grid step or by less than the seed-to-seed spread.
+
+``--jsonl PATH`` also appends one row per seed and kind (its whole curve, the target and the queries to it) as
+soon as it is measured, and writes ``PATH``'s ``.meta.json`` at the end (``benchmarks/rowmeta.py``): the raw rows
+``benchmarks/results_tables.py`` regenerates docs/results.md#gradient-matching from.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
+from pathlib import Path
 
 from stealkit.extract.explanations.gradient_matching import GradMatchConfig
 from stealkit.studies.explanations import queries_to_reach, run_curve
@@ -35,6 +41,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", default=None, help="comma list of seeds (overrides --seed)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--jsonl", default=None, help="also append one row per seed and kind to this file (raw rows)")
     args = ap.parse_args()
     if args.quick:
         args.victim, args.queries, args.steps = "digits", "10,100", 150
@@ -43,7 +50,17 @@ def main() -> None:
     queries = tuple(int(q) for q in args.queries.split(","))
     base = GradMatchConfig(steps=args.steps, lam=args.lam)
     seeds = [int(v) for v in args.seeds.split(",")] if args.seeds else [args.seed]
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import rowmeta
+
+    meta = None
+    if args.jsonl:
+        from stealkit.data import load_splits
+
+        meta = rowmeta.start(args.jsonl, seeds=args.seeds or str(args.seed), device=args.device,
+                             data={"scored on": load_splits(dataset).test.x}, victim=f"{args.victim}-conv2")
     per_seed = [measure(dataset, queries, base, seed, args) for seed in seeds]
+    rowmeta.finish(meta)
     if len(per_seed) == 1:
         print(json.dumps({"benchmark": "gradient_matching", "args": vars(args), **per_seed[0]}, indent=1))
         return
@@ -69,6 +86,10 @@ def measure(dataset: str, queries: tuple[int, ...], base: GradMatchConfig, seed:
         target = args.target * row["victim_accuracy"]
         out[kind] = {"curve": row["curve"], "victim_accuracy": row["victim_accuracy"], "target": target,
                      "queries_to_target": queries_to_reach(row["curve"], target)}
+        if args.jsonl:
+            with open(args.jsonl, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"seed": seed, "kind": kind, "dataset": dataset, "steps": base.steps,
+                                     "lam": base.lam, "target_fraction": args.target, **out[kind]}) + "\n")
     g, m = out["gradient"]["queries_to_target"], out["membership"]["queries_to_target"]
     ratio = (m / g) if g and m else None
     return {**out, "membership_over_gradient_queries": ratio,

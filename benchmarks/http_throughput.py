@@ -3,7 +3,8 @@
 For batches of 1, 32 and 256 images: images/s and p50/p99 latency per ``query`` call, in process
 (``LocalOracle``) and over HTTP with 1 and 2 uvicorn workers, measured in the same run on the same model.
 HTTP clients are ``HttpOracle`` s (npy bodies, validation, ledger) in ``--clients`` threads per worker.
-Prints one JSON document to stdout.
+Prints one JSON document to stdout. ``--jsonl PATH`` also appends one raw row per configuration (transport,
+workers, batch) and writes ``PATH``'s ``.meta.json`` at the end (``benchmarks/rowmeta.py``).
 
     .venv/bin/python benchmarks/http_throughput.py                 # fmnist-conv2, the anchors' victim
     .venv/bin/python benchmarks/http_throughput.py --quick         # digits-conv2, fewer requests
@@ -109,6 +110,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=2, help="client threads per server worker")
     ap.add_argument("--workers", default="1,2")
     ap.add_argument("--quick", action="store_true", help="digits-conv2 and 1/8 of the images (smoke run)")
+    ap.add_argument("--jsonl", default=None, metavar="PATH", help="also append one row per configuration here")
     args = ap.parse_args()
     if args.quick:
         args.victim, args.images = "digits-conv2", args.images // 8
@@ -117,6 +119,11 @@ def main() -> None:
     shape = tuple(trained.spec.input_shape)
     batches = [int(b) for b in args.batches.split(",")]
     x = torch.rand(max(batches) * 4, *shape, generator=torch.Generator().manual_seed(0))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import rowmeta
+
+    meta = rowmeta.start(args.jsonl, seeds="0 (the uniform random images)", victim=args.victim, threads=args.threads,
+                         images=args.images, data={"queried images": x})
     rows = []
     for b in batches:
         calls = max(100, args.images // b) if b > 1 else max(200, args.images // 16)
@@ -137,6 +144,10 @@ def main() -> None:
     local_ips = {r["batch"]: r["images_per_s"] for r in rows if r["transport"] == "local"}
     for r in rows:
         r["fraction_of_local"] = round(r["images_per_s"] / local_ips[r["batch"]], 3)
+        if args.jsonl:
+            with open(args.jsonl, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(r) + "\n")
+    rowmeta.finish(meta)
     print(json.dumps({
         "benchmark": "http_throughput", "victim": args.victim, "input_shape": list(shape), "mode": "probs",
         "threads": args.threads, "images": args.images, "machine": f"{platform.machine()}, {os.cpu_count()} cores",

@@ -457,6 +457,16 @@ def _per_image(evaluator: Evaluator, accuracy: float) -> dict[str, Any]:
     return per_image(evaluator, accuracy)
 
 
+def _rowmeta() -> Any:
+    """``benchmarks/rowmeta.py``: the meta file beside ``--jsonl``'s rows."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import rowmeta
+
+    return rowmeta
+
+
 def _append_jsonl(path: str | None, row: dict[str, Any]) -> None:
     if path:
         with open(path, "a", encoding="utf-8") as fh:
@@ -563,6 +573,8 @@ def active_main(argv: list[str] | None = None) -> int:
         pool, labels = pool_ds.x[order], pool_ds.y[order]
         evaluator = make_evaluator(v, splits.test.x, splits.test.y)
     rows: list[dict[str, Any]] = []
+    meta = _rowmeta().start(args.jsonl, seeds=args.seeds, victim=args.victim,
+                            data={"pool": pool, "scored on": x_val if args.validate else splits.test.x})
     t_all = time.perf_counter()
     for budget in [int(b) for b in args.budgets.split(",")]:
         for mode in args.modes.split(","):
@@ -595,6 +607,7 @@ def active_main(argv: list[str] | None = None) -> int:
            "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(),
                        "torch": torch.__version__, "loadavg": list(os.getloadavg())},
            "table": _aggregate(rows), "rows": rows}
+    _rowmeta().finish(meta, victim_accuracy=evaluator.victim_accuracy)
     if args.report_out:
         _write_comparison_run(args.report_out, out)
     json.dump(out, sys.stdout, indent=1)

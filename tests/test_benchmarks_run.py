@@ -27,7 +27,7 @@ RUNS: dict[str, tuple[list[str], set[str]]] = {
                                  "--budgets", "20", "--seeds", "0", "--pools", "pool", "--served", "am-argmax"],
                                 set()),
     "attack_speed": (["--victim", "digits-conv2", "--n", "64", "--batches", "32", "--repeats", "1",
-                      "--threads", "1", "--libraries", "stealkit,plain"], {"results"}),
+                      "--threads", "1", "--libraries", "stealkit,plain", "--jsonl", "{tmp}/rows.jsonl"], {"results"}),
     # the committed rows of the same plan at 1e82ecb and on the audit package: equal on the rows it compares
     "audit_compare": (["results/rows/audit-digits-quick-nodef-1e82ecb.json",
                        "results/rows/audit-digits-quick-nodef-1e82ecb.json"], {"equal", "differences"}),
@@ -37,22 +37,24 @@ RUNS: dict[str, tuple[list[str], set[str]]] = {
     "audit_ray": (["--small", "--repeats", "1", "--out", "{tmp}/ray"], {"figures_identical", "parts"}),
     "breast_cancer_victim": (["--out", "{tmp}/bc"], {"test_accuracy", "features"}),
     "certify": (["--dataset", "digits", "--num", "2", "--n0", "20", "--n", "100", "--threads", "1",
-                 "--mem-ns", "", "--skip-art"], set()),
+                 "--mem-ns", "", "--skip-art", "--jsonl", "{tmp}/rows.jsonl"], set()),
     "data_free": (["--victim", "digits-conv2", "--methods", "codfe", "--modes", "label", "--budget", "1000",
-                   "--marks", "500,1000", "--recipe", "labelonly-v3", "--seeds", "0", "--threads", "1"],
+                   "--marks", "500,1000", "--recipe", "labelonly-v3", "--seeds", "0", "--threads", "1",
+                   "--jsonl", "{tmp}/rows.jsonl"],
                   {"runs"}),
     "decision_attacks": (["--dataset", "digits", "--n", "2", "--val", "1", "--seeds", "0", "--budgets", "60",
-                          "--tools", "hsj,boundary", "--jsonl", "{tmp}/decision.jsonl"], set()),
-    "exact_recovery": (["--quick", "--variants", "secant,mq"], set()),
+                          "--tools", "hsj,boundary", "--jsonl", "{tmp}/rows.jsonl"], set()),
+    "exact_recovery": (["--quick", "--variants", "secant,mq", "--jsonl", "{tmp}/rows.jsonl"], set()),
     "gpu_check": (["--tiny", "--device", "cpu", "--steps", "tier,dfme", "--out", "{tmp}/gpu"], {"device", "figures"}),
-    "gradient_matching": (["--quick", "--queries", "10", "--steps", "20"], set()),
+    "gradient_matching": (["--quick", "--queries", "10", "--steps", "20", "--jsonl", "{tmp}/rows.jsonl"], set()),
     "http_throughput": (["--victim", "digits-conv2", "--batches", "8", "--images", "64", "--threads", "1",
-                         "--clients", "1", "--workers", "1"], set()),
-    "oracle_overhead": (["--victim", "digits-conv2", "--batches", "4", "--batch-size", "32", "--repeats", "1"],
+                         "--clients", "1", "--workers", "1", "--jsonl", "{tmp}/rows.jsonl"], set()),
+    "oracle_overhead": (["--victim", "digits-conv2", "--batches", "4", "--batch-size", "32", "--repeats", "1",
+                         "--jsonl", "{tmp}/rows.jsonl"],
                         set()),
     "surrogate_extraction": (["--active", "--victim", "digits-conv2", "--budgets", "20", "--modes", "label",
                               "--seeds", "0", "--rows", "ours-default" + (",art" if HAS_ART else ""),
-                              "--epochs", "1"], {"rows", "table"}),
+                              "--epochs", "1", "--jsonl", "{tmp}/rows.jsonl"], {"rows", "table"}),
     "noisy_neighbour": (["--flood", "2", "--batch", "1", "--samples", "2", "--probes", "5", "--gap", "0.01",
                          "--port", "{port}", "--out", "{tmp}/noisy.json"], set()),
     "serve_attack": (["--half-open", "20", "--slow-per-key", "2", "--junk", "2", "--flood", "1", "--flood-batch", "8",
@@ -83,7 +85,8 @@ def _json_doc(stdout: str) -> Any:
 
 
 def test_every_kept_benchmark_has_a_tiny_run() -> None:
-    helpers = {"pool_image_sets", "evidence", "results_tables"}  # modules, tested in their own files
+    # modules, tested in their own files
+    helpers = {"pool_image_sets", "evidence", "results_tables", "results_figures", "rowmeta"}
     scripts = {p.stem for p in (ROOT / "benchmarks").glob("*.py")} - helpers
     assert scripts == set(RUNS), f"benchmarks without a tiny run here: {sorted(scripts - set(RUNS))}"
 
@@ -103,6 +106,11 @@ def test_benchmark_runs_at_a_tiny_size(name: str, tmp_path: Path) -> None:
     doc = json.loads(out.read_text()) if out.is_file() else _json_doc(proc.stdout)
     assert isinstance(doc, dict), f"{name} printed {type(doc).__name__}, not a JSON object"
     assert keys <= set(doc), f"{name}: missing keys {sorted(keys - set(doc))}"
+    if "--jsonl" in args:  # the raw rows and, written after the last, their meta (benchmarks/rowmeta.py)
+        rows = (tmp_path / "rows.jsonl").read_text(encoding="utf-8").splitlines()
+        assert rows and all(isinstance(json.loads(r), dict) for r in rows), name
+        meta = json.loads((tmp_path / "rows.meta.json").read_text(encoding="utf-8"))
+        assert {"command", "commit", "date", "torch", "device", "seeds", "data", "load"} <= set(meta), name
 
 
 @pytest.mark.slow
