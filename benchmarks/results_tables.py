@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results_audit  # noqa: E402
 from evidence import (  # noqa: E402
     accuracy_difference,
     median_ratio,
@@ -192,39 +193,12 @@ TABLES: dict[str, Callable[[str], str]] = {
 }
 
 
-def _q(v: Any) -> str:
-    return f"{v:,}" if isinstance(v, int) else str(v)
-
-
-def audit_adaptive(name: str) -> str:
-    """The serving table of the ``--quick`` digits audit before (``1e82ecb``) and after the adaptive attackers,
-    from the two committed ``audit.json`` files."""
-    before = json.loads((ROWS / "audit-digits-quick-1e82ecb.json").read_text(encoding="utf-8"))
-    after = json.loads((ROWS / "audit-digits-quick-adaptive.json").read_text(encoding="utf-8"))
-    old = {r["serving"]: r for r in before["serving"]}
-    argmax = {r["defence"]: r["Q90"] for r in after["headline"]
-              if r.get("defence", "none") != "none" and r["answers"] == "label" and r["attacker"] == "like"}
-    out = [f"Queries: {before['queries']:,} before, {after['queries']:,} after (of {before['planned_queries']:,} and "
-           f"{after['planned_queries']:,} planned).", "",
-           "| serving | Q90 before | Q90 after | the attacker that won | served accuracy | ECE |",
-           "| --- | --- | --- | --- | --- | --- |"]
-    for r in after["serving"]:
-        q_after = _q(r["attacker Q90"])
-        if r["serving"].endswith("noise:sigma=0.05") and old[r["serving"]]["attacker Q90"] != r["attacker Q90"]:
-            q_after = f"**{q_after}**"
-        won = r["best attacker"]
-        defence = r["serving"].split(" through ")[1] if " through " in r["serving"] else None
-        if defence and won == "probability recipe" and defence in argmax:
-            won += f" (the argmax: {_q(argmax[defence])} too)" if argmax[defence] == r["attacker Q90"] else \
-                f" (the argmax: {_q(argmax[defence])})"
-        out.append(f"| {r['serving']} | {_q(old[r['serving']]['attacker Q90'])} | {q_after} | {won} | "
-                   f"{r['served accuracy']:.3f} | {r['ECE']:.3f} |")
-    return "\n".join(out)
-
-
 #: blocks made from other committed rows than ``NAME.jsonl``: name -> (renderer, the files it reads)
 OTHER_TABLES: dict[str, tuple[Callable[[str], str], tuple[str, ...]]] = {
-    "audit-adaptive": (audit_adaptive, ("audit-digits-quick-1e82ecb.json", "audit-digits-quick-adaptive.json")),
+    "audit-adaptive": (lambda name: results_audit.audit_adaptive(ROWS),
+                       ("audit-digits-quick-1e82ecb.json", "audit-digits-quick-adaptive.json")),
+    "audit-fmnist-adaptive": (lambda name: results_audit.audit_fmnist(ROWS),
+                              ("audit-fmnist-default-9b4c833.json", "audit-fmnist-default-adaptive.json")),
 }
 
 

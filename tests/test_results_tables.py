@@ -212,6 +212,6 @@ def test_readme_carries_every_figure_the_rows_give_and_says_where_there_are_none
 
 def test_the_audit_table_regenerates_from_its_committed_audit_json() -> None:
     mod = _tables()
-    table = mod.audit_adaptive("audit-adaptive")
+    table = mod.results_audit.audit_adaptive(mod.ROWS)
     assert "| top-k probabilities (k=1) | 200 | 100 | label recipe on the argmax | 0.973 | 0.035 |" in table
     assert "8,519 after" in table
