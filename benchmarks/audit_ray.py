@@ -38,7 +38,8 @@ TIMING = ("elapsed_s", "seconds")
 
 
 def audit(args: list[str], out: Path) -> float:
-    """``stealkit audit ARGS --out OUT`` as a separate process; its wall seconds."""
+    """``stealkit audit ARGS --out OUT`` as a separate process; its wall seconds, also written to ``OUT/wall.json``
+    (what ``--resume`` reads back)."""
     env = os.environ | {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                         "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     shutil.rmtree(out, ignore_errors=True)
@@ -47,7 +48,10 @@ def audit(args: list[str], out: Path) -> float:
                           env=env, capture_output=True, text=True, check=False)
     if proc.returncode not in (0, 1, 3):  # 1 and 3: a gate's verdict, not a failure
         raise SystemExit(f"stealkit audit exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    return round(time.perf_counter() - started, 1)
+    wall = round(time.perf_counter() - started, 1)
+    (out / "wall.json").write_text(json.dumps({"wall_s": wall, "ended": datetime.datetime.now(
+        datetime.UTC).isoformat(timespec="seconds"), "load_after": round(os.getloadavg()[0], 2)}))
+    return wall
 
 
 def figures(path: Path) -> Any:
@@ -89,6 +93,8 @@ def main() -> None:
     ap.add_argument("--cpus-per-node", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--resume", action="store_true",
+                    help="keep a run whose OUT/<backend>-<repeat>/wall.json exists (a benchmark stopped between runs)")
     a = ap.parse_args()
 
     from stealkit.audit.kinds import KINDS
@@ -103,6 +109,10 @@ def main() -> None:
         for backend in order:
             out = a.out / f"{backend}-{r}"
             extra = ["--jobs", str(a.jobs)] + (["--backend", "ray"] if backend == "ray" else [])
+            if a.resume and (out / "wall.json").exists() and (out / "audit.json").exists():
+                kept = json.loads((out / "wall.json").read_text(encoding="utf-8"))
+                runs.append({"backend": backend, "repeat": r, "out": str(out), "resumed": True, **kept})
+                continue
             wall = audit([*base, *extra], out)
             runs.append({"backend": backend, "repeat": r, "wall_s": wall, "out": str(out),
                          "load_after": round(os.getloadavg()[0], 2)})
