@@ -52,7 +52,7 @@ def audit_fmnist(rows: Path) -> str:
     ``9b4c833`` (transcribed: that run kept no ``audit.json``), then every cell of the headline (answer kind,
     attacker, defence) with its fidelity per rung."""
     after = json.loads((rows / "audit-fmnist-default-adaptive.json").read_text(encoding="utf-8"))
-    rungs = [k for k in after["headline"][0] if k.startswith("fidelity @")]
+    rungs = list(dict.fromkeys(k for r in after["headline"] for k in r if k.startswith("fidelity @")))
     out = [_serving_before_after(rows, "audit-fmnist-default-9b4c833.json", "audit-fmnist-default-adaptive.json"), "",
            "| answers | attacker | defence | " + " | ".join(rungs) + " | Q90 | Q95 |",
            "| --- | --- | --- | " + " | ".join("---" for _ in rungs) + " | --- | --- |"]
