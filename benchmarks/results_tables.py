@@ -156,6 +156,18 @@ def decision(name: str) -> str:
 def labelonly(name: str) -> str:
     """The data-free default's chosen student over the victim, per answer kind, paired per image and seed."""
     rows, meta = _load(name)
+    return _labelonly(rows, [meta])
+
+
+def labelonly_five(name: str) -> str:
+    """Labels at five seeds (``results/plans/2026-11-28-five-seeds-labels-200.md``): seeds 100-102 from the sealed
+    rows and 103-104 from ``NAME.jsonl``, pooled under the same rule."""
+    three, meta3 = _load("labelonly-digits-sealed")
+    two, meta2 = _load(name)
+    return _labelonly([r for r in three if r["mode"] == "label"] + two, [meta3, meta2])
+
+
+def _labelonly(rows: list[dict[str, Any]], metas: list[dict[str, Any]]) -> str:
     out = ["| answers | queries | student accuracy | victim | ratio to the victim [95 % CI, seed-level] | "
            "goal 0.90x (lower end >= 0.90) | largest fall (points) |", "|---|---|---|---|---|---|---|"]
     for mode in sorted({r["mode"] for r in rows}):
@@ -170,7 +182,7 @@ def labelonly(name: str) -> str:
         out.append(f"| {mode} | {q:,} | {_mean_std([r['final_accuracy'] for r in runs])} | "
                    f"{runs[0]['victim_accuracy']:.3f} | {si.estimate:.3f} [{si.lo:.3f}, {si.hi:.3f}] ({_how(si, '.3f')}) | "
                    f"{met} | {max(r['max_drop_points'] for r in runs):.1f} |")
-    return "\n".join(out + _footer(meta))
+    return "\n".join(out + [line for meta in metas for line in _footer(meta)])
 
 
 def misinformation(name: str) -> str:
@@ -189,6 +201,7 @@ TABLES: dict[str, Callable[[str], str]] = {
     "surrogate-digits-sealed-labels200-5seeds": surrogate,  # seeds 100-104 at one code (its plan's addendum)
     "decision-fmnist-sealed": decision,
     "labelonly-digits-sealed": labelonly,
+    "labelonly-digits-sealed-5seeds": labelonly_five,  # seeds 103-104 beside 100-102 (its plan)
     "am-digits-cnn3": misinformation,
 }
 
